@@ -1,0 +1,38 @@
+"""The `resilient-training` command line: one subcommand per module, registered below.
+
+Each module in COMMANDS defines `register(subparsers)`, which adds its subparser and sets
+`func` (taking the parsed args, returning an exit code). Heavy imports stay inside `func`
+so `resilient-training --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Add one line per subcommand module; order is the order shown in --help.
+COMMANDS: tuple[str, ...] = (
+    "resilient_training.launcher",  # train
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="resilient-training",
+        description="Resilient FSDP training with NVIDIA Resiliency Extension, on a laptop or on Kubeflow.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in COMMANDS:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
