@@ -71,3 +71,33 @@ def teardown(
     if errors:
         raise RuntimeError("teardown could not delete everything: " + "; ".join(errors))
     return done
+
+
+def teardown_from_json(storage_ref: str, *, run_id: str, job_name: str = "", delete_file_system: bool = True,
+                       progress: Callable[[str], None] = print) -> dict[str, str]:
+    """The component's entry: parse the ref, make only the clients needed, tear down."""
+    ref = StorageRef.from_json(storage_ref)
+    if job_name:
+        from resilient_training import k8s_names
+
+        k8s_names.check_dns1035_label(job_name, "job_name")
+    if ref.fsx_id and ref.created_fsx and not run_id:
+        raise ValueError("run_id is needed to delete the run's file system (its token tag is checked)")
+    core_api = training_client = fsx_client = None
+    if ref.shared or job_name:
+        from kubernetes import client
+
+        from resilient_training import kube_client
+
+        cfg = kube_client.configuration()
+        core_api = client.CoreV1Api(client.ApiClient(cfg))
+        if job_name:
+            from kubeflow.training import TrainingClient
+
+            training_client = TrainingClient(client_configuration=cfg, namespace=ref.namespace or "default")
+    if ref.fsx_id and ref.created_fsx and delete_file_system:
+        import boto3
+
+        fsx_client = boto3.client("fsx", region_name=ref.region or None)
+    return teardown(ref, run_id=run_id, job_name=job_name, delete_file_system=delete_file_system, core_api=core_api,
+                    training_client=training_client, fsx_client=fsx_client, progress=progress)
