@@ -13,6 +13,7 @@ ft_launcher's own 1 after its restart budget).
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,17 +203,27 @@ def _run_label(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", run_id)[:63].strip("-._")
 
 
+def iteration_file(run_dir: str) -> str:
+    """Where the trainer records its last checkpointed step (``checkpointing.iteration_file``, which imports torch)."""
+    return posixpath.join(run_dir, "ft_iteration")
+
+
 def container_command(spec: JobSpec) -> tuple[list[str], list[str]]:
     """``(command, args)`` of the trainer container: ft_launcher (or torchrun when it is off)."""
     from resilient_training import nvrx_adapter
 
-    trainer_args = ["-m", WORKER_MODULE, *train_config.to_argv(spec.train)]
+    trainer_argv = train_config.to_argv(spec.train)
     if spec.train.ft_launcher:
         # nnodes, nproc-per-node and rendezvous stay None: ft_launcher reads the operator's PET_* env.
-        flags = nvrx_adapter.ft_launcher_flags(spec.train, version=spec.nvrx_version, on_gpu=spec.gpus_per_node > 0)
-        return ["ft_launcher"], [*flags, *trainer_args]
+        flags = nvrx_adapter.ft_launcher_flags(
+            spec.train, version=spec.nvrx_version, on_gpu=spec.gpus_per_node > 0,
+            # NVRx 0.7.0 stops no-progress restart loops only when it can read this file.
+            iteration_file=iteration_file(spec.train.run_dir),
+        )
+        return ["ft_launcher"], [*flags, "-m", WORKER_MODULE, *trainer_argv]
     # Plain torchrun reads the same PET_* env.
-    return ["torchrun"], [f"--max-restarts={spec.train.max_restarts}", *trainer_args]
+    command = nvrx_adapter.worker_command(spec.train, trainer_argv, python="python")
+    return command[:1], command[1:]
 
 
 def container_env(spec: JobSpec) -> dict[str, str]:

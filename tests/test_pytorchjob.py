@@ -99,6 +99,7 @@ def test_container_runs_ft_launcher_with_operator_env_and_nvrx_switches():
     assert not [f for f in launcher_flags if f.startswith(("--nnodes", "--nproc-per-node", "--rdzv", "--standalone"))]
     assert "--ft-rank-heartbeat-timeout=10.0" in launcher_flags
     assert "--ft-gpu-memory-reclaim-timeout=5" in launcher_flags  # NVRx 0.7.0 flags by default
+    assert f"--ft-checkpoint-iteration-file={MOUNT}/runs/r1/ft_iteration" in launcher_flags
     assert config.from_argv(trainer_args) == spec.train
     assert job["spec"]["nprocPerNode"] == "8" and "nProcPerNode" not in job["spec"]["elasticPolicy"]
     assert job["spec"]["elasticPolicy"]["rdzvBackend"] == "c10d"
@@ -140,7 +141,7 @@ def test_nvrx_version_selects_launcher_flags_and_switches_reach_the_worker():
                                                                async_checkpoint=False))
     job = pytorchjob.to_dict(pytorchjob.build_job(spec))
     (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
-    assert container["command"] == ["torchrun"]
+    assert container["command"] == ["python"] and container["args"][:2] == ["-m", "torch.distributed.run"]
     for flag in ("--no-ft-launcher", "--no-inprocess", "--no-async-checkpoint"):
         assert flag in container["args"]
 
@@ -189,3 +190,9 @@ def test_storage_must_be_shared_and_hold_the_run_dir():
         make_spec(storage=local)
     with pytest.raises(ValueError, match="must lie under the storage mount"):
         make_spec(train=config.TrainConfig(run_dir="/elsewhere/r1"))
+
+
+def test_iteration_file_matches_the_trainers():
+    from resilient_training.checkpointing import iteration_file
+
+    assert pytorchjob.iteration_file("/mnt/run/runs/r1") == iteration_file("/mnt/run/runs/r1")
