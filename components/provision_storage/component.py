@@ -27,7 +27,7 @@ def provision_storage(
     fsx_export_path: str = "",
     fsx_tags: Optional[dict] = None,  # noqa: UP045 - KFP reads the annotation; keep the typing form it knows
     region: str = "",
-    fsx_timeout_seconds: float = 1800.0,
+    fsx_timeout_seconds: int = 1800,
     fsx_poll_seconds: float = 30.0,
 ) -> str:
     """Make the run's storage exist and return its reference (JSON) for launch and teardown.
