@@ -139,6 +139,7 @@ def validate(spec: JobSpec) -> None:
             f"the claim {spec.storage.pvc_name!r} is in namespace {spec.storage.namespace!r}, "
             f"the job in {spec.namespace!r}: pods can only mount claims of their own namespace"
         )
+    k8s_names.check_dns1123_subdomain(spec.storage.pvc_name, "claim name")
     mount = spec.storage.mount_path.rstrip("/")
     if not spec.storage.mount_path.startswith("/") or spec.storage.mount_path in ("/", "/dev/shm"):
         raise ValueError(f"mount path must be an absolute directory other than / and /dev/shm, got {mount!r}")
