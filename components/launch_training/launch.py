@@ -118,6 +118,29 @@ class LogFollower:
         self._stop.set()
 
 
+def warning_events(core_api: Any, namespace: str, job_name: str, seen: set[str] | None = None) -> list[str]:
+    """Warning events about the job and its pods (FailedScheduling, FailedMount, BackOff, ...), oldest first.
+
+    ``seen`` (event uids) makes repeated calls report each event once.
+    """
+    try:
+        events = core_api.list_namespaced_event(namespace, field_selector="type=Warning").items
+    except Exception as exc:  # noqa: BLE001 - diagnostics only
+        return [f"(events unavailable: {exc})"]
+    out = []
+    for event in events:
+        obj = event.involved_object
+        if obj is None or not (obj.name == job_name or (obj.name or "").startswith(job_name + "-worker-")):
+            continue
+        uid = event.metadata.uid if event.metadata else None
+        if seen is not None:
+            if uid in seen:
+                continue
+            seen.add(uid)
+        out.append(f"{obj.kind or ''} {obj.name}: {event.reason}: {event.message}")
+    return out
+
+
 def describe_failure(training_client: Any, name: str, namespace: str, reason: str, message: str) -> str:
     lines = [f"PyTorchJob {namespace}/{name} failed: {reason or 'no reason'}: {message or 'no message'}"]
     try:
@@ -142,6 +165,10 @@ def describe_failure(training_client: Any, name: str, namespace: str, reason: st
             lines += [f"    {line}" for line in tail.splitlines()]
         except Exception:  # noqa: BLE001, S110 - the pod may be gone already
             pass
+    events = warning_events(training_client.core_api, namespace, name)
+    if events:
+        lines.append("  warning events:")
+        lines += [f"    {e}" for e in events[-10:]]
     return "\n".join(lines)
 
 
@@ -185,6 +212,7 @@ def launch(
     try:
         attached = create_or_attach(training_client, job, progress)
         last_state, last_beat = None, start
+        seen_events: set[str] = set()
         while True:
             current = training_client.get_job(name, namespace=namespace)
             state, reason, message = _latest_condition(current)
@@ -193,6 +221,10 @@ def launch(
                 progress(f"[{elapsed:7.0f} s] {namespace}/{name}: {state} ({_replica_summary(current)})"
                          + (f" {reason}: {message}" if state != last_state and message else ""))
                 last_state, last_beat = state, time.monotonic()
+            if state in ("Pending", "Created", "Restarting"):
+                # Why pods are not running yet (no GPU capacity, volume not mountable, image pull) is only in events.
+                for event in warning_events(training_client.core_api, namespace, name, seen_events):
+                    progress(f"  warning: {event}")
             if stream_logs != "none" and state not in ("Pending", "Created"):
                 logs.update(training_client.get_job_pods(name, namespace=namespace, replica_type="worker"))
             if state == "Succeeded":
@@ -203,8 +235,9 @@ def launch(
                 logs.finish()
                 raise JobFailed(describe_failure(training_client, name, namespace, reason, message))
             if elapsed + poll_s > timeout_s:
+                recent = warning_events(training_client.core_api, namespace, name)[-5:]
                 raise TimeoutError(f"PyTorchJob {namespace}/{name} still {state} after {elapsed:.0f} s "
-                                   f"(timeout {timeout_s:.0f} s)")
+                                   f"(timeout {timeout_s:.0f} s)" + "".join(f"\n  {e}" for e in recent))
             time.sleep(poll_s)
     except StepCancelled:
         progress(f"step cancelled (SIGTERM): deleting PyTorchJob {namespace}/{name}")

@@ -7,7 +7,8 @@ It serves the endpoints the cluster components call, with the API server's statu
   operator timeline (``job_timeline``), one step per GET of the job, so a test decides exactly
   what the watcher sees: ``Created`` -> ``Running`` (worker pods appear) -> ``Succeeded`` or
   ``Failed`` with a reason; a timeline that ends in ``Running`` never finishes.
-- ``v1`` pods: list by label selector; ``pods/{name}/log``: the text in ``pod_logs``.
+- ``v1`` pods: list by label selector; ``pods/{name}/log``: the text in ``pod_logs``;
+  events: list (field selector equality), filled with :meth:`KubeApiServer.add_event`.
 - ``v1`` persistentvolumes (cluster scope) and persistentvolumeclaims: create, get, delete; a
   claim naming an existing volume reads back ``Bound``.
 
@@ -96,6 +97,21 @@ def _matches(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
+def _field(obj: dict[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        obj = obj.get(part, {}) if isinstance(obj, dict) else {}
+    return obj if obj != {} else None
+
+
+def _fields_match(obj: dict[str, Any], selector: str) -> bool:
+    """``fieldSelector`` equality terms (``type=Warning``, ``involvedObject.name=x``)."""
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if str(_field(obj, key)) != value:
+            return False
+    return True
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     state: KubeState  # set on the subclass made per server
@@ -160,8 +176,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, st.pod_logs.get(name, ""), "text/plain")
         if not name:
             selector = query.get("labelSelector", "")
+            fields = query.get("fieldSelector", "")
             items = [o for (ns, _), o in sorted(st.store(resource).items())
-                     if ns == namespace and _matches(o.get("metadata", {}).get("labels") or {}, selector)]
+                     if ns == namespace and _matches(o.get("metadata", {}).get("labels") or {}, selector)
+                     and _fields_match(o, fields)]
             return self._send(200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
         obj = st.store(resource).get((namespace, name))
         if obj is None:
@@ -279,6 +297,16 @@ class KubeApiServer:
                                                             "namespace": namespace}}]}
         path.write_text(yaml.safe_dump(doc))
         return path
+
+    def add_event(self, namespace: str, kind: str, name: str, reason: str, message: str,
+                  type_: str = "Warning") -> None:
+        """An event as the scheduler/kubelet would record it (e.g. FailedScheduling on a worker pod)."""
+        with self.state.lock:
+            uid = str(uuid.uuid4())
+            self.state.store("events")[(namespace, f"{name}.{uid[:8]}")] = {
+                "apiVersion": "v1", "kind": "Event", "type": type_, "reason": reason, "message": message,
+                "metadata": {"name": f"{name}.{uid[:8]}", "namespace": namespace, "uid": uid},
+                "involvedObject": {"kind": kind, "name": name, "namespace": namespace}}
 
     # Convenience for assertions.
     def get(self, resource: str, name: str, namespace: str = "") -> dict[str, Any] | None:

@@ -99,6 +99,23 @@ def test_timeout_deletes_the_job(kube):
     assert server.names("pytorchjobs") == [] and server.names("pods") == []
 
 
+def test_pending_pods_show_why_and_the_timeout_says_it_again(kube):
+    server, training = kube
+    server.state.job_timeline = [Phase("Created")]  # the pods never schedule
+    server.add_event("team-a", "Pod", "rt-run-1-worker-1", "FailedScheduling",
+                     "0/12 nodes are available: 12 Insufficient nvidia.com/gpu.")
+    server.add_event("team-a", "Pod", "other-job-worker-0", "FailedScheduling", "not ours")
+    server.add_event("team-a", "Pod", "rt-run-1-worker-0", "Scheduled", "assigned", type_="Normal")
+    lines = []
+    with pytest.raises(TimeoutError) as info:
+        launch.launch(make_spec(), training_client=training, timeout_s=0.5, poll_s=0.05, stream_logs="none",
+                      progress=lines.append)
+    warnings = [line for line in lines if "warning:" in line]
+    assert warnings == ["  warning: Pod rt-run-1-worker-1: FailedScheduling: 0/12 nodes are available: "
+                        "12 Insufficient nvidia.com/gpu."]  # once, though polled many times
+    assert "Insufficient nvidia.com/gpu" in str(info.value) and "not ours" not in str(info.value)
+
+
 def test_sigterm_deletes_the_job_and_exits_143(tmp_path):
     """A real process, cancelled the way KFP cancels a step: SIGTERM to the pod's process."""
     with kube_api.running() as server:
