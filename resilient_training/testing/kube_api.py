@@ -70,7 +70,7 @@ def _status(code: int, message: str) -> dict[str, Any]:
             "message": message, "reason": _REASONS.get(code, "Unknown"), "code": code}
 
 
-def _route(path: str) -> tuple[str, str, str] | None:
+def route(path: str) -> tuple[str, str, str] | None:
     """``(resource, namespace, name)`` for the paths served; name may be ''."""
     parts = [p for p in path.split("/") if p]
     if parts[:3] == ["apis", "kubeflow.org", "v1"] and len(parts) >= 5 and parts[3] == "namespaces":
@@ -133,16 +133,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         url = urlparse(self.path)
-        route = _route(url.path)
+        target = route(url.path)
         body = self._body() if method == "POST" else None
         if method == "DELETE":
             self._body()  # delete options, ignored
         st = self.state
         with st.lock:
             st.requests.append((method, url.path))
-            if route is None:
+            if target is None:
                 return self._send(404, _status(404, f"the server could not find the requested resource {url.path}"))
-            resource, namespace, name = route
+            resource, namespace, name = target
             code = st.fail_next.pop((method, resource), None)
             if code is not None:
                 return self._send(code, _status(code, f"injected failure of {method} {resource}"))
