@@ -177,6 +177,8 @@ class Checkpointer:
         tmp_dir = self.root / f"{fmt.TMP_PREFIX}{fmt.step_dirname(step)}-{self._tag}"
         tmp_dir.mkdir(parents=True, exist_ok=True)
         shard = self.stage(step, model, optimizer)
+        manifest_fields = {**manifest_fields, "optimizer_step": shard["meta"]["optimizer_step"],
+                           "data_position": shard["meta"]["data_position"]}
         self._in_flight = _InFlight(step, tmp_dir, begin, manifest_fields)
         if self.config.async_checkpoint:
             self._writer.submit(write_shard_job, (str(tmp_dir), self.rank, shard, torn_write))

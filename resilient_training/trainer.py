@@ -66,6 +66,8 @@ class Trainer:
         try:
             self._drop_stale_write()
             self._init_process_group(iteration)
+            if self.config.async_checkpoint and not self.writer.started:
+                self.writer.warm_up()
             model, optimizer = self._build()
             checkpointer = Checkpointer(
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"a{self.attempt}i{iteration}",
@@ -179,8 +181,9 @@ class Trainer:
         return self._store
 
     def _destroy_process_group(self) -> None:
-        # On the failing rank this closes its gloo sockets, which unblocks peers waiting on it
-        # at once instead of after the collective timeout.
+        # On gloo this does not close the sockets of an FSDP2 process group (DTensor caches keep
+        # it alive, torch 2.13), so peers blocked on a failed rank are released by the
+        # collective timeout (pg_timeout); on NCCL the wrapper's abort releases them.
         if torch.distributed.is_initialized():
             with contextlib.suppress(Exception):
                 torch.distributed.destroy_process_group()
