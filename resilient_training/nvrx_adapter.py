@@ -250,8 +250,8 @@ def inprocess_wrap(
 
     class _AbortDistributed(inprocess.abort.Abort):
         """NCCL: NVRx's abort. gloo: a blocked collective cannot be interrupted from this thread
-        (torch 2.13), so peers are unblocked by the failing rank destroying its process group in
-        its main thread (closing its sockets) and, at worst, by the short collective timeout.
+        (torch 2.13: abort() and shutdown() of a gloo group do not release a peer's pending
+        receive), so the short collective timeout (``pg_timeout``) releases blocked ranks.
         """
 
         def __call__(self, state: Any) -> Any:
