@@ -26,7 +26,6 @@ from resilient_training.checkpointing import Checkpointer
 from resilient_training.config import TrainConfig
 from resilient_training.model import batch, build_model, loss_fn
 
-
 # Calibrated heartbeat timeouts never go below this: observed gaps on a quiet machine can be
 # milliseconds, and a loaded one must not be mistaken for a hang. In-process restarts are
 # covered separately (Heartbeats.cover).
@@ -265,7 +264,8 @@ class Trainer:
 
     def close(self) -> None:
         """Finish the background writer: gracefully after success, at once after a failure
-        (a restart should not wait for a write that will never be committed)."""
+        (a restart should not wait for a write that will never be committed).
+        """
         with contextlib.suppress(Exception):
             if self.completed:
                 self.writer.close(timeout=120)
