@@ -154,9 +154,9 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return step % self.config.checkpoint_every == 0 or step == self.config.steps
 
-    @property
-    def in_flight(self) -> bool:
-        return self._in_flight is not None
+    def will_defer(self, step: int) -> bool:
+        """A save at ``step`` would be skipped: the previous one is still being written."""
+        return self._in_flight is not None and step != self.config.steps
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              manifest_fields: dict[str, Any], *, torn_write: bool = False,
@@ -167,16 +167,17 @@ class Checkpointer:
         :meth:`maybe_commit`. If the previous save is still being written, this one is skipped
         (``ckpt_deferred``), except for the final step, which waits.
         """
-        if self._in_flight is not None:
-            if step != self.config.steps:
-                self._emit("ckpt_deferred", step, reason=f"step {self._in_flight.step} still writing")
-                return
-            self.finish()  # the final step is always saved: wait for the previous write
+        if self.will_defer(step):
+            self._emit("ckpt_deferred", step, reason=f"step {self._in_flight.step} still writing")
+            return
+        self.finish()  # the final step is always saved: wait for any previous write
         begin = time.time()
         self._emit("ckpt_begin", step, mode="async" if self.config.async_checkpoint else "sync")
         tmp_dir = self.root / f"{fmt.TMP_PREFIX}{fmt.step_dirname(step)}-{self._tag}"
         tmp_dir.mkdir(parents=True, exist_ok=True)
         shard = self.stage(step, model, optimizer)
+        manifest_fields = {**manifest_fields, "optimizer_step": shard["meta"]["optimizer_step"],
+                           "data_position": shard["meta"]["data_position"]}
         self._in_flight = _InFlight(step, tmp_dir, begin, manifest_fields)
         if self.config.async_checkpoint:
             self._writer.submit(write_shard_job, (str(tmp_dir), self.rank, shard, torn_write))

@@ -26,6 +26,11 @@ from resilient_training.checkpointing import Checkpointer
 from resilient_training.config import TrainConfig
 from resilient_training.model import batch, build_model, loss_fn
 
+# Calibrated heartbeat timeouts never go below this: observed gaps on a quiet machine can be
+# milliseconds, and a loaded one must not be mistaken for a hang. In-process restarts are
+# covered separately (Heartbeats.cover).
+CALIBRATED_TIMEOUT_FLOOR = 3.0
+
 
 class NonFiniteLoss(FloatingPointError):
     """The NaN guard: a non-finite global loss is a failure that rolls back to a checkpoint."""
@@ -66,6 +71,8 @@ class Trainer:
         try:
             self._drop_stale_write()
             self._init_process_group(iteration)
+            if self.config.async_checkpoint and not self.writer.started:
+                self.writer.warm_up()
             model, optimizer = self._build()
             checkpointer = Checkpointer(
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"a{self.attempt}i{iteration}",
@@ -113,12 +120,13 @@ class Trainer:
             if checkpointer.should_save(step):
                 self._save(step, model, optimizer, checkpointer)
             if step == calibrate_at:
-                timeouts = self.heartbeats.calibrate(floor=max(3.0, 2 * self.config.pg_timeout))
+                timeouts = self.heartbeats.calibrate(floor=CALIBRATED_TIMEOUT_FLOOR)
                 if timeouts:
                     self.events.emit("calibrated", step, timeouts=timeouts)
 
     def _save(self, step: int, model: Any, optimizer: Any, checkpointer: Checkpointer) -> None:
-        fault = self.injector.due(step, flt.CHECKPOINT_FAULTS)
+        # A checkpoint fault acts at the first save that really writes at or after its step.
+        fault = None if checkpointer.will_defer(step) else self.injector.due_checkpoint(step)
         if fault is not None:
             self.injector.mark(fault, step)
         kill_self = None
@@ -179,8 +187,9 @@ class Trainer:
         return self._store
 
     def _destroy_process_group(self) -> None:
-        # On the failing rank this closes its gloo sockets, which unblocks peers waiting on it
-        # at once instead of after the collective timeout.
+        # On gloo this does not close the sockets of an FSDP2 process group (DTensor caches keep
+        # it alive, torch 2.13), so peers blocked on a failed rank are released by the
+        # collective timeout (pg_timeout); on NCCL the wrapper's abort releases them.
         if torch.distributed.is_initialized():
             with contextlib.suppress(Exception):
                 torch.distributed.destroy_process_group()
@@ -254,8 +263,14 @@ class Trainer:
         return type(exc).__name__
 
     def close(self) -> None:
+        """Finish the background writer: gracefully after success, at once after a failure
+        (a restart should not wait for a write that will never be committed).
+        """
         with contextlib.suppress(Exception):
-            self.writer.close(timeout=120)
+            if self.completed:
+                self.writer.close(timeout=120)
+            else:
+                self.writer.abandon()
         self.heartbeats.close()
 
 
