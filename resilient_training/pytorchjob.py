@@ -186,6 +186,11 @@ def _check_toleration(tol: dict[str, Any]) -> None:
         raise ValueError(f"toleration effect must be one of {', '.join(_TOLERATION_EFFECTS)}, got {effect!r}")
 
 
+def job_name_for_run(run_id: str) -> str:
+    """The job's deterministic name: a retried step attaches to the same job, teardown finds it."""
+    return k8s_names.name_for_run("rt", run_id)
+
+
 def parse_toleration(text: str) -> dict[str, Any]:
     """``key=value:Effect``, ``key:Effect`` (operator Exists), ``key=value`` or ``key``."""
     body, _, effect = text.partition(":")

@@ -75,4 +75,7 @@ class StorageRef:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"storage ref has unknown keys: {', '.join(unknown)}")
+        missing = sorted(f.name for f in fields(cls) if f.name in ("backend", "run_dir") and f.name not in data)
+        if missing:
+            raise ValueError(f"storage ref misses {', '.join(missing)}")
         return cls(**data)

@@ -8,15 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from resilient_training import config as train_config
-from resilient_training import images, k8s_names, pytorchjob
+from resilient_training import images, pytorchjob
 from resilient_training.storage_ref import StorageRef
 
 LAUNCHERS = ("local", "pytorchjob")
-
-
-def job_name_for_run(run_id: str) -> str:
-    """The job's deterministic name: a retried step finds (and attaches to) the same job."""
-    return k8s_names.name_for_run("rt", run_id)
 
 
 def _coerce(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
@@ -87,7 +82,7 @@ def launch_training(
     if not ref.shared:
         raise ValueError(f"launcher 'pytorchjob' needs storage every pod can mount (pvc or fsx), got {ref.backend!r}")
     spec = pytorchjob.JobSpec(
-        name=job_name_for_run(run_id), namespace=ref.namespace, train=config, storage=ref,
+        name=pytorchjob.job_name_for_run(run_id), namespace=ref.namespace, train=config, storage=ref,
         image=image or images.TRAINER_IMAGE, nodes=nodes, gpus_per_node=gpus_per_node, procs_per_node=procs_per_node,
         efa_per_node=efa_per_node, node_selector=dict(node_selector or {}), tolerations=list(tolerations or []),
         service_account=service_account, run_id=run_id, nvrx_version=nvrx_version, backoff_limit=backoff_limit,

@@ -19,6 +19,14 @@ from resilient_training.components.provision_storage import fsx, volumes
 from resilient_training.storage_ref import BACKENDS, StorageRef
 
 
+def volume_names(run_id: str, pvc_name: str = "") -> tuple[str, str]:
+    """``(pv, pvc)`` names of a run's FSx volume: derived from the run id so teardown finds them
+    from the run id alone (a KFP exit task cannot take another task's output).
+    """
+    base = k8s_names.name_for_run("rt", run_id)
+    return base + "-pv", pvc_name or base + "-data"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProvisionRequest:
     """What ``provision_storage`` was asked for; construction validates every field."""
@@ -88,9 +96,9 @@ class ProvisionRequest:
         return "runs/" + (re.sub(r"[^A-Za-z0-9._-]+", "-", self.run_id).strip("-.") or "run")
 
     @property
-    def object_name(self) -> str:
-        """Base name of the PV/PVC this run creates."""
-        return k8s_names.name_for_run("rt", self.run_id)
+    def volume_names(self) -> tuple[str, str]:
+        """``(pv, pvc)`` names this run creates for ``fsx``."""
+        return volume_names(self.run_id, self.pvc_name)
 
     def run_dir(self, root: str) -> str:
         return posixpath.join(root.rstrip("/") or "/", self.run_subdir or self.default_subdir)
@@ -124,8 +132,7 @@ def provision(
 def _provision_fsx(request: ProvisionRequest, *, core_api: Any, fsx_client: Any,
                    progress: Callable[[str], None]) -> StorageRef:
     created: dict[str, Any] = {}
-    pv_name = request.object_name + "-pv"
-    pvc_name = request.pvc_name or request.object_name + "-data"
+    pv_name, pvc_name = request.volume_names
     labels = {"app.kubernetes.io/name": "resilient-training", "app.kubernetes.io/managed-by": "resilient-training",
               **request.labels}
     try:

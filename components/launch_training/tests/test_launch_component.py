@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from resilient_training.components.launch_training import launch_training
-from resilient_training.components.launch_training.backends import job_name_for_run
+from resilient_training.pytorchjob import job_name_for_run
 from resilient_training.storage_ref import StorageRef
 from resilient_training.testing import kube_api
 from resilient_training.testing.kube_api import Phase

@@ -15,7 +15,8 @@ from kubernetes import client as k8s
 
 from resilient_training import config, pytorchjob
 from resilient_training.components.launch_training import launch
-from resilient_training.components.launch_training.backends import job_name_for_run, launch_training
+from resilient_training.components.launch_training.backends import launch_training
+from resilient_training.pytorchjob import job_name_for_run
 from resilient_training.storage_ref import StorageRef
 from resilient_training.testing import kube_api
 from resilient_training.testing.kube_api import Phase
