@@ -231,30 +231,45 @@ def mount_info(fs: dict[str, Any]) -> tuple[str, str]:
     return dns, mount
 
 
-def delete(client: Any, fs_id: str, *, token: str, progress: Callable[[str], None] = print) -> str:
+def delete(client: Any, fs_id: str, *, token: str, settle_timeout_s: float = 1800.0, poll_s: float = 30.0,
+           progress: Callable[[str], None] = print) -> str:
     """Delete a file system this run created; ``gone``/``deleting``/``deleted``. Safe to repeat.
 
     Refuses a file system that does not carry the run's token tag, so a reused file system is
-    never deleted whatever the caller's bookkeeping says.
+    never deleted whatever the caller's bookkeeping says. If AWS refuses the delete while the file
+    system is still CREATING or UPDATING (a run cancelled during provisioning), it is retried until
+    the file system settles, up to ``settle_timeout_s``, so a cancelled run does not leave it behind.
     """
-    try:
-        fs = describe(client, fs_id)
-    except FsxError:
-        progress(f"fsx: {fs_id} is already gone")
-        return "gone"
-    except client.exceptions.FileSystemNotFound:
-        progress(f"fsx: {fs_id} is already gone")
-        return "gone"
-    if _tags(fs).get(TOKEN_TAG) != token:
-        raise FsxError(f"refusing to delete {fs_id}: it was not created by this run (no {TOKEN_TAG}={token} tag)")
-    if fs.get("Lifecycle") == "DELETING":
-        progress(f"fsx: {fs_id} is already being deleted")
-        return "deleting"
-    try:
-        # Lustre takes no final backup by default (and cannot for scratch or S3-linked file systems).
-        client.delete_file_system(FileSystemId=fs_id)
-    except client.exceptions.FileSystemNotFound:
-        progress(f"fsx: {fs_id} is already gone")
-        return "gone"
-    progress(f"fsx: deleting {fs_id}")
-    return "deleted"
+    from botocore.exceptions import ClientError
+
+    start = time.monotonic()
+    while True:
+        try:
+            fs = describe(client, fs_id)
+        except (FsxError, client.exceptions.FileSystemNotFound):
+            progress(f"fsx: {fs_id} is already gone")
+            return "gone"
+        if _tags(fs).get(TOKEN_TAG) != token:
+            raise FsxError(f"refusing to delete {fs_id}: it was not created by this run (no {TOKEN_TAG}={token} tag)")
+        state = fs.get("Lifecycle")
+        if state == "DELETING":
+            progress(f"fsx: {fs_id} is already being deleted")
+            return "deleting"
+        try:
+            # Lustre takes no final backup by default (and cannot for scratch or S3-linked file systems).
+            client.delete_file_system(FileSystemId=fs_id)
+        except client.exceptions.FileSystemNotFound:
+            progress(f"fsx: {fs_id} is already gone")
+            return "gone"
+        except ClientError as exc:
+            if state not in ("CREATING", "UPDATING"):
+                raise
+            waited = time.monotonic() - start
+            if waited + poll_s > settle_timeout_s:
+                raise TimeoutError(f"file system {fs_id} is still {state} after {waited:.0f} s and cannot be "
+                                   f"deleted yet ({exc}): delete it once it settles") from exc
+            progress(f"fsx: {fs_id} is {state} and cannot be deleted yet; retrying ({waited:.0f} s)")
+            time.sleep(poll_s)
+            continue
+        progress(f"fsx: deleting {fs_id}")
+        return "deleted"

@@ -129,3 +129,37 @@ def test_delete_when_aws_says_not_found(stubbed):
     client, stubber = stubbed
     stubber.add_client_error("describe_file_systems", "FileSystemNotFound", "File system does not exist.")
     assert fsx.delete(client, "fs-0123456789abcdef0", token=fsx.request_token("run-1")) == "gone"
+
+
+def test_delete_retries_while_the_file_system_is_still_being_created(stubbed):
+    """A run cancelled while provisioning: teardown finds the file system CREATING; if AWS refuses
+    the delete then, it retries until the file system settles."""
+    client, stubber = stubbed
+    fs_ids = {"FileSystemIds": ["fs-0123456789abcdef0"]}
+    for state in ("CREATING", "CREATING"):
+        stubber.add_response("describe_file_systems", _fs(state), fs_ids)
+        stubber.add_client_error("delete_file_system", "BadRequest", "File system is not in a deletable state.")
+    stubber.add_response("describe_file_systems", _fs("AVAILABLE"), fs_ids)
+    stubber.add_response("delete_file_system", {"FileSystemId": "fs-0123456789abcdef0", "Lifecycle": "DELETING"},
+                         {"FileSystemId": "fs-0123456789abcdef0"})
+    messages = []
+    assert fsx.delete(client, "fs-0123456789abcdef0", token=fsx.request_token("run-1"), poll_s=0.01,
+                      progress=messages.append) == "deleted"
+    assert sum("cannot be deleted yet" in m for m in messages) == 2
+
+
+def test_delete_gives_up_on_a_file_system_that_never_settles(stubbed):
+    client, stubber = stubbed
+    for _ in range(2):  # tried at 0 s and 0.3 s; a third try would pass the 0.5 s limit
+        stubber.add_response("describe_file_systems", _fs("CREATING"))
+        stubber.add_client_error("delete_file_system", "BadRequest", "File system is not in a deletable state.")
+    with pytest.raises(TimeoutError, match="still CREATING"):
+        fsx.delete(client, "fs-0123456789abcdef0", token=fsx.request_token("run-1"), settle_timeout_s=0.5, poll_s=0.3)
+
+
+def test_delete_does_not_retry_other_errors(stubbed):
+    client, stubber = stubbed
+    stubber.add_response("describe_file_systems", _fs("AVAILABLE"))
+    stubber.add_client_error("delete_file_system", "AccessDenied", "not authorized", http_status_code=403)
+    with pytest.raises(client.exceptions.ClientError, match="AccessDenied"):
+        fsx.delete(client, "fs-0123456789abcdef0", token=fsx.request_token("run-1"), poll_s=0.01)
