@@ -19,6 +19,7 @@ from typing import Any
 from resilient_training import pytorchjob
 
 LOG_MODES = ("none", "worker-0", "all")
+MAX_API_ERRORS = 5  # consecutive failed status reads tolerated (API server restarts, throttling)
 EXIT_DO_NOT_RESTART = 93  # the trainer's "deterministic failure" exit code (nvrx_adapter)
 
 
@@ -213,8 +214,23 @@ def launch(
         attached = create_or_attach(training_client, job, progress)
         last_state, last_beat = None, start
         seen_events: set[str] = set()
+        api_errors = 0
         while True:
-            current = training_client.get_job(name, namespace=namespace)
+            try:
+                current = training_client.get_job(name, namespace=namespace)
+                api_errors = 0
+            except (RuntimeError, TimeoutError) as exc:
+                if getattr(exc.__cause__, "status", None) == 404:
+                    raise JobFailed(f"PyTorchJob {namespace}/{name} disappeared while running "
+                                    "(deleted by someone, or its TTL expired)") from exc
+                api_errors += 1
+                if api_errors > MAX_API_ERRORS:
+                    raise
+                progress(f"warning: reading the job failed ({api_errors}/{MAX_API_ERRORS}), retrying: {exc}")
+                if time.monotonic() - start + poll_s > timeout_s:
+                    raise TimeoutError(f"PyTorchJob {namespace}/{name}: no status after {timeout_s:.0f} s") from exc
+                time.sleep(poll_s)
+                continue
             state, reason, message = _latest_condition(current)
             elapsed = time.monotonic() - start
             if state != last_state or elapsed - (last_beat - start) >= heartbeat_s:

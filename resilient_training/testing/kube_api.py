@@ -45,6 +45,7 @@ class Phase:
     message: str = ""
     pod_phase: str = ""  # default derived from condition
     exit_code: int | None = None  # container exit code of worker pods once terminated
+    new_pods: bool = False  # the operator replaced the pods (new uids): log followers must re-attach
 
 
 def default_timeline() -> list[Phase]:
@@ -227,6 +228,7 @@ class _Handler(BaseHTTPRequestHandler):
         namespace, name = job["metadata"].get("namespace", ""), job["metadata"]["name"]
         worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
         pod_phase = phase.pod_phase or {"Succeeded": "Succeeded", "Failed": "Failed"}.get(phase.condition, "Running")
+        generation = sum(1 for p in st.job_timeline[: st.job_progress[(namespace, name)] + 1] if p.new_pods)
         for index in range(worker.get("replicas", 1)):
             pod_name = f"{name}-worker-{index}"
             state: dict[str, Any] = {"running": {}}
@@ -235,14 +237,14 @@ class _Handler(BaseHTTPRequestHandler):
                 state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
             st.store("pods")[(namespace, pod_name)] = {
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod_name, "namespace": namespace, "uid": f"{pod_name}-uid",
+                "metadata": {"name": pod_name, "namespace": namespace, "uid": f"{pod_name}-uid-{generation}",
                              "labels": {JOB_NAME_LABEL: name, REPLICA_TYPE_LABEL: "worker",
                                         REPLICA_INDEX_LABEL: str(index)}},
                 "status": {"phase": pod_phase,
                            "containerStatuses": [{"name": "pytorch", "ready": pod_phase == "Running", "restartCount": 0,
                                                   "image": "trainer", "imageID": "", "state": state}]},
             }
-            st.pod_logs.setdefault(pod_name, f"[{pod_name}] step 1 loss 5.5\n[{pod_name}] step 2 loss 5.1\n")
+            st.pod_logs.setdefault(pod_name, "step 1 loss 5.5\nstep 2 loss 5.1\n")
         job["status"]["replicaStatuses"] = {"Worker": {pod_phase.lower() if pod_phase != "Running" else "active":
                                                        worker.get("replicas", 1)}}
 

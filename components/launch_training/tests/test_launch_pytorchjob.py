@@ -46,7 +46,7 @@ def test_creates_the_job_waits_and_streams_worker_0(kube):
     assert stored["spec"] == expected["spec"]
     states = [line for line in lines if "team-a/rt-run-1:" in line]
     assert [s.split(": ")[1].split(" ")[0] for s in states] == ["Created", "Running", "Succeeded"]
-    assert "[rt-run-1-worker-0] [rt-run-1-worker-0] step 2 loss 5.1" in lines
+    assert "[rt-run-1-worker-0] step 2 loss 5.1" in lines
     assert not any(line.startswith("[rt-run-1-worker-1]") for line in lines)  # elastic: no master, worker 0 only
 
 
@@ -63,6 +63,37 @@ def test_streams_all_workers_or_none(kube):
     launch.launch(make_spec(), training_client=training, timeout_s=10, poll_s=0.01, stream_logs="none",
                   progress=quiet.append)
     assert not any(line.startswith("[rt-") for line in quiet)
+
+
+def test_replaced_pods_are_followed_again_and_transient_api_errors_are_survived(kube):
+    server, training = kube
+    server.state.job_timeline = [Phase("Created"), Phase("Running"), Phase("Restarting", reason="PyTorchJobRestarting"),
+                                 Phase("Running", new_pods=True), Phase("Succeeded")]
+    lines = []
+
+    def progress(line):
+        lines.append(line)
+        if "Restarting" in line:  # the API server hiccups once right after the restart
+            server.state.fail_next[("GET", "pytorchjobs")] = 500
+
+    launch.launch(make_spec(), training_client=training, timeout_s=10, poll_s=0.05, progress=progress)
+    assert sum(line == "[rt-run-1-worker-0] step 2 loss 5.1" for line in lines) == 2  # one per pod incarnation
+    assert any(line.startswith("warning: reading the job failed (1/5)") for line in lines)
+    assert [s.split(": ")[1].split(" ")[0] for s in lines if "team-a/rt-run-1:" in s] == [
+        "Created", "Running", "Restarting", "Running", "Succeeded"]
+
+
+def test_a_job_deleted_underneath_fails_the_step_clearly(kube):
+    server, training = kube
+    server.state.job_timeline = [Phase("Created"), Phase("Running")]
+
+    def progress(line):
+        if "Running" in line:
+            server.state.store("pytorchjobs").clear()
+
+    with pytest.raises(launch.JobFailed, match="disappeared while running"):
+        launch.launch(make_spec(), training_client=training, timeout_s=10, poll_s=0.05, stream_logs="none",
+                      progress=progress)
 
 
 def test_attaches_to_an_existing_job_on_409(kube):
