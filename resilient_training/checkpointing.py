@@ -53,6 +53,40 @@ def named_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[
                 yield f"optim/{name}/{key}", state[key], param
 
 
+class StagingBuffers:
+    """Host memory a save is staged into, allocated once and reused by every save.
+
+    The buffers live in shared memory, so handing a shard to NVRx's writer process passes
+    handles instead of copying bytes, and on GPU machines they are page-locked
+    (``cudaHostRegister``) so the device-to-host copy runs at full speed and asynchronously.
+    Reuse is safe because a save starts only once the previous one is durable.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._cuda = False
+
+    def copy_in(self, name: str, source: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+            buffer = torch.empty(source.shape, dtype=source.dtype).share_memory_()
+            if source.is_cuda and buffer.numel():
+                # Page-lock in place; on failure the copy still works, only slower.
+                torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel() * buffer.element_size(), 0)
+            self._buffers[name] = buffer
+        self._cuda = self._cuda or source.is_cuda
+        buffer.copy_(source, non_blocking=source.is_cuda)
+        return buffer
+
+    def synchronize(self) -> None:
+        if self._cuda:
+            torch.cuda.current_stream().synchronize()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+
 @dataclass(slots=True)
 class _InFlight:
     step: int
@@ -72,8 +106,10 @@ class Checkpointer:
         world_size: int,
         tag: str,
         writer: Any,
+        staging: StagingBuffers,
         emit: Callable[..., Any],
         atomic: Callable[[], AbstractContextManager[Any]] = nullcontext,
+        on_wait: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.rank = rank
@@ -82,8 +118,10 @@ class Checkpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         self._tag = tag  # unique per attempt/iteration: temporary directories never collide
         self._writer = writer  # nvrx_adapter.AsyncWriter (kept across in-process restarts)
+        self._staging = staging  # reused by every save; one save in flight at a time
         self._emit = emit
         self._atomic = atomic
+        self._on_wait = on_wait  # keeps heartbeats and progress pings going while waiting
         self._in_flight: _InFlight | None = None
 
     # ------------------------------------------------------------------ restore
@@ -133,10 +171,10 @@ class Checkpointer:
         tensors: dict[str, torch.Tensor] = {}
         layout: dict[str, dict[str, Any]] = {}
         for flat, tensor, param in named_state(model, optimizer):
-            local = _local(tensor).detach()
-            tensors[flat] = local.to("cpu", copy=True)
+            tensors[flat] = self._staging.copy_in(flat, _local(tensor).detach())
             offset, _ = chunk_bounds(param.shape[0], self.world_size, self.rank)
             layout[flat] = {"global_shape": list(param.shape), "offset": offset}
+        self._staging.synchronize()
         opt_steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
         if len(opt_steps) > 1:
             raise RuntimeError(f"optimizer parameters disagree on their step count: {sorted(opt_steps)}")
@@ -186,7 +224,7 @@ class Checkpointer:
                 kill_after_submit()
         else:
             fmt.write_shard(tmp_dir, self.rank, shard, torn_write=torn_write)
-            self._commit_when_all_done(local_done=True)
+            self.finish()
             self._emit("ckpt_staged", step, seconds=time.time() - begin)
 
     def local_done(self) -> float:
@@ -199,11 +237,6 @@ class Checkpointer:
         """Commit the save in flight once every rank reported it durable (same step everywhere)."""
         if self._in_flight is not None and round(done_count) == self.world_size:
             self._commit()
-
-    def _commit_when_all_done(self, local_done: bool) -> None:
-        flag = torch.tensor([1.0 if local_done else 0.0], device=_flag_device())
-        torch.distributed.all_reduce(flag)
-        self.maybe_commit(flag.item())
 
     def _commit(self) -> None:
         in_flight, self._in_flight = self._in_flight, None
@@ -218,12 +251,23 @@ class Checkpointer:
         self._emit("ckpt_committed", in_flight.step, bytes=size, seconds=time.time() - in_flight.begin_ts,
                    path=str(path))
 
-    def finish(self) -> None:
-        """Before a clean exit: wait for the write in flight and commit it on every rank."""
-        if self._in_flight is None:
-            return
-        self._writer.wait(timeout=600)
-        self._commit_when_all_done(local_done=True)
+    def finish(self, timeout: float = 600.0) -> None:
+        """Wait for the write in flight and commit it, on every rank.
+
+        No rank blocks on its own writer while a peer waits in a collective (which would hit
+        the short collective timeout): all ranks poll their writer and agree on the result
+        together, round after round, until every shard is durable.
+        """
+        deadline = time.monotonic() + timeout
+        while self._in_flight is not None:
+            flag = torch.tensor([self.local_done()], device=_flag_device())
+            torch.distributed.all_reduce(flag)
+            self.maybe_commit(flag.item())
+            if self._in_flight is not None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"checkpoint of step {self._in_flight.step} not durable after {timeout:.0f} s")
+                self._on_wait()
+                time.sleep(0.05)
 
     def forget_in_flight(self, wait_seconds: float) -> None:
         """After a failure: let a write still running finish (bounded) and never commit it."""
