@@ -125,7 +125,8 @@ class Trainer:
 
     def _heartbeat_floor(self) -> float:
         """With in-process restart on, a hang must reach that layer (soft timeout) before
-        ft_launcher's heartbeat timeout; once it restarts, Heartbeats.cover takes over."""
+        ft_launcher's heartbeat timeout; once it restarts, Heartbeats.cover takes over.
+        """
         if self.config.inprocess:
             return max(CALIBRATED_TIMEOUT_FLOOR, self.config.soft_timeout + 2.0)
         return CALIBRATED_TIMEOUT_FLOOR
