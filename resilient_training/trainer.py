@@ -83,6 +83,7 @@ class Trainer:
             step = self._restore(checkpointer, model, optimizer)
             self._train(step, model, optimizer, checkpointer, call_wrapper)
             checkpointer.finish()
+            checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
             self.completed = True
         except BaseException as exc:
@@ -116,7 +117,7 @@ class Trainer:
             self._progress(call_wrapper)
             self.heartbeats.cover(0)
             checkpointer.maybe_commit(stats[1].item())
-            if checkpointer.should_save(step):
+            if checkpointer.tier_for(step):
                 self._save(step, model, optimizer, checkpointer)
             if step == calibrate_at:
                 timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor())
