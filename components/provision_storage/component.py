@@ -1,6 +1,6 @@
 """KFP component: provision a run's storage (local directory, existing PVC, or FSx for Lustre + PV/PVC)."""
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from kfp import dsl
 
@@ -29,7 +29,7 @@ def provision_storage(
     region: str = "",
     fsx_timeout_seconds: int = 1800,
     fsx_poll_seconds: float = 30.0,
-) -> str:
+) -> NamedTuple("Outputs", [("storage_ref", str), ("pvc_name", str), ("run_dir", str)]):
     """Make the run's storage exist and return its reference (JSON) for launch and teardown.
 
     Args:
@@ -58,9 +58,15 @@ def provision_storage(
         fsx_poll_seconds: Seconds between status polls while the file system is created.
 
     Returns:
-        The storage reference as JSON (``resilient_training.storage_ref.StorageRef``).
+        storage_ref: The storage reference as JSON (``resilient_training.storage_ref.StorageRef``)
+            for ``launch_training``.
+        pvc_name: The claim to mount into later steps (``kubernetes.mount_pvc`` at ``mount_path``);
+            empty for ``local``.
+        run_dir: The run directory (checkpoints/, events/).
 
     """
+    from collections import namedtuple
+
     from resilient_training.components.provision_storage.provision import provision_storage as provision
 
     ref = provision(
@@ -73,4 +79,5 @@ def provision_storage(
         fsx_timeout_s=fsx_timeout_seconds, fsx_poll_s=fsx_poll_seconds,
     )
     print(f"storage ref: {ref.to_json()}")
-    return ref.to_json()
+    outputs = namedtuple("Outputs", ["storage_ref", "pvc_name", "run_dir"])
+    return outputs(ref.to_json(), ref.pvc_name, ref.run_dir)

@@ -14,8 +14,9 @@ from resilient_training.testing import kube_api
 
 def test_local_storage_through_the_local_runner(kfp_local, tmp_path):
     task = provision_storage(run_id="run-42", storage="local", local_root=str(tmp_path))
-    ref = StorageRef.from_json(task.output)
+    ref = StorageRef.from_json(task.outputs["storage_ref"])
     assert ref.backend == "local" and Path(ref.run_dir) == tmp_path / "runs" / "run-42"
+    assert task.outputs["pvc_name"] == "" and task.outputs["run_dir"] == ref.run_dir
     assert Path(ref.run_dir).is_dir()
 
 
@@ -28,7 +29,8 @@ def test_pvc_storage_through_the_local_runner_and_kubeconfig(kfp_local, tmp_path
         monkeypatch.setenv("KUBECONFIG", str(server.write_kubeconfig(tmp_path / "kubeconfig", namespace="team-a")))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         task = provision_storage(run_id="run-42", storage="pvc", pvc_name="shared", mount_path="/data")
-        ref = StorageRef.from_json(task.output)
+        ref = StorageRef.from_json(task.outputs["storage_ref"])
+        assert task.outputs["pvc_name"] == "shared"
         assert (ref.backend, ref.namespace, ref.pvc_name, ref.run_dir) == ("pvc", "team-a", "shared", "/data/runs/run-42")
         assert ("GET", "/api/v1/namespaces/team-a/persistentvolumeclaims/shared") in server.state.requests
 
