@@ -137,6 +137,19 @@ def test_rbac_grants_exactly_the_verbs_the_components_use():
     assert used == granted
 
 
+def test_iam_policy_allows_every_fsx_call_the_code_makes():
+    source = (ROOT / "components" / "provision_storage" / "fsx.py").read_text()
+    calls = set(re.findall(r"client\.([a-z_]+)\(", source)) | set(re.findall(r'get_paginator\("([a-z_]+)"\)', source))
+    calls -= {"get_paginator"}
+    actions = {"fsx:" + "".join(part.title() for part in call.split("_")) for call in calls}
+    assert actions >= {"fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems"}
+    policy = json.loads((MANIFESTS / "iam" / "fsx-provisioner-policy.json").read_text())
+    allowed = set()
+    for statement in policy["Statement"]:
+        allowed |= set(statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]])
+    assert actions <= allowed, actions - allowed
+
+
 def test_iam_policy_is_tag_scoped_and_files_hold_no_credentials():
     policy = json.loads((MANIFESTS / "iam" / "fsx-provisioner-policy.json").read_text())
     by_action = {}

@@ -50,8 +50,10 @@ def provision_storage(
         fsx_deployment_type: ``SCRATCH_2`` (default, cheapest, no replication) or ``PERSISTENT_2``.
         fsx_per_unit_throughput: ``PERSISTENT_2`` only: 125, 250, 500 or 1000 MB/s per TiB.
         fsx_lustre_version: Lustre version, ``2.15`` (default) or ``2.12``.
-        fsx_import_path: ``SCRATCH_2``: ``s3://bucket[/prefix]`` linked as data repository.
-        fsx_export_path: ``SCRATCH_2``: export path in the import bucket.
+        fsx_import_path: ``s3://bucket[/prefix]`` linked as data repository (files load lazily):
+            the import path of a ``SCRATCH_2``, a data repository association of a ``PERSISTENT_2``.
+        fsx_export_path: ``SCRATCH_2``: export path in the import bucket. ``PERSISTENT_2``: the
+            import path again to export changes back automatically.
         fsx_tags: Extra tags on the file system (cost allocation).
         region: AWS region; empty = the pod's default (``AWS_REGION``).
         fsx_timeout_seconds: Give up waiting for AVAILABLE after this long (then delete it).

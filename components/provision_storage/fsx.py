@@ -65,9 +65,9 @@ class FsxRequest:
     lustre_version: str = "2.15"
     data_compression: str = "NONE"
     import_path: str = ""
-    """SCRATCH_2: an ``s3://bucket[/prefix]`` to lazy-load from (data repository)."""
+    """``s3://bucket[/prefix]`` to lazy-load from: SCRATCH_2 import path, PERSISTENT_2 data repository association."""
     export_path: str = ""
-    """SCRATCH_2: where ``hsm_archive`` writes back; must be in the import bucket."""
+    """SCRATCH_2: export path in the import bucket. PERSISTENT_2: equal to import_path to export changes back."""
     tags: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -84,10 +84,10 @@ class FsxRequest:
                     f"PERSISTENT_2 needs per_unit_throughput in {PERSISTENT_2_THROUGHPUTS} MB/s/TiB, "
                     f"got {self.per_unit_throughput}"
                 )
-            if self.import_path or self.export_path:
+            if self.export_path and self.export_path != self.import_path:
                 raise ValueError(
-                    "PERSISTENT_2 links S3 through data repository associations, not import/export paths: "
-                    "use SCRATCH_2 for an S3 import path, or associate the bucket after creation"
+                    "PERSISTENT_2 links one S3 path both ways (a data repository association): "
+                    "export_path must be empty or equal to import_path"
                 )
         elif self.per_unit_throughput:
             raise ValueError(f"per_unit_throughput applies to PERSISTENT_2 only, not {self.deployment_type}")
@@ -135,15 +135,22 @@ class FsxRequest:
     def token(self) -> str:
         return request_token(self.run_id)
 
+    @property
+    def links_by_association(self) -> bool:
+        """PERSISTENT_2 links S3 through a data repository association made after creation."""
+        return self.deployment_type == "PERSISTENT_2" and bool(self.import_path)
+
     def create_arguments(self) -> dict[str, Any]:
         lustre: dict[str, Any] = {"DeploymentType": self.deployment_type, "DataCompressionType": self.data_compression}
         if self.per_unit_throughput:
             lustre["PerUnitStorageThroughput"] = self.per_unit_throughput
-        if self.import_path:
+        if self.links_by_association:
+            pass  # linked after creation (link_data_repository)
+        elif self.import_path:
             lustre["ImportPath"] = self.import_path
             lustre["AutoImportPolicy"] = "NEW_CHANGED_DELETED"
-        if self.export_path:
-            lustre["ExportPath"] = self.export_path
+            if self.export_path:
+                lustre["ExportPath"] = self.export_path
         tags = {**self.tags, TOKEN_TAG: self.token, RUN_TAG: self.run_id[:256], MANAGED_TAG: MANAGED_VALUE}
         return {
             "ClientRequestToken": self.token,
@@ -219,6 +226,54 @@ def wait_available(
             raise FsxError(f"file system {fs_id} is {state}: {reason}")
         if elapsed + poll_s > timeout_s:
             raise TimeoutError(f"file system {fs_id} still {state} after {elapsed:.0f} s (timeout {timeout_s:.0f} s)")
+        time.sleep(poll_s)
+
+
+def link_data_repository(
+    client: Any,
+    fs_id: str,
+    request: FsxRequest,
+    *,
+    timeout_s: float,
+    poll_s: float = 30.0,
+    progress: Callable[[str], None] = print,
+) -> str:
+    """Associate ``request.import_path`` with the file system root (PERSISTENT_2); idempotent; returns its id.
+
+    Files appear lazily (metadata imported at creation, contents on first read); new, changed and
+    deleted S3 objects are imported automatically, and exported back when ``export_path`` is set.
+    """
+    events = ["NEW", "CHANGED", "DELETED"]
+    existing = client.describe_data_repository_associations(
+        Filters=[{"Name": "file-system-id", "Values": [fs_id]}])["Associations"]
+    match = [a for a in existing if a.get("DataRepositoryPath") == request.import_path
+             and a.get("Lifecycle") not in ("DELETING", "FAILED")]
+    if match:
+        association_id = match[0]["AssociationId"]
+        progress(f"fsx: {request.import_path} is already linked to {fs_id} ({association_id})")
+    else:
+        s3: dict[str, Any] = {"AutoImportPolicy": {"Events": events}}
+        if request.export_path:
+            s3["AutoExportPolicy"] = {"Events": events}
+        association_id = client.create_data_repository_association(
+            FileSystemId=fs_id, FileSystemPath="/", DataRepositoryPath=request.import_path,
+            BatchImportMetaDataOnCreate=True, S3=s3, ClientRequestToken=request.token,
+        )["Association"]["AssociationId"]
+        progress(f"fsx: linking {request.import_path} to {fs_id} ({association_id})")
+    start, last = time.monotonic(), None
+    while True:
+        (association,) = client.describe_data_repository_associations(AssociationIds=[association_id])["Associations"]
+        state, elapsed = association.get("Lifecycle", "UNKNOWN"), time.monotonic() - start
+        if state != last:
+            progress(f"fsx: data repository association {association_id} is {state} after {elapsed:.0f} s")
+            last = state
+        if state == "AVAILABLE":
+            return association_id
+        if state in ("FAILED", "MISCONFIGURED", "DELETING"):
+            reason = (association.get("FailureDetails") or {}).get("Message", "no details given")
+            raise FsxError(f"data repository association {association_id} ({request.import_path}) is {state}: {reason}")
+        if elapsed + poll_s > timeout_s:
+            raise TimeoutError(f"data repository association {association_id} still {state} after {elapsed:.0f} s")
         time.sleep(poll_s)
 
 

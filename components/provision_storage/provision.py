@@ -144,6 +144,9 @@ def _provision_fsx(request: ProvisionRequest, *, core_api: Any, fsx_client: Any,
             created["fsx"] = fs_id  # owned by the run from here on: clean it up if anything below fails
         fs = fsx.wait_available(fsx_client, fs_id, timeout_s=request.fsx_timeout_s, poll_s=request.fsx_poll_s,
                                 progress=progress)
+        if request.fsx is not None and request.fsx.links_by_association:
+            fsx.link_data_repository(fsx_client, fs_id, request.fsx, timeout_s=request.fsx_timeout_s,
+                                     poll_s=request.fsx_poll_s, progress=progress)
         dns_name, mount_name = fsx.mount_info(fs)
         capacity = int(fs.get("StorageCapacity") or (request.fsx.capacity_gib if request.fsx else 1200))
         if volumes.create_pv(core_api, volumes.pv_manifest(

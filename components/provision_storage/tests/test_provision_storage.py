@@ -113,6 +113,60 @@ def test_failure_binding_the_claim_removes_pvc_pv_and_file_system(kube, stubbed)
     assert server.names("persistentvolumes") == [] and server.names("persistentvolumeclaims") == []
 
 
+def _expect_persistent_create(stubber):
+    stubber.add_response("describe_file_systems", {"FileSystems": []}, {})
+    stubber.add_response("create_file_system", {"FileSystem": _fs("CREATING")},
+                         {"ClientRequestToken": fsx.request_token("run-1"), "FileSystemType": "LUSTRE",
+                          "FileSystemTypeVersion": "2.15", "StorageCapacity": 2400, "StorageType": "SSD",
+                          "SubnetIds": [SUBNET], "SecurityGroupIds": [SG], "Tags": ANY,
+                          "LustreConfiguration": {"DeploymentType": "PERSISTENT_2", "DataCompressionType": "NONE",
+                                                  "PerUnitStorageThroughput": 250}})
+    stubber.add_response("describe_file_systems", {"FileSystems": [_fs("AVAILABLE")]}, {"FileSystemIds": [FS_ID]})
+    stubber.add_response("describe_data_repository_associations", {"Associations": []},
+                         {"Filters": [{"Name": "file-system-id", "Values": [FS_ID]}]})
+    events = {"Events": ["NEW", "CHANGED", "DELETED"]}
+    stubber.add_response("create_data_repository_association",
+                         {"Association": {"AssociationId": "dra-0123456789abcdef0"}},
+                         {"FileSystemId": FS_ID, "FileSystemPath": "/", "DataRepositoryPath": "s3://training-data/c4",
+                          "BatchImportMetaDataOnCreate": True,
+                          "S3": {"AutoImportPolicy": events, "AutoExportPolicy": events},
+                          "ClientRequestToken": fsx.request_token("run-1")})
+
+
+PERSISTENT = dict(fsx_capacity_gib=2400, fsx_deployment_type="PERSISTENT_2", fsx_per_unit_throughput=250,
+                  fsx_import_path="s3://training-data/c4", fsx_export_path="s3://training-data/c4")
+
+
+def test_persistent_2_links_s3_through_a_data_repository_association(kube, stubbed):
+    server, core = kube
+    client, stubber = stubbed
+    _expect_persistent_create(stubber)
+    for state in ("CREATING", "AVAILABLE"):
+        stubber.add_response("describe_data_repository_associations",
+                             {"Associations": [{"AssociationId": "dra-0123456789abcdef0", "Lifecycle": state}]},
+                             {"AssociationIds": ["dra-0123456789abcdef0"]})
+    messages = []
+    ref = provision_storage(backend="fsx", run_id="run-1", namespace="team-a", fsx_poll_s=0.01, core_api=core,
+                            fsx_client=client, progress=messages.append, **FSX_ARGS, **PERSISTENT)
+    assert ref.created_fsx and server.get("persistentvolumes", ref.pv_name) is not None
+    assert any("association dra-0123456789abcdef0 is AVAILABLE" in m for m in messages)
+
+
+def test_failed_data_repository_association_deletes_the_file_system(kube, stubbed):
+    server, core = kube
+    client, stubber = stubbed
+    _expect_persistent_create(stubber)
+    stubber.add_response("describe_data_repository_associations", {"Associations": [{
+        "AssociationId": "dra-0123456789abcdef0", "Lifecycle": "FAILED",
+        "FailureDetails": {"Message": "Access denied to s3://training-data"}}]})
+    stubber.add_response("describe_file_systems", {"FileSystems": [_fs("AVAILABLE")]}, {"FileSystemIds": [FS_ID]})
+    stubber.add_response("delete_file_system", {"FileSystemId": FS_ID, "Lifecycle": "DELETING"}, {"FileSystemId": FS_ID})
+    with pytest.raises(fsx.FsxError, match="is FAILED: Access denied to s3://training-data"):
+        provision_storage(backend="fsx", run_id="run-1", namespace="team-a", fsx_poll_s=0.01, core_api=core,
+                          fsx_client=client, progress=print, **FSX_ARGS, **PERSISTENT)
+    assert server.state.requests == []  # failed before any Kubernetes object was made
+
+
 def test_timeout_in_the_middle_of_provisioning_leaves_no_file_system(kube, monkeypatch):
     """moto keeps the state: the file system exists after create and is gone after the failure."""
     _, core = kube
@@ -182,8 +236,8 @@ BAD_INPUTS = [
     (dict(fsx_deployment_type="PERSISTENT_2"), "PERSISTENT_2 needs per_unit_throughput"),
     (dict(fsx_deployment_type="PERSISTENT_2", fsx_per_unit_throughput=300), "PERSISTENT_2 needs per_unit_throughput"),
     (dict(fsx_per_unit_throughput=250), "applies to PERSISTENT_2 only"),
-    (dict(fsx_deployment_type="PERSISTENT_2", fsx_per_unit_throughput=250, fsx_import_path="s3://b/p"),
-     "data repository associations"),
+    (dict(fsx_deployment_type="PERSISTENT_2", fsx_per_unit_throughput=250, fsx_import_path="s3://data-a/in",
+          fsx_export_path="s3://data-a/out"), "export_path must be empty or equal to import_path"),
     (dict(fsx_subnet_id="subnet-xyz"), "is not a subnet id"),
     (dict(fsx_subnet_id=""), "is not a subnet id"),
     (dict(fsx_security_group_ids=""), "at least one security group"),
