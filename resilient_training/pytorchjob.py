@@ -12,7 +12,6 @@ ft_launcher's own 1 after its restart budget).
 
 from __future__ import annotations
 
-import dataclasses
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -347,8 +346,3 @@ def to_yaml(job: Any) -> str:
     import yaml
 
     return yaml.safe_dump(to_dict(job), sort_keys=False, default_flow_style=False)
-
-
-def with_train(spec: JobSpec, **changes: Any) -> JobSpec:
-    """A copy of ``spec`` with trainer fields replaced (validated again)."""
-    return dataclasses.replace(spec, train=dataclasses.replace(spec.train, **changes))
