@@ -162,11 +162,29 @@ def validate(spec: JobSpec) -> None:
             raise ValueError(f"{what} must be >= 0, got {getattr(spec, what)}")
     if spec.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
         raise ValueError(f"image_pull_policy must be Always, IfNotPresent or Never, got {spec.image_pull_policy!r}")
+    _check_faults(spec)
     for key in spec.env:
         if not re.match(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", key):
             raise ValueError(f"environment variable name {key!r} is invalid")
         if key.startswith("PET_"):
             raise ValueError(f"{key}: PET_* variables are set by the Training Operator from the job spec")
+
+
+def _check_faults(spec: JobSpec) -> None:
+    """A fault schedule that cannot act as written (rank beyond the world, step after the end) is
+    refused here, before a multi-node job is submitted. A YAML schedule is a path inside the pods.
+    """
+    from resilient_training import faults
+
+    text = spec.train.faults.strip()
+    if not text or text.endswith((".yaml", ".yml")):
+        return
+    try:
+        schedule = faults.parse(text)
+        faults.validate(schedule, world_size=spec.nodes * spec.nproc_per_node, steps=spec.train.steps,
+                        async_checkpoint=spec.train.async_checkpoint, checkpoint_every=spec.train.checkpoint_every)
+    except faults.FaultSpecError as exc:
+        raise ValueError(f"faults: {exc}") from None
 
 
 def _check_toleration(tol: dict[str, Any]) -> None:

@@ -175,6 +175,9 @@ BAD_SPECS = [
     ({"backoff_limit": -1}, "backoff_limit"),
     ({"env": {"PET_NNODES": "3"}}, "Training Operator"),
     ({"image_pull_policy": "Sometimes"}, "image_pull_policy"),
+    ({"train": config.TrainConfig(run_dir=f"{MOUNT}/runs/r1", faults="sigkill@12:16")}, "rank 16 does not exist"),
+    ({"train": config.TrainConfig(run_dir=f"{MOUNT}/runs/r1", faults="sigkill@99:1")}, "after the last step"),
+    ({"train": config.TrainConfig(run_dir=f"{MOUNT}/runs/r1", faults="meteor@3:1")}, "faults:"),
 ]
 
 

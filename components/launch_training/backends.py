@@ -73,6 +73,11 @@ def launch_training(
     ref = StorageRef.from_json(storage_ref)
     config = train_config_for(ref, train or {})
     if launcher == "local":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise ValueError("launcher 'local' trains in this process's environment, which has no torch "
+                             "(the components image): on a cluster use launcher='pytorchjob'")
         from resilient_training.launcher import run_local
 
         result = run_local(config, nproc=procs_per_node or 2, progress=progress)
