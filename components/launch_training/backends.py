@@ -52,6 +52,7 @@ def launch_training(
     launcher: str = "local",
     train: dict[str, Any] | None = None,
     nodes: int = 1,
+    min_nodes: int = 0,
     gpus_per_node: int = 8,
     procs_per_node: int = 0,
     image: str = "",
@@ -88,7 +89,8 @@ def launch_training(
         raise ValueError(f"launcher 'pytorchjob' needs storage every pod can mount (pvc or fsx), got {ref.backend!r}")
     spec = pytorchjob.JobSpec(
         name=pytorchjob.job_name_for_run(run_id), namespace=ref.namespace, train=config, storage=ref,
-        image=image or images.TRAINER_IMAGE, nodes=nodes, gpus_per_node=gpus_per_node, procs_per_node=procs_per_node,
+        image=image or images.TRAINER_IMAGE, nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node,
+        procs_per_node=procs_per_node,
         efa_per_node=efa_per_node, node_selector=dict(node_selector or {}), tolerations=list(tolerations or []),
         service_account=service_account, run_id=run_id, nvrx_version=nvrx_version, backoff_limit=backoff_limit,
     )

@@ -20,6 +20,7 @@ def launch_training(
     ft_launcher: bool = True,
     train_overrides: Optional[dict] = None,  # noqa: UP045 - KFP reads the annotation
     nodes: int = 1,
+    min_nodes: int = 0,
     gpus_per_node: int = 8,
     procs_per_node: int = 0,
     image: str = "",
@@ -47,7 +48,9 @@ def launch_training(
         inprocess: NVRx in-process restart.
         ft_launcher: NVRx ft_launcher (heartbeats, restarts); off = plain torchrun.
         train_overrides: Any other trainer settings by TrainConfig field name (``model`` as a dict).
-        nodes: pytorchjob: worker pods, one per node.
+        nodes: pytorchjob: worker pods, one per node (the maximum when ``min_nodes`` is set).
+        min_nodes: pytorchjob: elastic lower bound; training goes on with this many nodes when
+            others are lost. 0 = exactly ``nodes``.
         gpus_per_node: pytorchjob: GPUs per pod (0 for CPU pods with ``procs_per_node``).
         procs_per_node: Processes per pod (local: per machine, default 2); 0 = one per GPU.
         image: pytorchjob: trainer image; empty = the release's trainer image.
@@ -76,7 +79,7 @@ def launch_training(
     train.update(steps=steps, checkpoint_every=checkpoint_every, faults=faults, async_checkpoint=async_checkpoint,
                  inprocess=inprocess, ft_launcher=ft_launcher)
     job_name = launch(
-        storage_ref=storage_ref, run_id=run_id, launcher=launcher, train=train, nodes=nodes,
+        storage_ref=storage_ref, run_id=run_id, launcher=launcher, train=train, nodes=nodes, min_nodes=min_nodes,
         gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=image, efa_per_node=efa_per_node,
         node_selector=node_selector, tolerations=tolerations, service_account=service_account,
         nvrx_version=nvrx_version, backoff_limit=backoff_limit, timeout_s=timeout_seconds, poll_s=poll_seconds,

@@ -28,7 +28,7 @@ def cluster(tmp_path, monkeypatch):
 
 
 def test_pytorchjob_backend_through_the_local_runner(kfp_local, cluster):
-    task = launch_training(storage_ref=REF.to_json(), run_id="run-7", launcher="pytorchjob", nodes=8,
+    task = launch_training(storage_ref=REF.to_json(), run_id="run-7", launcher="pytorchjob", nodes=8, min_nodes=6,
                            steps=100, faults="sigkill@50:9", efa_per_node=32,
                            train_overrides={"heartbeat_timeout": 120.0, "model": {"d_model": 1024, "n_heads": 16}},
                            node_selector={"node.kubernetes.io/instance-type": "p5.48xlarge"},
@@ -41,6 +41,7 @@ def test_pytorchjob_backend_through_the_local_runner(kfp_local, cluster):
     (container,) = worker["template"]["spec"]["containers"]
     args = container["args"]
     assert worker["replicas"] == 8 and container["command"] == ["ft_launcher"]
+    assert (job["spec"]["elasticPolicy"]["minReplicas"], job["spec"]["elasticPolicy"]["maxReplicas"]) == (6, 8)
     for flag, value in (("--steps", "100"), ("--faults", "sigkill@50:9"), ("--heartbeat-timeout", "120.0"),
                         ("--model-d-model", "1024"), ("--run-dir", "/mnt/run/runs/run-7")):
         assert args[args.index(flag) + 1] == value
