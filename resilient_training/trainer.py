@@ -100,7 +100,8 @@ class Trainer:
             poison = self.injector.maybe_inject_in_step(step)
             tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
                            batch_size=self.config.batch_size).to(self.device)
-            loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+            with self._autocast():
+                loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
             if poison:
                 loss = loss * float("nan")
             # One all-reduce per step carries the loss for logging and the checkpoint flag.
@@ -123,6 +124,12 @@ class Trainer:
                 timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor())
                 if timeouts:
                     self.events.emit("calibrated", step, timeouts=timeouts)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 compute on GPUs (weights, optimizer and checkpoints stay fp32); fp32 on CPU."""
+        if self.on_gpu:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def _heartbeat_floor(self) -> float:
         """With in-process restart on, a hang must reach that layer (soft timeout) before
@@ -179,6 +186,7 @@ class Trainer:
         backend = "nccl" if self.on_gpu else "gloo"
         if self.on_gpu:
             torch.cuda.set_device(self.local_rank)
+            torch.backends.cuda.matmul.allow_tf32 = True
         store = torch.distributed.PrefixStore(f"rt/a{self.attempt}/i{iteration}", self._base_store())
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,
