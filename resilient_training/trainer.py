@@ -22,7 +22,7 @@ from resilient_training import checkpoint_format as fmt
 from resilient_training import events as ev
 from resilient_training import faults as flt
 from resilient_training import nvrx_adapter
-from resilient_training.checkpointing import Checkpointer, StagingBuffers
+from resilient_training.checkpointing import Checkpointer, StagingBuffers, named_state
 from resilient_training.config import TrainConfig
 from resilient_training.model import batch, build_model, loss_fn
 
@@ -100,7 +100,8 @@ class Trainer:
             poison = self.injector.maybe_inject_in_step(step)
             tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
                            batch_size=self.config.batch_size).to(self.device)
-            loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+            with self._autocast():
+                loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
             if poison:
                 loss = loss * float("nan")
             # One all-reduce per step carries the loss for logging and the checkpoint flag.
@@ -112,6 +113,8 @@ class Trainer:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            self.staging.prepare([(name, t.to_local() if hasattr(t, "to_local") else t)
+                                  for name, t, _ in named_state(model, optimizer)])
             self._pad_step(started)
             self.events.emit("step", step, loss=global_loss, seconds=time.perf_counter() - started)
             self._progress(call_wrapper)
@@ -123,6 +126,12 @@ class Trainer:
                 timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor())
                 if timeouts:
                     self.events.emit("calibrated", step, timeouts=timeouts)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 compute on GPUs (weights, optimizer and checkpoints stay fp32); fp32 on CPU."""
+        if self.on_gpu:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def _heartbeat_floor(self) -> float:
         """With in-process restart on, a hang must reach that layer (soft timeout) before
@@ -179,6 +188,7 @@ class Trainer:
         backend = "nccl" if self.on_gpu else "gloo"
         if self.on_gpu:
             torch.cuda.set_device(self.local_rank)
+            torch.backends.cuda.matmul.allow_tf32 = True
         store = torch.distributed.PrefixStore(f"rt/a{self.attempt}/i{iteration}", self._base_store())
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,
@@ -218,7 +228,7 @@ class Trainer:
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, foreach=False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr)
         return model, optimizer
 
     def _restore(self, checkpointer: Checkpointer, model: Any, optimizer: Any) -> int:
@@ -249,12 +259,13 @@ class Trainer:
             self.events.emit("restart_begin", step or None, layer="inprocess", cause=cause)
 
     def _drop_stale_write(self) -> None:
-        """A write left running by a failed iteration is never committed; let it end first."""
-        if self.writer.in_flight:
-            try:
-                self.writer.wait(timeout=60)
-            except Exception:
-                self.writer.abandon()
+        """A write left running by a failed iteration is never committed (its temporary directory
+        is abandoned), so recovery does not wait for it; only a dead writer is replaced.
+        """
+        try:
+            self.writer.poll()
+        except nvrx_adapter.CheckpointWriterDied:
+            pass  # poll() already dropped it; the next save starts a new writer
 
     def classify(self, exc: BaseException) -> str:
         if self.injector is not None and self.injector.hanging:
