@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,13 @@ def operator_env(job: dict[str, Any], *, rdzv_port: int) -> dict[str, str]:
 
 
 def run_pods(job: dict[str, Any], *, log_dir: Path, rdzv_port: int, timeout_s: float,
-             extra_env: dict[str, str] | None = None, pods: int | None = None) -> list[PodResult]:
-    """Start every worker "pod" of ``job`` and wait for all (killing them all at ``timeout_s``)."""
+             extra_env: dict[str, str] | None = None, pods: int | None = None,
+             pod_env: Callable[[int], dict[str, str]] | None = None) -> list[PodResult]:
+    """Start every worker "pod" of ``job`` and wait for all (killing them all at ``timeout_s``).
+
+    ``pod_env(index)`` adds per-pod variables, e.g. ``CUDA_VISIBLE_DEVICES`` so each "pod" sees
+    only its own GPUs, as it would on its own node.
+    """
     (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     count = pods or job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
     base = {**os.environ, **{e["name"]: e["value"] for e in container.get("env", [])},
@@ -59,8 +65,9 @@ def run_pods(job: dict[str, Any], *, log_dir: Path, rdzv_port: int, timeout_s: f
         name = f"{job['metadata']['name']}-worker-{index}"
         log = log_dir / f"{name}.log"
         with open(log, "wb") as out:
+            env = {**base, **(pod_env(index) if pod_env else {})}
             procs.append((name, log, subprocess.Popen(
-                [*container["command"], *container["args"]], env=base, stdout=out, stderr=subprocess.STDOUT,
+                [*container["command"], *container["args"]], env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)))
     deadline = time.monotonic() + timeout_s
     results = []
