@@ -57,18 +57,44 @@ def _replica_summary(job: Any) -> str:
     return "workers: " + (", ".join(parts) or "none active")
 
 
-def create_or_attach(training_client: Any, job: Any, progress: Callable[[str], None]) -> bool:
-    """Create ``job``; True when it already existed and we attach to it."""
+def create_or_attach(training_client: Any, job: Any, progress: Callable[[str], None],
+                     gone_timeout_s: float = 300.0) -> bool:
+    """Create ``job``; True when a job of this name already runs (a retried step) and we attach to it.
+
+    A job left Failed by an earlier attempt of the step is deleted and created again, so a KFP
+    retry really retries (training resumes from the last checkpoint on the shared storage).
+    """
     name, namespace = job.metadata.name, job.metadata.namespace
-    try:
-        training_client.create_job(job=job, namespace=namespace)
-    except RuntimeError as exc:  # TrainingClient wraps the ApiException as __cause__
-        if getattr(exc.__cause__, "status", None) != 409:
+    for _ in range(2):
+        try:
+            training_client.create_job(job=job, namespace=namespace)
+        except RuntimeError as exc:  # TrainingClient wraps the ApiException as __cause__
+            if getattr(exc.__cause__, "status", None) != 409:
+                raise
+        else:
+            progress(f"created PyTorchJob {namespace}/{name}")
+            return False
+        state, reason, _ = _latest_condition(training_client.get_job(name, namespace=namespace))
+        if state != "Failed":
+            progress(f"PyTorchJob {namespace}/{name} already exists ({state}, a retried step): attaching to it")
+            return True
+        progress(f"PyTorchJob {namespace}/{name} failed in an earlier attempt ({reason}): recreating it")
+        training_client.delete_job(name, namespace=namespace)
+        _wait_gone(training_client, name, namespace, gone_timeout_s)
+    raise RuntimeError(f"PyTorchJob {namespace}/{name} could not be recreated")
+
+
+def _wait_gone(training_client: Any, name: str, namespace: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            training_client.get_job(name, namespace=namespace)
+        except RuntimeError as exc:
+            if getattr(exc.__cause__, "status", None) == 404:
+                return
             raise
-        progress(f"PyTorchJob {namespace}/{name} already exists (a retried step): attaching to it")
-        return True
-    progress(f"created PyTorchJob {namespace}/{name}")
-    return False
+        time.sleep(1.0)
+    raise TimeoutError(f"PyTorchJob {namespace}/{name} still exists {timeout_s:.0f} s after its deletion")
 
 
 class LogFollower:
@@ -242,7 +268,10 @@ def launch(
                 for event in warning_events(training_client.core_api, namespace, name, seen_events):
                     progress(f"  warning: {event}")
             if stream_logs != "none" and state not in ("Pending", "Created"):
-                logs.update(training_client.get_job_pods(name, namespace=namespace, replica_type="worker"))
+                try:
+                    logs.update(training_client.get_job_pods(name, namespace=namespace, replica_type="worker"))
+                except Exception as exc:  # noqa: BLE001 - logs are a convenience; the job status decides
+                    progress(f"warning: listing the worker pods failed: {exc}")
             if state == "Succeeded":
                 logs.finish()
                 progress(f"PyTorchJob {namespace}/{name} succeeded after {elapsed:.0f} s")

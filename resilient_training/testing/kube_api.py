@@ -199,6 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
         if obj is None:
             return self._send(404, _status(404, f'{resource} "{name}" not found'))
         if resource == "pytorchjobs":
+            st.job_progress.pop((namespace, name), None)  # a job created again under this name starts over
             for key in [k for k, pod in st.store("pods").items()
                         if pod["metadata"]["labels"].get(JOB_NAME_LABEL) == name and k[0] == namespace]:
                 del st.store("pods")[key]

@@ -108,6 +108,24 @@ def test_attaches_to_an_existing_job_on_409(kube):
     assert len(posts) == 2  # the test's create and the launcher's, answered 409
 
 
+def test_a_retried_step_recreates_a_job_its_earlier_attempt_left_failed(kube):
+    server, training = kube
+    failed = pytorchjob.to_dict(pytorchjob.build_job(make_spec()))
+    failed["metadata"]["namespace"] = "team-a"
+    failed["status"] = {"conditions": [{"type": "Failed", "status": "True", "reason": "PyTorchJobFailed",
+                                        "message": "attempt 1 failed"}]}
+    server.state.store("pytorchjobs")[("team-a", "rt-run-1")] = failed
+    server.state.job_progress[("team-a", "rt-run-1")] = 99  # the stand-in leaves this one as it is
+    lines = []
+    outcome = launch.launch(make_spec(), training_client=training, timeout_s=10, poll_s=0.01, stream_logs="none",
+                            progress=lines.append)
+    assert not outcome.attached
+    assert any("failed in an earlier attempt (PyTorchJobFailed): recreating it" in line for line in lines)
+    assert [r[0] for r in server.state.requests if r[1].endswith("/pytorchjobs") or "/pytorchjobs/" in r[1]][:4] == [
+        "POST", "GET", "DELETE", "GET"]
+    assert server.get("pytorchjobs", "rt-run-1", "team-a")["status"]["conditions"][-1]["type"] == "Succeeded"
+
+
 def test_failure_carries_the_jobs_reason_exit_codes_and_log_tail(kube):
     server, training = kube
     server.state.job_timeline = [Phase("Created"), Phase("Running"),
