@@ -196,18 +196,30 @@ def connect(host: str, auth: Auth, *, namespace: str | None = None, timeout: flo
     """
     import kfp
     import kfp_server_api
+    import urllib3
 
     host = check_host(host)
     configuration = kfp_server_api.Configuration(host=host)
-    configuration.retries = 0
+    # No retries on connection errors, but follow redirects: a login proxy's redirect should
+    # end on its login page, which is then named as such below.
+    configuration.retries = urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5)
     if auth.token:
         configuration.api_key["authorization"] = auth.token
         configuration.api_key_prefix["authorization"] = "Bearer"
     healthz = kfp_server_api.HealthzServiceApi(kfp_server_api.ApiClient(configuration))
     with api_errors(host, "health check", auth):
-        answer = healthz.healthz_service_get_healthz(_request_timeout=(timeout, timeout))
-    if not isinstance(answer, kfp_server_api.V2beta1GetHealthzResponse):
-        raise KfpError(f"{host} did not answer /apis/v2beta1/healthz like a Kubeflow Pipelines API (a login page?)")
+        # Raw answer: the generated client turns any non-JSON page into an empty healthz object.
+        raw = healthz.healthz_service_get_healthz(_request_timeout=(timeout, timeout), _preload_content=False)
+    try:
+        answer = json.loads(raw.data)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        kind = raw.headers.get("Content-Type", "no content type")
+        raise KfpError(
+            f"{host} answered /apis/v2beta1/healthz with {kind}, not the KFP API's JSON "
+            f"(a login page? credentials used: {auth.source}; see --token)"
+        )
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), api_errors(host, "connecting", auth):
         # The warning only says the client needs a v2 server, which the healthz answer just showed.
         warnings.simplefilter("ignore", FutureWarning)

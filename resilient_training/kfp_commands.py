@@ -152,7 +152,7 @@ def _compile(args: argparse.Namespace) -> int:
         for key, pipeline in selected.items():
             compiled = kfp_compile.compile_pipeline(key, pipeline, paths[key])
             print(f"{key}: {compiled.path} (pipeline {compiled.name!r}, {compiled.num_tasks} top-level task(s), "
-                  f"{len(compiled.inputs)} parameters, sha256 {compiled.content_hash[:12]})")
+                  f"{len(compiled.inputs)} parameter(s), sha256 {compiled.content_hash[:12]})")
         return 0
 
     return _run(body)

@@ -109,6 +109,7 @@ def _check_range(field: _Field, item: str) -> None:
     end = field.value(bounds[1]) if len(bounds) == 2 else start
     for number in (start, end):
         if not field.low <= number <= field.high:
-            raise CronError(f"{field.name} field: {number} is outside {field.low}-{field.high} (in {item!r})")
+            where = "" if item == str(number) else f" (in {item!r})"
+            raise CronError(f"{field.name} field: {number} is outside {field.low}-{field.high}{where}")
     if start > end:
         raise CronError(f"{field.name} field: range {item!r} starts after it ends")

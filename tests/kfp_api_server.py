@@ -46,8 +46,12 @@ class ApiError(Exception):
 class FakeKfpServer:
     """State plus a ThreadingHTTPServer bound to 127.0.0.1 on a free port."""
 
-    def __init__(self, *, token: str | None = None, max_page_size: int = 100) -> None:
+    def __init__(
+        self, *, token: str | None = None, max_page_size: int = 100, login_proxy: bool = False, port: int = 0
+    ) -> None:
         self.required_token = token
+        # Like a Kubeflow install behind an auth proxy: API calls are redirected to an HTML login page.
+        self.login_proxy = login_proxy
         self.max_page_size = max_page_size
         self.requests: list[Request] = []
         self.pipelines: dict[str, dict[str, Any]] = {}
@@ -57,7 +61,7 @@ class FakeKfpServer:
         self.recurring_runs: dict[str, dict[str, Any]] = {}
         self._clock = itertools.count()
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
 
     @property
@@ -263,6 +267,21 @@ def _handler(server: FakeKfpServer) -> type[BaseHTTPRequestHandler]:
                     request.files[part.get_param("name", header="content-disposition")] = part.get_payload(decode=True)
             elif body:
                 request.json = json.loads(body)
+            if server.login_proxy:
+                server.requests.append(request)
+                if url.path.startswith(API):
+                    self.send_response(302)
+                    self.send_header("Location", "/login")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                page = b"<html><body>Log in</body></html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+                return
             status, answer = server.handle(request)
             data = json.dumps(answer).encode()
             self.send_response(status)

@@ -380,6 +380,15 @@ def test_a_url_that_is_not_the_kfp_api_fails_at_once(cli, server):
     assert [r.path for r in server.requests] == ["/not-kfp/apis/v2beta1/healthz"]
 
 
+def test_a_login_page_instead_of_the_api_is_named(cli):
+    with FakeKfpServer(login_proxy=True) as server:
+        code, out, err = cli("runs", "--host", server.url)
+    assert code == 1
+    assert err == (f"error: {server.url} answered /apis/v2beta1/healthz with text/html; charset=utf-8, not the KFP API's "
+                   "JSON (a login page? credentials used: none; see --token)\n")
+    assert [r.path for r in server.requests] == ["/apis/v2beta1/healthz", "/login"]
+
+
 def test_host_needs_a_scheme_and_is_required(cli, server):
     code, out, err = cli("runs", "--host", "localhost:8080")
     assert (code, err) == (2, "error: --host must be an http:// or https:// URL, got 'localhost:8080'\n")
