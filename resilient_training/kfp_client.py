@@ -64,6 +64,7 @@ class Connection:
     host: str
     auth: Auth
     namespace: str | None = None
+    multi_user: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -224,15 +225,16 @@ def connect(host: str, auth: Auth, *, namespace: str | None = None, timeout: flo
         # The warning only says the client needs a v2 server, which the healthz answer just showed.
         warnings.simplefilter("ignore", FutureWarning)
         client = kfp.Client(host=host, existing_token=auth.token, namespace=namespace or "kubeflow")
-    return Connection(client=client, host=host, auth=auth, namespace=namespace)
+    # Without --namespace, kfp.Client falls back to its saved context or, in a pod, the pod's namespace.
+    namespace = namespace or client.get_user_namespace() or None
+    return Connection(client=client, host=host, auth=auth, namespace=namespace, multi_user=bool(answer.get("multi_user")))
 
 
 @contextlib.contextmanager
 def api_errors(host: str, action: str, auth: Auth | None = None) -> Iterator[None]:
     """Turn API and connection errors raised inside the block into one-line KfpErrors.
 
-    kfp.Client prints UI links to stdout as it goes; callers print their own, so the block
-    does not change stdout. Messages name the host and the action.
+    Messages name the host and the action, and for refused credentials where they came from.
     """
     import kfp_server_api
     import urllib3
@@ -401,6 +403,15 @@ def resolve_version(conn: Connection, pipeline_name: str, version: str | None) -
     )
 
 
+def _check_namespace(conn: Connection) -> None:
+    """Experiments and runs of a multi-user installation live in a namespace: say so up front."""
+    if conn.multi_user and not conn.namespace:
+        raise KfpError(
+            f"{conn.host} is a multi-user Kubeflow Pipelines: give --namespace (your profile's namespace) "
+            "for experiments and runs"
+        )
+
+
 def ensure_experiment(conn: Connection, name: str) -> tuple[str, bool]:
     """The id of experiment ``name``, created when missing.
 
@@ -408,6 +419,7 @@ def ensure_experiment(conn: Connection, name: str) -> tuple[str, bool]:
         The experiment id, and whether this call created it.
 
     """
+    _check_namespace(conn)
     with api_errors(conn.host, f"finding experiment {name!r}", conn.auth):
         try:
             return conn.client.get_experiment(experiment_name=name, namespace=conn.namespace).experiment_id, False
@@ -425,6 +437,7 @@ def find_experiment(conn: Connection, name: str) -> str:
         KfpError: there is none of that name.
 
     """
+    _check_namespace(conn)
     with api_errors(conn.host, f"finding experiment {name!r}", conn.auth):
         try:
             return conn.client.get_experiment(experiment_name=name, namespace=conn.namespace).experiment_id
@@ -499,6 +512,7 @@ def schedule(
 
 def list_runs(conn: Connection, *, experiment_id: str | None = None, limit: int = 20) -> list[kfp_server_api.V2beta1Run]:
     """The newest runs, of one experiment or all."""
+    _check_namespace(conn)
     with api_errors(conn.host, "listing runs", conn.auth):
         page = conn.client.list_runs(
             experiment_id=experiment_id, namespace=conn.namespace, page_size=limit, sort_by="created_at desc"
@@ -510,6 +524,7 @@ def list_recurring_runs(
     conn: Connection, *, experiment_id: str | None = None, limit: int = 20
 ) -> list[kfp_server_api.V2beta1RecurringRun]:
     """The newest recurring runs, of one experiment or all."""
+    _check_namespace(conn)
     with api_errors(conn.host, "listing recurring runs", conn.auth):
         page = conn.client.list_recurring_runs(
             experiment_id=experiment_id, namespace=conn.namespace, page_size=limit, sort_by="created_at desc"

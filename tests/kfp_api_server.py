@@ -47,9 +47,11 @@ class FakeKfpServer:
     """State plus a ThreadingHTTPServer bound to 127.0.0.1 on a free port."""
 
     def __init__(
-        self, *, token: str | None = None, max_page_size: int = 100, login_proxy: bool = False, port: int = 0
+        self, *, token: str | None = None, max_page_size: int = 100, login_proxy: bool = False, port: int = 0,
+        multi_user: bool = False,
     ) -> None:
         self.required_token = token
+        self.multi_user = multi_user
         # Like a Kubeflow install behind an auth proxy: API calls are redirected to an HTML login page.
         self.login_proxy = login_proxy
         self.max_page_size = max_page_size
@@ -101,7 +103,7 @@ class FakeKfpServer:
             raise ApiError(404, f"no route {r.path}")
         match (r.method, parts):
             case ("GET", ["healthz"]):
-                return {"multi_user": False, "pipeline_store": "database"}
+                return {"multi_user": self.multi_user, "pipeline_store": "database"}
             case ("GET", ["pipelines"]):
                 return self._page(r, self.pipelines.values(), "pipelines")
             case ("POST", ["pipelines"]):

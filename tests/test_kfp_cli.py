@@ -389,6 +389,22 @@ def test_a_login_page_instead_of_the_api_is_named(cli):
     assert [r.path for r in server.requests] == ["/apis/v2beta1/healthz", "/login"]
 
 
+def test_a_multi_user_server_needs_a_namespace_for_experiments_and_runs(cli):
+    with FakeKfpServer(multi_user=True) as server:
+        code, out, err = cli("runs", "--host", server.url)
+        assert (code, err) == (1, f"error: {server.url} is a multi-user Kubeflow Pipelines: give --namespace "
+                                  "(your profile's namespace) for experiments and runs\n")
+        assert {r.path for r in server.requests} == {f"{API}/healthz"}  # ours, then kfp.Client's own
+        code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--package", "--param", "run_id=x",
+                             "--namespace", "team-a")
+        assert code == 0, err
+        [experiment] = server.experiments.values()
+        assert experiment["namespace"] == "team-a"
+        code, out, err = cli("runs", "--host", server.url, "--namespace", "team-a")
+        assert code == 0, err
+        assert server.requests[-1].query["namespace"] == "team-a"
+
+
 def test_host_needs_a_scheme_and_is_required(cli, server):
     code, out, err = cli("runs", "--host", "localhost:8080")
     assert (code, err) == (2, "error: --host must be an http:// or https:// URL, got 'localhost:8080'\n")
