@@ -16,7 +16,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from resilient_training.kfp_compile import DEFAULT_REGISTRY
+# These modules import only the standard library at the top (kfp is imported inside their
+# functions), so `resilient-training --help` stays instant.
+from resilient_training import kfp_client, kfp_compile, kfp_params
+from resilient_training.kfp_client import AUTH_MODES, TOKEN_ENV, Auth, AuthError, Connection, KfpError, RunSource
+from resilient_training.kfp_compile import DEFAULT_REGISTRY, CompiledPipeline, CompileError
+from resilient_training.kfp_cron import CronError, validate_cron
+from resilient_training.kfp_params import ParamError
 
 DEFAULT_EXPERIMENT = "resilient-training"
 DEFAULT_COMPILE_DIR = "compiled"
@@ -91,8 +97,6 @@ def _add_pipeline_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_server_args(parser: argparse.ArgumentParser) -> None:
-    from resilient_training.kfp_client import AUTH_MODES, TOKEN_ENV
-
     server = parser.add_argument_group("server and credentials")
     server.add_argument("--host", default=os.environ.get("KF_PIPELINES_ENDPOINT"), metavar="URL",
                         help="KFP API endpoint, e.g. http://localhost:8080 (default $KF_PIPELINES_ENDPOINT)")
@@ -127,11 +131,6 @@ class _InputError(ValueError):
 
 def _run(body: Callable[[], int]) -> int:
     """Run a command body; print errors on one line; 2 for bad input, 1 for server problems."""
-    from resilient_training.kfp_client import AuthError, KfpError
-    from resilient_training.kfp_compile import CompileError
-    from resilient_training.kfp_cron import CronError
-    from resilient_training.kfp_params import ParamError
-
     try:
         return body()
     except (_InputError, AuthError, CompileError, CronError, ParamError) as exc:
@@ -144,8 +143,6 @@ def _run(body: Callable[[], int]) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     def body() -> int:
-        from resilient_training import kfp_compile
-
         registry = kfp_compile.load_registry(args.registry)
         selected = kfp_compile.select(registry, args.pipeline)
         paths = kfp_compile.output_paths(list(selected), Path(args.output))
@@ -158,35 +155,29 @@ def _compile(args: argparse.Namespace) -> int:
     return _run(body)
 
 
-def _local_pipeline(args: argparse.Namespace, workdir: Path, package: str | Path | None) -> Any:
+def _local_pipeline(args: argparse.Namespace, workdir: Path, package: str | Path | None) -> CompiledPipeline:
     """The CompiledPipeline a server command works on: a given package file, or --pipeline compiled now."""
-    from resilient_training import kfp_compile
-
     if package:
         return kfp_compile.load_package(Path(package))
     key, pipeline = kfp_compile.default_pipeline(kfp_compile.load_registry(args.registry), args.pipeline)
     return kfp_compile.compile_pipeline(key, pipeline, workdir / f"{key}.yaml")
 
 
-def _auth(args: argparse.Namespace) -> Any:
-    from resilient_training import kfp_client
-
+def _auth(args: argparse.Namespace) -> Auth:
     if not args.host:
         raise _InputError("--host URL is required (or set KF_PIPELINES_ENDPOINT)")
+    if args.timeout <= 0:
+        raise _InputError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     kfp_client.check_host(args.host)
     return kfp_client.resolve_auth(args.auth, token=args.token, kubeconfig=args.kubeconfig, context=args.context)
 
 
-def _connect(args: argparse.Namespace, auth: Any) -> Any:
-    from resilient_training import kfp_client
-
+def _connect(args: argparse.Namespace, auth: Auth) -> Connection:
     return kfp_client.connect(args.host, auth, namespace=args.namespace, timeout=args.timeout)
 
 
 def _upload(args: argparse.Namespace) -> int:
     def body() -> int:
-        from resilient_training import kfp_client
-
         with tempfile.TemporaryDirectory(prefix="rt-upload-") as tmp:
             compiled = _local_pipeline(args, Path(tmp), args.package)
             auth = _auth(args)
@@ -206,27 +197,21 @@ def _upload(args: argparse.Namespace) -> int:
     return _run(body)
 
 
-def _prepare_run(args: argparse.Namespace, workdir: Path) -> tuple[Any, dict[str, Any], Any]:
+def _prepare_run(args: argparse.Namespace, workdir: Path) -> tuple[CompiledPipeline, dict[str, Any], Auth]:
     """Local checks shared by submit and schedule: the pipeline, typed params, credentials."""
-    from resilient_training import kfp_params
-
     compiled = _local_pipeline(args, workdir, args.package)
     params = kfp_params.parse_params(args.param, compiled.inputs)
     return compiled, params, _auth(args)
 
 
-def _source(args: argparse.Namespace, conn: Any, compiled: Any) -> Any:
-    from resilient_training import kfp_client
-
+def _source(args: argparse.Namespace, conn: Connection, compiled: CompiledPipeline) -> RunSource:
     if args.package is not None:
-        return kfp_client.RunSource(label=f"package {compiled.path.name} (sent with the run)", package_path=compiled.path)
+        return RunSource(label=f"package {compiled.path.name} (sent with the run)", package_path=compiled.path)
     return kfp_client.resolve_version(conn, args.name or compiled.name, args.version)
 
 
 def _submit(args: argparse.Namespace) -> int:
     def body() -> int:
-        from resilient_training import kfp_client
-
         with tempfile.TemporaryDirectory(prefix="rt-submit-") as tmp:
             compiled, params, auth = _prepare_run(args, Path(tmp))
             run_name = args.run_name or f"{compiled.name}-{datetime.datetime.now(datetime.UTC):%Y%m%d-%H%M%S}"
@@ -245,9 +230,6 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _schedule(args: argparse.Namespace) -> int:
     def body() -> int:
-        from resilient_training import kfp_client
-        from resilient_training.kfp_cron import validate_cron
-
         cron = validate_cron(args.cron)
         if not 1 <= args.max_concurrency <= MAX_CONCURRENCY_LIMIT:
             raise _InputError(
@@ -275,8 +257,6 @@ def _schedule(args: argparse.Namespace) -> int:
 
 def _runs(args: argparse.Namespace) -> int:
     def body() -> int:
-        from resilient_training import kfp_client
-
         if args.limit < 1:
             raise _InputError(f"--limit must be at least 1, got {args.limit}")
         conn = _connect(args, _auth(args))
@@ -291,8 +271,6 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _schedules(args: argparse.Namespace) -> int:
     def body() -> int:
-        from resilient_training import kfp_client
-
         if args.limit < 1:
             raise _InputError(f"--limit must be at least 1, got {args.limit}")
         conn = _connect(args, _auth(args))

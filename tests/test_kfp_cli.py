@@ -410,6 +410,11 @@ def test_host_needs_a_scheme_and_is_required(cli, server):
     assert (code, err) == (2, "error: --host must be an http:// or https:// URL, got 'localhost:8080'\n")
     code, out, err = cli("runs")
     assert (code, err) == (2, "error: --host URL is required (or set KF_PIPELINES_ENDPOINT)\n")
+    code, out, err = cli("runs", "--host", server.url, "--timeout", "0")
+    assert (code, err) == (2, "error: --timeout must be a positive number of seconds, got 0.0\n")
+    code, out, err = cli("runs", "--host", server.url, "--limit", "0")
+    assert (code, err) == (2, "error: --limit must be at least 1, got 0\n")
+    assert server.requests == []
 
 
 def write_kubeconfig(path: Path) -> Path:
