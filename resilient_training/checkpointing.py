@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -66,15 +67,40 @@ class StagingBuffers:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._cuda = False
+        self._preparing: threading.Thread | None = None
+
+    @staticmethod
+    def _allocate(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+        buffer = torch.empty(shape, dtype=dtype).share_memory_()
+        if pin and buffer.numel():
+            # Page-lock in place; on failure the copy still works, only slower.
+            torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel() * buffer.element_size(), 0)
+        return buffer
+
+    def prepare(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Allocate (and page-lock) buffers for these tensors in a background thread.
+
+        Allocating gigabytes of shared, pinned memory takes seconds; done ahead, the first
+        save then stalls training only for the copy.
+        """
+        if self._buffers or self._preparing is not None:
+            return
+        specs = [(name, t.shape, t.dtype, t.is_cuda) for name, t in tensors]
+
+        def allocate() -> None:
+            for name, shape, dtype, pin in specs:
+                self._buffers[name] = self._allocate(shape, dtype, pin)
+
+        self._preparing = threading.Thread(target=allocate, name="staging-prepare", daemon=True)
+        self._preparing.start()
 
     def copy_in(self, name: str, source: torch.Tensor) -> torch.Tensor:
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
         buffer = self._buffers.get(name)
         if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
-            buffer = torch.empty(source.shape, dtype=source.dtype).share_memory_()
-            if source.is_cuda and buffer.numel():
-                # Page-lock in place; on failure the copy still works, only slower.
-                torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel() * buffer.element_size(), 0)
-            self._buffers[name] = buffer
+            buffer = self._buffers[name] = self._allocate(source.shape, source.dtype, source.is_cuda)
         self._cuda = self._cuda or source.is_cuda
         buffer.copy_(source, non_blocking=source.is_cuda)
         return buffer

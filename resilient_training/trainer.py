@@ -22,7 +22,7 @@ from resilient_training import checkpoint_format as fmt
 from resilient_training import events as ev
 from resilient_training import faults as flt
 from resilient_training import nvrx_adapter
-from resilient_training.checkpointing import Checkpointer, StagingBuffers
+from resilient_training.checkpointing import Checkpointer, StagingBuffers, named_state
 from resilient_training.config import TrainConfig
 from resilient_training.model import batch, build_model, loss_fn
 
@@ -113,6 +113,8 @@ class Trainer:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            self.staging.prepare([(name, t.to_local() if hasattr(t, "to_local") else t)
+                                  for name, t, _ in named_state(model, optimizer)])
             self._pad_step(started)
             self.events.emit("step", step, loss=global_loss, seconds=time.perf_counter() - started)
             self._progress(call_wrapper)
@@ -226,7 +228,7 @@ class Trainer:
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, foreach=False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr)
         return model, optimizer
 
     def _restore(self, checkpointer: Checkpointer, model: Any, optimizer: Any) -> int:
@@ -257,12 +259,13 @@ class Trainer:
             self.events.emit("restart_begin", step or None, layer="inprocess", cause=cause)
 
     def _drop_stale_write(self) -> None:
-        """A write left running by a failed iteration is never committed; let it end first."""
-        if self.writer.in_flight:
-            try:
-                self.writer.wait(timeout=60)
-            except Exception:
-                self.writer.abandon()
+        """A write left running by a failed iteration is never committed (its temporary directory
+        is abandoned), so recovery does not wait for it; only a dead writer is replaced.
+        """
+        try:
+            self.writer.poll()
+        except nvrx_adapter.CheckpointWriterDied:
+            pass  # poll() already dropped it; the next save starts a new writer
 
     def classify(self, exc: BaseException) -> str:
         if self.injector is not None and self.injector.hanging:
