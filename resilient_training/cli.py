@@ -15,6 +15,7 @@ import sys
 COMMANDS: tuple[str, ...] = (
     "resilient_training.launcher",  # train
     "resilient_training.render_job",  # render-job
+    "resilient_training.kfp_commands",  # compile, upload, submit, schedule, runs, schedules
 )
 
 
