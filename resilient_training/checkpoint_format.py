@@ -251,6 +251,17 @@ def commit(
     return final
 
 
+def iteration_file(run_dir: str | os.PathLike[str]) -> str:
+    """The file ft_launcher 0.6+ reads (``--ft-checkpoint-iteration-file``) to stop restart loops
+    that make no progress: the last persistently committed step.
+    """
+    return os.path.join(str(run_dir), "ft_iteration")
+
+
+def write_iteration_file(run_dir: str | os.PathLike[str], step: int) -> None:
+    _atomic_write_text(Path(iteration_file(run_dir)), f"{step}\n")
+
+
 def committed_steps(root: str | os.PathLike[str]) -> list[int]:
     """Steps of directories that carry a manifest (the commit marker), ascending."""
     root = Path(root)

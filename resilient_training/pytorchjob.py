@@ -12,13 +12,12 @@ ft_launcher's own 1 after its restart budget).
 
 from __future__ import annotations
 
-import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from resilient_training import checkpoint_format, images, k8s_names
 from resilient_training import config as train_config
-from resilient_training import images, k8s_names
 from resilient_training.storage_ref import StorageRef
 
 CONTAINER_NAME = "pytorch"  # the operator finds the training container by this name
@@ -226,11 +225,6 @@ def _run_label(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", run_id)[:63].strip("-._")
 
 
-def iteration_file(run_dir: str) -> str:
-    """Where the trainer records its last checkpointed step (``checkpointing.iteration_file``, which imports torch)."""
-    return posixpath.join(run_dir, "ft_iteration")
-
-
 def container_command(spec: JobSpec) -> tuple[list[str], list[str]]:
     """``(command, args)`` of the trainer container: ft_launcher (or torchrun when it is off)."""
     from resilient_training import nvrx_adapter
@@ -241,7 +235,7 @@ def container_command(spec: JobSpec) -> tuple[list[str], list[str]]:
         flags = nvrx_adapter.ft_launcher_flags(
             spec.train, version=spec.nvrx_version, on_gpu=spec.gpus_per_node > 0,
             # NVRx 0.7.0 stops no-progress restart loops only when it can read this file.
-            iteration_file=iteration_file(spec.train.run_dir),
+            iteration_file=checkpoint_format.iteration_file(spec.train.run_dir),
         )
         return ["ft_launcher"], [*flags, "-m", WORKER_MODULE, *trainer_argv]
     # Plain torchrun reads the same PET_* env.

@@ -193,9 +193,3 @@ def test_storage_must_be_shared_and_hold_the_run_dir():
         make_spec(storage=local)
     with pytest.raises(ValueError, match="must lie under the storage mount"):
         make_spec(train=config.TrainConfig(run_dir="/elsewhere/r1"))
-
-
-def test_iteration_file_matches_the_trainers():
-    from resilient_training.checkpointing import iteration_file
-
-    assert pytorchjob.iteration_file("/mnt/run/runs/r1") == iteration_file("/mnt/run/runs/r1")
