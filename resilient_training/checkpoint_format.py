@@ -129,8 +129,23 @@ class ShardRecord:
                 "tensors": self.tensors}
 
 
+def tensor_checksum(tensor: Any) -> str:
+    """xxh3_128 of a tensor's bytes (C order): the same digest whoever holds the values.
+
+    Recorded per tensor in the manifest at save time, so validation can prove that a tensor
+    loaded into a fresh model is bit-identical to the one the trainer saved.
+    """
+    import torch
+
+    flat = tensor.detach().reshape(-1).contiguous()
+    if flat.numel() == 0:
+        return new_hasher().hexdigest()
+    return xxhash.xxh3_128_hexdigest(memoryview(flat.view(torch.uint8).numpy()))
+
+
 def tensor_entry(tensor: Any, layout: Mapping[str, Any] | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
+    entry: dict[str, Any] = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
+                             "checksum": tensor_checksum(tensor)}
     if layout:
         entry.update(layout)
     return entry
