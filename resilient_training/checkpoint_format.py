@@ -325,6 +325,23 @@ def iter_shards(ckpt_dir: str | os.PathLike[str], manifest: Mapping[str, Any]) -
         yield load_shard(Path(ckpt_dir) / shard_name(rank))
 
 
+def split_dim0(tensor: Any, world_size: int) -> list[tuple[int, Any]]:
+    """(offset, slice) of each rank: ``torch.chunk`` along dim 0 as FSDP2 ``Shard(0)`` splits.
+
+    Ranks past the last chunk get an empty slice. The inverse of :func:`assemble_full`;
+    resharding to another world size is ``assemble_full`` then ``split_dim0``.
+    """
+    import torch
+
+    chunks = list(torch.chunk(tensor, world_size, dim=0))
+    out, offset = [], 0
+    for rank in range(world_size):
+        piece = chunks[rank] if rank < len(chunks) else tensor.new_empty((0, *tensor.shape[1:]))
+        out.append((offset, piece))
+        offset += piece.shape[0]
+    return out
+
+
 def assemble_full(shards: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Global tensors from every rank's dim-0 slices (the inverse of ``Shard(0)``)."""
     import torch

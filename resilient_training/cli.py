@@ -14,6 +14,7 @@ import sys
 # Add one line per subcommand module; order is the order shown in --help.
 COMMANDS: tuple[str, ...] = (
     "resilient_training.launcher",  # train
+    "resilient_training.gates_cli",  # validate-checkpoint, check-convergence, promote, report
 )
 
 

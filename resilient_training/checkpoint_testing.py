@@ -1,0 +1,181 @@
+"""Real checkpoints without a distributed run: for tests, benchmarks and the corruption gallery.
+
+:func:`write_checkpoint` trains a real :class:`~resilient_training.model.GPT` with AdamW for a
+few steps on the real synthetic data, slices every tensor along dim 0 the way FSDP2
+``Shard(0)`` does (``torch.chunk``) and writes one shard per rank through
+:func:`~resilient_training.checkpoint_format.write_shard` and
+:func:`~resilient_training.checkpoint_format.commit`: the same files the trainer writes.
+:func:`rewrite_shard` alters a committed shard and (optionally) re-records its checksums in
+the manifest, which is how a corruption that slipped past the writer looks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from resilient_training import checkpoint_format as cf
+from resilient_training.config import ModelConfig
+
+TINY = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, seq_len=16)
+
+
+def train_state(cfg: ModelConfig, *, seed: int, steps: int, lr: float = 3e-3) -> tuple[Any, Any]:
+    """(model, optimizer) after ``steps`` real AdamW steps on the run's data."""
+    import torch
+
+    from resilient_training.model import batch, build_model, loss_fn
+
+    model = build_model(cfg, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for position in range(steps):
+        tokens = batch(cfg, seed=seed, position=position, rank=0, batch_size=4)
+        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def flat_state(model: Any, optimizer: Any) -> dict[str, Any]:
+    """``model/<fqn>`` and ``optim/<fqn>/<exp_avg|exp_avg_sq>`` tensors, as the trainer names them."""
+    tensors: dict[str, Any] = {}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for fqn, tensor in model.state_dict().items():
+        tensors[f"model/{fqn}"] = tensor.detach().clone()
+    for param, state in optimizer.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                tensors[f"optim/{names[id(param)]}/{key}"] = state[key].detach().clone()
+    return tensors
+
+
+def shards_from_full(
+    tensors: Mapping[str, Any], *, world_size: int, step: int, optimizer_step: int, data_position: int
+) -> list[dict[str, Any]]:
+    shards = []
+    for rank in range(world_size):
+        shards.append({
+            "meta": {"format_version": cf.FORMAT_VERSION, "step": step, "rank": rank, "world_size": world_size,
+                     "optimizer_step": optimizer_step, "data_position": data_position, "layout": {}},
+            "tensors": {},
+        })
+    for name, tensor in tensors.items():
+        for rank, (offset, piece) in enumerate(cf.split_dim0(tensor, world_size)):
+            shards[rank]["tensors"][name] = piece.clone()
+            shards[rank]["meta"]["layout"][name] = {"global_shape": list(tensor.shape), "offset": offset}
+    return shards
+
+
+def write_checkpoint(
+    run_dir: str | os.PathLike[str],
+    *,
+    step: int,
+    world_size: int = 2,
+    cfg: ModelConfig = TINY,
+    seed: int = 1234,
+    train_steps: int | None = None,
+    keep_last: int = 100,
+    run_id: str = "test-run",
+    tensors: Mapping[str, Any] | None = None,
+) -> Path:
+    """Commit ``RUN/checkpoints/step_<step>`` holding real trained state; returns its path."""
+    import torch
+
+    if tensors is None:
+        model, optimizer = train_state(cfg, seed=seed, steps=step if train_steps is None else train_steps)
+        tensors = flat_state(model, optimizer)
+    root = cf.checkpoints_dir(run_dir)
+    tmp = root / f"{cf.TMP_PREFIX}{cf.step_dirname(step)}-a0i0"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for rank, shard in enumerate(
+        shards_from_full(tensors, world_size=world_size, step=step, optimizer_step=step, data_position=step)
+    ):
+        cf.write_shard(tmp, rank, shard)
+    return cf.commit(
+        tmp,
+        step=step,
+        world_size=world_size,
+        keep_last=keep_last,
+        manifest_fields={
+            "model_config": dataclasses.asdict(cfg),
+            "optimizer_step": step,
+            "data_position": step,
+            "versions": {"torch": torch.__version__},
+            "seed": seed,
+            "run_id": run_id,
+        },
+    )
+
+
+def rewrite_manifest(ckpt_dir: str | os.PathLike[str], edit: Callable[[dict[str, Any]], None]) -> None:
+    path = Path(ckpt_dir) / cf.MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def record_file(ckpt_dir: str | os.PathLike[str], name: str) -> None:
+    """Re-record one file's size and checksum in the manifest (what a careless repair would do)."""
+    size, digest = cf.checksum_file(Path(ckpt_dir) / name)
+
+    def edit(manifest: dict[str, Any]) -> None:
+        manifest["files"][name].update(bytes=size, checksum=digest)
+
+    rewrite_manifest(ckpt_dir, edit)
+
+
+def rewrite_shard(
+    ckpt_dir: str | os.PathLike[str],
+    rank: int,
+    edit: Callable[[dict[str, Any]], None],
+    *,
+    rerecord: str | None = "all",
+) -> None:
+    """Load a shard, let ``edit`` change it in place and save it back.
+
+    ``rerecord``: ``"all"`` re-records the file and its tensors in the manifest (as if the
+    writer had saved the edited state), ``"file"`` only the file's size and checksum (a
+    careless repair), None nothing (damage after the commit).
+    """
+    import torch
+
+    path = Path(ckpt_dir) / cf.shard_name(rank)
+    shard = cf.load_shard(path)
+    edit(shard)
+    torch.save(shard, path)
+    if rerecord == "all":
+        layout = shard["meta"].get("layout", {})
+
+        def edit_tensors(manifest: dict[str, Any]) -> None:
+            manifest["tensors"][path.name] = {n: cf.tensor_entry(t, layout.get(n)) for n, t in shard["tensors"].items()}
+
+        rewrite_manifest(ckpt_dir, edit_tensors)
+    if rerecord in ("all", "file"):
+        record_file(ckpt_dir, path.name)
+
+
+def build_once(cache_root: str | os.PathLike[str], name: str, build: Callable[[Path], None]) -> Path:
+    """``cache_root/name`` built by ``build(path)`` the first time it is asked for, then reused.
+
+    Lets test folders that cannot share a fixture (each has its own conftest) share the
+    expensive artefacts of one test session: pass ``tmp_path_factory.getbasetemp()``.
+    """
+    final = Path(cache_root) / "shared-artefacts" / name
+    if not final.exists():
+        staging = final.with_name(f"{cf.TMP_PREFIX}{name}-{os.getpid()}")
+        staging.mkdir(parents=True)
+        build(staging)
+        staging.rename(final)
+    return final
+
+
+def copy_run(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
+    """A private copy of a shared run, safe to corrupt."""
+    import shutil
+
+    return Path(shutil.copytree(source, dest, symlinks=True))
