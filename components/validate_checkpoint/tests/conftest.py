@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training.checkpoint_testing import build_once, copy_run, write_checkpoint
+from resilient_training.gates_testing import build_once, copy_run, write_checkpoint
 
 
 def _two_checkpoints(path: Path) -> None:

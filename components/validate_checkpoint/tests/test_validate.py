@@ -11,8 +11,8 @@ import torch
 
 from resilient_training import checkpoint_format as cf
 from resilient_training import gate_records
-from resilient_training.checkpoint_testing import record_file, rewrite_manifest, rewrite_shard
 from resilient_training.components.validate_checkpoint.validate import UsageError, validate
+from resilient_training.gates_testing import record_file, rewrite_manifest, rewrite_shard
 
 STEP4 = Path("checkpoints/step_4")
 

@@ -1,4 +1,6 @@
-"""Real checkpoints without a distributed run: for tests, benchmarks and the corruption gallery.
+"""Real artefacts for testing and benchmarking the gates: checkpoints, event logs, trainer runs.
+
+Checkpoints without a distributed run:
 
 :func:`write_checkpoint` trains a real :class:`~resilient_training.model.GPT` with AdamW for a
 few steps on the real synthetic data, slices every tensor along dim 0 the way FSDP2
@@ -7,6 +9,10 @@ few steps on the real synthetic data, slices every tensor along dim 0 the way FS
 :func:`~resilient_training.checkpoint_format.commit`: the same files the trainer writes.
 :func:`rewrite_shard` alters a committed shard and (optionally) re-records its checksums in
 the manifest, which is how a corruption that slipped past the writer looks.
+
+Event logs with exact timestamps: :class:`ScriptedLog` writes ``RUN/events/*.jsonl`` in the
+real format (:class:`~resilient_training.events.Event`) on a virtual clock, so metrics can be
+checked against numbers worked out by hand.
 """
 
 from __future__ import annotations
@@ -179,3 +185,65 @@ def copy_run(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Pa
     import shutil
 
     return Path(shutil.copytree(source, dest, symlinks=True))
+
+
+def scripted_loss(step: int) -> float:
+    """A learning curve: what the same step gives again after a correct restore."""
+    import math
+
+    return 1.0 + 4.5 * math.exp(-step / 8)
+
+
+class ScriptedLog:
+    """Writes an event log in the real format on a virtual clock (``t`` seconds after ``t0``)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, world_size: int = 2, t0: float = 1_700_000_000.0):
+        from resilient_training import events
+
+        self.dir = events.events_dir(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.world_size = world_size
+        self.t0 = t0
+        self.t = 0.0
+        self.attempt = 0
+        self.iteration = 0
+        self.lines: dict[str, list[str]] = {}
+
+    def emit(self, event: str, step: int | None = None, *, rank: int | None = None, **fields: Any) -> None:
+        """One event from ``rank`` (all ranks when None; -1 is the launcher) at the current time."""
+        from resilient_training.events import EVENT_TYPES, Event
+
+        assert event in EVENT_TYPES, event
+        for r in range(self.world_size) if rank is None else [rank]:
+            record = Event(ts=self.t0 + self.t, rank=r, attempt=self.attempt, iteration=self.iteration, event=event,
+                           step=step, fields=dict(fields))
+            self.lines.setdefault("launcher" if r < 0 else f"rank{r}", []).append(record.to_json())
+
+    def wait(self, seconds: float) -> None:
+        self.t += seconds
+
+    def steps(self, first: int, last: int, *, seconds: float = 0.1, loss: Callable[[int], float] = scripted_loss,
+              checkpoint_every: int = 0, stall: float = 0.02, save_seconds: float = 0.2) -> None:
+        """Steps first..last, each taking ``seconds``, saving every ``checkpoint_every`` steps."""
+        for step in range(first, last + 1):
+            self.wait(seconds)
+            self.emit("step", step, loss=loss(step), seconds=seconds)
+            if checkpoint_every and step % checkpoint_every == 0:
+                self.emit("ckpt_begin", step, mode="async")
+                self.wait(stall)
+                self.emit("ckpt_staged", step, seconds=stall)
+                self.emit("ckpt_committed", step, rank=0, bytes=1000, seconds=save_seconds,
+                          path=f"checkpoints/step_{step}")
+
+    def start(self) -> None:
+        self.emit("start", world_size=self.world_size, pid=1, host="test", layers=[], nvrx_version="0",
+                  torch_version="0")
+
+    def end(self, status: str = "completed", reason: str = "") -> None:
+        self.emit("end", status=status, reason=reason)
+
+    def close(self) -> None:
+        for name, lines in self.lines.items():
+            with open(self.dir / f"{name}.jsonl", "a", encoding="utf-8") as handle:
+                handle.write("".join(line + "\n" for line in lines))
+        self.lines.clear()
