@@ -1,0 +1,245 @@
+"""Deterministic fault injection: a schedule of (type, step, rank) and the code that acts it out.
+
+Spec: ``TYPE@STEP:RANK[xCOUNT]`` comma-separated, e.g. ``sigkill@12:1,exception@20:0``, or
+the path of a YAML file::
+
+    seed: 7                 # optional: random faults below are drawn from it
+    faults:
+      - {type: hang, step: 28, rank: 1}
+      - {type: exception, step: 30, rank: 0, count: 99}   # fires on every attempt, up to 99
+    random: {count: 3, types: [exception, sigkill], min_step: 5, max_step: 35}
+
+A fault fires once by default: before acting, it is logged as ``fault_injected`` in the event
+log, and every (re)started worker skips faults the log already shows as injected. ``COUNT``
+makes a deterministic failure that recurs on each attempt (to exhaust retry limits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+import resource
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+FAULT_TYPES = ("exception", "sigkill", "hang", "oom", "nan", "ckpt-kill", "writer-kill")
+# Faults that act while a checkpoint is being written, at a checkpoint step.
+CHECKPOINT_FAULTS = ("ckpt-kill", "writer-kill")
+_SPEC = re.compile(r"^(?P<type>[a-z-]+)@(?P<step>\d+):(?P<rank>\d+)(?:x(?P<count>\d+))?$")
+
+
+class FaultSpecError(ValueError):
+    """The fault schedule cannot be parsed or does not fit the run."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the ``exception`` fault."""
+
+
+class InjectedOOM(MemoryError):
+    """Raised when the ``oom`` fault's real allocation fails (re-raised with a clear name)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fault:
+    type: str
+    step: int
+    rank: int
+    count: int = 1
+
+    @property
+    def key(self) -> str:
+        return f"{self.type}@{self.step}:{self.rank}"
+
+    def __str__(self) -> str:
+        return self.key + (f"x{self.count}" if self.count != 1 else "")
+
+
+def parse(spec: str) -> list[Fault]:
+    """Parse a compact spec or a YAML file path into a sorted schedule."""
+    spec = spec.strip()
+    if not spec:
+        return []
+    if spec.endswith((".yaml", ".yml")) or os.path.isfile(spec):
+        return _parse_yaml(Path(spec))
+    faults = []
+    for item in spec.split(","):
+        item = item.strip()
+        match = _SPEC.match(item)
+        if not match:
+            raise FaultSpecError(
+                f"bad fault {item!r}: expected TYPE@STEP:RANK[xCOUNT] with TYPE one of {', '.join(FAULT_TYPES)}"
+            )
+        faults.append(_make(match["type"], int(match["step"]), int(match["rank"]), int(match["count"] or 1)))
+    return _sorted_unique(faults)
+
+
+def _make(kind: str, step: int, rank: int, count: int) -> Fault:
+    if kind not in FAULT_TYPES:
+        raise FaultSpecError(f"unknown fault type {kind!r}; known: {', '.join(FAULT_TYPES)}")
+    if step < 1:
+        raise FaultSpecError(f"fault {kind}@{step}:{rank}: steps start at 1")
+    if count < 1:
+        raise FaultSpecError(f"fault {kind}@{step}:{rank}: count must be >= 1")
+    return Fault(kind, step, rank, count)
+
+
+def _sorted_unique(faults: Iterable[Fault]) -> list[Fault]:
+    faults = sorted(faults, key=lambda f: (f.step, f.rank, f.type))
+    keys = [f.key for f in faults]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        raise FaultSpecError(f"fault listed twice: {', '.join(dupes)}")
+    return faults
+
+
+def _parse_yaml(path: Path) -> list[Fault]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise FaultSpecError(f"fault schedule file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise FaultSpecError(f"fault schedule {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise FaultSpecError(f"fault schedule {path} must be a mapping with a 'faults' list")
+    faults = []
+    for i, item in enumerate(data.get("faults") or []):
+        try:
+            faults.append(_make(str(item["type"]), int(item["step"]), int(item["rank"]), int(item.get("count", 1))))
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, FaultSpecError):
+                raise
+            raise FaultSpecError(f"{path}: faults[{i}] needs type, step and rank: {exc}") from None
+    rand = data.get("random")
+    if rand:
+        rng = random.Random(int(data.get("seed", 0)))
+        types = list(rand.get("types", ["exception", "sigkill"]))
+        taken = {(f.step, f.rank) for f in faults}
+        for _ in range(int(rand.get("count", 1))):
+            for _attempt in range(100):
+                step = rng.randint(int(rand.get("min_step", 1)), int(rand["max_step"]))
+                rank = rng.randint(0, int(rand.get("max_rank", 0)))
+                if (step, rank) not in taken:
+                    break
+            taken.add((step, rank))
+            faults.append(_make(rng.choice(types), step, rank, 1))
+    return _sorted_unique(faults)
+
+
+def validate(faults: list[Fault], *, world_size: int, steps: int, async_checkpoint: bool,
+             checkpoint_every: int) -> None:
+    """Reject schedules that cannot act as written, before anything starts."""
+    for fault in faults:
+        if fault.rank >= world_size:
+            raise FaultSpecError(f"fault {fault}: rank {fault.rank} does not exist (world size {world_size})")
+        if fault.step > steps:
+            raise FaultSpecError(f"fault {fault}: step {fault.step} is after the last step ({steps})")
+        if fault.type in CHECKPOINT_FAULTS and fault.step % checkpoint_every != 0 and fault.step != steps:
+            raise FaultSpecError(
+                f"fault {fault}: {fault.type} acts during a checkpoint write, but step {fault.step} "
+                f"saves no checkpoint (every {checkpoint_every})"
+            )
+        if fault.type == "writer-kill" and not async_checkpoint:
+            raise FaultSpecError(f"fault {fault}: writer-kill needs async checkpointing (the writer process)")
+
+
+class Injector:
+    """Decides which faults are due for this rank and acts them out, logging first."""
+
+    def __init__(self, faults: list[Fault], *, rank: int, already_injected: dict[str, int],
+                 emit: Any, memory_limit_mb: int = 0) -> None:
+        self._mine = [f for f in faults if f.rank == rank]
+        self._fired = dict(already_injected)  # key -> times injected so far (from the event log)
+        self._emit = emit
+        self._memory_limit_mb = memory_limit_mb
+        self.hanging = False
+
+    def due(self, step: int, types: tuple[str, ...]) -> Fault | None:
+        for fault in self._mine:
+            if fault.step == step and fault.type in types and self._fired.get(fault.key, 0) < fault.count:
+                return fault
+        return None
+
+    def mark(self, fault: Fault, step: int) -> None:
+        """Log the injection (before it acts) and remember it."""
+        self._fired[fault.key] = self._fired.get(fault.key, 0) + 1
+        self._emit("fault_injected", step, fault=fault.key, type=fault.type)
+
+    def maybe_inject_in_step(self, step: int) -> bool:
+        """Act out a step fault due now. Returns True when the loss must be poisoned (``nan``)."""
+        fault = self.due(step, ("exception", "sigkill", "hang", "oom", "nan"))
+        if fault is None:
+            return False
+        self.mark(fault, step)
+        if fault.type == "exception":
+            raise InjectedFault(f"injected exception at step {step}")
+        if fault.type == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault.type == "hang":
+            self.hanging = True
+            hang_forever()
+        if fault.type == "oom":
+            allocate_past_limit(self._memory_limit_mb)
+        return fault.type == "nan"
+
+
+def hang_forever() -> None:
+    """Stop making progress (no steps, pings or heartbeats) until something interrupts us.
+
+    A Python-level sleep loop, so the in-process layer's asynchronous exception can land; a
+    launcher-level monitor has to kill the process.
+    """
+    while True:
+        time.sleep(0.05)
+
+
+def _vm_size_bytes() -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("VmSize not found in /proc/self/status")
+
+
+def allocate_past_limit(limit_mb: int) -> None:
+    """A real allocation failure, contained to this process.
+
+    On CPU, cap this process's own address space (RLIMIT_AS, soft limit only) just above what
+    it uses, so the failing allocation endangers nothing else on the machine; then ask for more
+    than the cap. The soft limit is restored before the error propagates, so an in-process
+    restart continues with normal limits. On GPU the allocation is a real CUDA OOM.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info()
+        torch.empty(free + (1 << 30), dtype=torch.uint8, device="cuda")
+        raise InjectedOOM("expected CUDA OOM did not happen")
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    headroom = (limit_mb or 256) << 20
+    cap = _vm_size_bytes() + headroom
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        torch.empty(cap, dtype=torch.uint8).fill_(1)
+    except RuntimeError as exc:
+        raise InjectedOOM(f"out of memory (address space capped at {cap >> 20} MiB): {exc}") from None
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    raise InjectedOOM("expected allocation failure did not happen")
+
+
+def injected_counts(events: Iterable[Any], rank: int) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for event in events:
+        if event.event == "fault_injected" and event.rank == rank:
+            counts[event["fault"]] = counts.get(event["fault"], 0) + 1
+    return counts

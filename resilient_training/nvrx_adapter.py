@@ -1,0 +1,375 @@
+"""The one module that imports NVIDIA Resiliency Extension; it bridges 0.4.1 and 0.6+/0.7.0.
+
+What differs between versions, and is handled here (see ../shared/NVRX_NOTES.md):
+- ft_launcher flags: 0.6+ rejects ``--ft-restart-policy=min-healthy`` (only ``any-failed``),
+  renamed ``--ignore-missing-fault-tol-cfg`` to ``--ft-ignore-missing-cfg``, leaves heartbeat
+  timeouts unset by default (we always pass them), waits up to 50 s per restart for GPU memory
+  (``--ft-gpu-memory-reclaim-timeout``) and stops no-progress restart loops only when fed
+  ``--ft-checkpoint-iteration-file``. 0.4.1 turns the NIC monitor on by default (off on CPU).
+- ``inprocess.Wrapper``: 0.7.0 adds GPU checks to the post-fault health check whenever
+  ``LOCAL_RANK`` is set; on CPU we install our own check after construction.
+- Async checkpointing: a dead persistent writer makes NVRx's blocking wait spin forever and its
+  ``close()`` block in ``queue.join()``; :class:`AsyncWriter` checks liveness instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import threading
+import time
+import typing
+from collections.abc import Callable
+from typing import Any
+
+NVRX_DISTRIBUTION = "nvidia-resiliency-ext"
+# Exit code that tells ft_launcher (and our launchers) not to restart: the failure is deterministic.
+EXIT_DO_NOT_RESTART = 93
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version(NVRX_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def version_tuple(version: str) -> tuple[int, int, int]:
+    parts = (version.split("+")[0].split(".") + ["0", "0"])[:3]
+    return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- ft_launcher
+
+
+def ft_launcher_flags(
+    config: Any,
+    *,
+    version: str | None = None,
+    nnodes: str | None = None,
+    nproc_per_node: int | None = None,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    standalone: bool = False,
+    on_gpu: bool = False,
+    iteration_file: str | None = None,
+) -> list[str]:
+    """Flags for ``ft_launcher`` of NVRx ``version`` (default: the installed one).
+
+    ``nnodes``/``nproc_per_node``/rendezvous left None are read by ft_launcher from the
+    Training Operator's ``PET_*`` environment, like torchrun.
+    """
+    version = version or installed_version() or "0.7.0"
+    v = version_tuple(version)
+    flags: list[str] = []
+    if standalone:
+        flags.append("--standalone")
+    if nnodes is not None:
+        flags.append(f"--nnodes={nnodes}")
+    if nproc_per_node is not None:
+        flags.append(f"--nproc-per-node={nproc_per_node}")
+    if rdzv_endpoint is not None:
+        flags += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
+    if rdzv_id is not None:
+        flags.append(f"--rdzv-id={rdzv_id}")
+    flags += [
+        f"--max-restarts={config.max_restarts}",
+        "--monitor-interval=0.5",
+        # 0.6+ leaves these unset (no hang detection at all); 0.4.1 defaults to 3600/2700 s.
+        f"--ft-initial-rank-heartbeat-timeout={config.initial_heartbeat_timeout}",
+        f"--ft-rank-heartbeat-timeout={config.heartbeat_timeout}",
+        "--ft-workload-check-interval=0.5",
+        "--ft-restart-policy=any-failed",  # the only policy 0.6+ accepts
+        "--ft-safety-factor=5.0",
+        "--ft-log-level=WARNING",
+    ]
+    if v < (0, 6, 0):
+        if not on_gpu:
+            flags.append("--ft-enable-nic-monitor=false")  # default true in 0.4.1, fails on CPU
+    else:
+        # Default 50 s: an H200 VM never reports its memory as freed, so every restart waited 50 s.
+        flags.append("--ft-gpu-memory-reclaim-timeout=5")
+        if iteration_file is not None:
+            flags.append(f"--ft-checkpoint-iteration-file={iteration_file}")
+    return flags
+
+
+def worker_command(
+    config: Any,
+    config_argv: list[str],
+    *,
+    python: str,
+    **launcher_kwargs: Any,
+) -> list[str]:
+    """The whole command that starts the workers: ft_launcher, or torchrun when it is off."""
+    if config.ft_launcher:
+        head = [python, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher"]
+        head += ft_launcher_flags(config, **launcher_kwargs)
+    else:
+        head = [python, "-m", "torch.distributed.run", f"--max-restarts={config.max_restarts}",
+                "--monitor-interval=0.5"]
+        for key in ("standalone", "nnodes", "nproc_per_node", "rdzv_endpoint", "rdzv_id"):
+            value = launcher_kwargs.get(key)
+            if key == "standalone" and value:
+                head.append("--standalone")
+            elif key == "rdzv_endpoint" and value:
+                head += ["--rdzv-backend=c10d", f"--rdzv-endpoint={value}"]
+            elif value is not None and key != "standalone":
+                head.append(f"--{key.replace('_', '-')}={value}")
+    return [*head, "-m", "resilient_training.worker", *config_argv]
+
+
+def under_ft_launcher() -> bool:
+    from nvidia_resiliency_ext.fault_tolerance.data import FT_LAUNCHER_IPC_SOCKET_ENV_VAR
+
+    return FT_LAUNCHER_IPC_SOCKET_ENV_VAR in os.environ
+
+
+# --------------------------------------------------------------------------- heartbeats
+
+
+class Heartbeats:
+    """ft_launcher rank heartbeats (``RankMonitorClient``); a no-op outside ft_launcher.
+
+    While the in-process layer restarts the training function, :meth:`cover` keeps beating
+    from a thread for a bounded time, so ft_launcher does not kill workers that are busy
+    recovering; a restart that overruns the bound is then caught by ft_launcher.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self._client = None
+        self._lock = threading.Lock()
+        self._cover_until = 0.0
+        self._thread: threading.Thread | None = None
+        if enabled and under_ft_launcher():
+            from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+            self._client = RankMonitorClient()
+            self._client.init_workload_monitoring()
+            self._thread = threading.Thread(target=self._cover_loop, name="heartbeat-cover", daemon=True)
+            self._thread.start()
+
+    @property
+    def active(self) -> bool:
+        return self._client is not None
+
+    def beat(self) -> None:
+        if self._client is not None:
+            with self._lock:
+                self._client.send_heartbeat()
+
+    def cover(self, seconds: float) -> None:
+        """Keep beating for up to ``seconds`` (0 stops): an in-process restart is under way."""
+        self._cover_until = time.monotonic() + seconds if seconds > 0 else 0.0
+
+    def _cover_loop(self) -> None:
+        while self._client is not None:
+            if time.monotonic() < self._cover_until:
+                try:
+                    self.beat()
+                except Exception:  # the monitor went away: the launcher is tearing us down
+                    return
+            time.sleep(0.5)
+
+    def calibrate(self, floor: float) -> dict[str, float] | None:
+        """Set timeouts from observed heartbeat gaps × safety factor, but never below ``floor``.
+
+        Collective over the default process group (gloo or nccl). Returns the timeouts set.
+        """
+        if self._client is None:
+            return None
+        with self._lock:
+            if not self._client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
+                return None
+            state = self._client.state_dict()
+            hb = state.get("current_timeouts", {}).get("heartbeat")
+            if hb is None:
+                return None
+            hb["initial"] = max(hb["initial"] or 0.0, floor)
+            hb["subsequent"] = max(hb["subsequent"] or 0.0, floor)
+            self._client.load_state_dict(state)
+            return {"initial": hb["initial"], "subsequent": hb["subsequent"]}
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._client is None:
+            return {}
+        return dict(self._client.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._client is not None and state:
+            with self._lock:
+                self._client.load_state_dict(state)
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.shutdown_workload_monitoring()
+            except Exception:
+                pass
+
+
+# --------------------------------------------------------------------------- in-process restart
+
+
+def inprocess_wrap(
+    fn: Callable[..., Any],
+    *,
+    config: Any,
+    on_gpu: bool,
+    store_port: int,
+    health_check: Callable[[], None],
+) -> Callable[..., Any]:
+    """Wrap ``fn(call_wrapper)`` in ``inprocess.Wrapper`` with a retry limit and a minimum world size."""
+    from nvidia_resiliency_ext import inprocess
+
+    seconds = datetime.timedelta
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    min_world_size = config.min_world_size or world_size
+
+    class _HealthCheck(inprocess.health_check.HealthCheck):
+        def __call__(self, state: Any) -> Any:
+            health_check()
+            return state
+
+    class _AbortDistributed(inprocess.abort.Abort):
+        """NCCL: NVRx's abort. gloo: a blocked collective cannot be interrupted from this thread
+        (torch 2.13), so peers are unblocked by the failing rank destroying its process group in
+        its main thread (closing its sockets) and, at worst, by the short collective timeout.
+        """
+
+        def __call__(self, state: Any) -> Any:
+            if on_gpu:
+                return inprocess.abort.AbortTorchDistributed()(state)
+            return state
+
+    checks: list[Any] = [_HealthCheck()]
+    if on_gpu:
+        checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=seconds(seconds=10)))
+    health = inprocess.Compose(*checks) if len(checks) > 1 else checks[0]
+    wrapper = inprocess.Wrapper(
+        store_kwargs={"port": store_port, "timeout": seconds(seconds=60)},
+        initialize=inprocess.initialize.RetryController(
+            max_iterations=config.max_inprocess_restarts + 1,
+            min_world_size=min_world_size,
+        ),
+        abort=_AbortDistributed(),
+        health_check=health,
+        monitor_thread_interval=seconds(seconds=0.2),
+        monitor_process_interval=seconds(seconds=0.2),
+        heartbeat_interval=seconds(seconds=0.5),
+        progress_watchdog_interval=seconds(seconds=0.2),
+        soft_timeout=seconds(seconds=config.soft_timeout),
+        hard_timeout=seconds(seconds=config.hard_timeout),
+        heartbeat_timeout=seconds(seconds=max(3.0, config.pg_timeout + 1.0)),
+        barrier_timeout=seconds(seconds=config.hard_timeout + 30.0),
+        completion_timeout=seconds(seconds=config.hard_timeout + 30.0),
+        last_call_wait=seconds(seconds=0.2),
+        termination_grace_time=seconds(seconds=2),
+    )
+    # 0.7.0 composes GPU/NVLink/NIC checks into the post-fault check when LOCAL_RANK is set;
+    # on CPU they fail (no NVML). Ours already covers what applies.
+    if hasattr(wrapper, "restart_health_check") and not on_gpu:
+        wrapper.restart_health_check = health
+
+    def entry(call_wrapper: Any = None) -> Any:
+        return fn(call_wrapper)
+
+    # The wrapper injects itself only into a parameter annotated Optional[CallWrapper]; this
+    # module uses postponed (string) annotations, so set the real one explicitly.
+    entry.__annotations__ = {"call_wrapper": typing.Optional[inprocess.CallWrapper]}  # noqa: UP045
+    return wrapper(entry)
+
+
+def is_restart_abort(exc: BaseException) -> bool:
+    """True when the in-process layer gave up (retry limit, world too small)."""
+    from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+
+    return isinstance(exc, RestartAbort)
+
+
+# --------------------------------------------------------------------------- async checkpointing
+
+
+class CheckpointWriterDied(RuntimeError):
+    """The persistent background checkpoint writer process exited mid-write."""
+
+
+class AsyncWriter:
+    """One write in flight at a time through NVRx's persistent async checkpoint process."""
+
+    def __init__(self) -> None:
+        self._queue: Any = None
+        self._in_flight = False
+
+    def _calls(self) -> Any:
+        if self._queue is None:
+            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
+
+            self._queue = AsyncCallsQueue(persistent=True)
+        return self._queue
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+
+        if self._in_flight:
+            raise RuntimeError("a checkpoint write is already in flight")
+        self._calls().schedule_async_request(AsyncRequest(async_fn=fn, async_fn_args=args, finalize_fns=[]))
+        self._in_flight = True
+
+    def _writer_alive(self) -> bool:
+        caller = getattr(self._queue, "persistent_caller", None)
+        process = getattr(caller, "process", None)
+        return process is not None and process.is_alive()
+
+    def poll(self) -> bool:
+        """True once the write in flight (if any) is durable. Raises if the writer died."""
+        if not self._in_flight:
+            return True
+        if self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True):
+            self._in_flight = False
+            return True
+        if not self._writer_alive():
+            # It may have finished just before dying: look once more.
+            if self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True):
+                self._in_flight = False
+                return True
+            self.abandon()
+            raise CheckpointWriterDied("the async checkpoint writer process died mid-write")
+        return False
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.poll():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint write still in flight after {timeout:.0f} s")
+            time.sleep(0.01)
+
+    def abandon(self) -> None:
+        """Forget a dead or unwanted writer without NVRx's close(), which blocks on a dead one."""
+        caller = getattr(self._queue, "persistent_caller", None)
+        process = getattr(caller, "process", None)
+        if process is not None:
+            if process.is_alive():
+                process.kill()
+            process.join(timeout=5)
+            caller.process = None  # its __del__ would otherwise wait on queue.join() forever
+        self._queue = None
+        self._in_flight = False
+
+    def close(self, timeout: float = 120.0) -> None:
+        if self._queue is None:
+            return
+        try:
+            self.wait(timeout)
+        finally:
+            if self._writer_alive():
+                self._queue.close()
+            else:
+                self.abandon()
+            self._queue = None

@@ -1,0 +1,269 @@
+"""The training function each worker runs (once per in-process restart iteration).
+
+``Trainer.run`` reads top to bottom: join the process group, build the sharded model, restore
+the latest committed checkpoint, then step until the target step, saving every N steps. Any
+failure is logged with its cause before it propagates to the restart layers (in-process
+wrapper, then ft_launcher).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+
+from resilient_training import checkpoint_format as fmt
+from resilient_training import events as ev
+from resilient_training import faults as flt
+from resilient_training import nvrx_adapter
+from resilient_training.checkpointing import Checkpointer
+from resilient_training.config import TrainConfig
+from resilient_training.model import batch, build_model, loss_fn
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The NaN guard: a non-finite global loss is a failure that rolls back to a checkpoint."""
+
+
+class Trainer:
+    """State that outlives one restart iteration: identity, event log, heartbeats, writer."""
+
+    def __init__(self, config: TrainConfig, *, events: ev.EventLog, heartbeats: nvrx_adapter.Heartbeats) -> None:
+        self.config = config
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.attempt = events.attempt
+        self.events = events
+        self.heartbeats = heartbeats
+        self.on_gpu = torch.cuda.is_available()
+        self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
+        self.writer = nvrx_adapter.AsyncWriter()
+        self.faults = flt.parse(config.faults)
+        self.injector: flt.Injector | None = None
+        self.last_cause: str | None = None
+        self.completed = False
+        self._store: Any = None
+
+    # ------------------------------------------------------------------ one iteration
+
+    def run(self, call_wrapper: Any = None) -> None:
+        iteration = call_wrapper.iteration if call_wrapper is not None else 0
+        self.events.iteration = iteration
+        if iteration > 0:
+            self.events.emit("restart_done", None, layer="inprocess")
+        self.injector = flt.Injector(
+            self.faults, rank=self.rank, emit=self.events.emit, memory_limit_mb=self.config.memory_limit_mb,
+            already_injected=flt.injected_counts(ev.read_events(self.config.run_dir), self.rank),
+        )
+        step = 0
+        try:
+            self._drop_stale_write()
+            self._init_process_group(iteration)
+            model, optimizer = self._build()
+            checkpointer = Checkpointer(
+                self.config, rank=self.rank, world_size=self.world_size, tag=f"a{self.attempt}i{iteration}",
+                writer=self.writer, emit=self.events.emit,
+                atomic=call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext,
+            )
+            step = self._restore(checkpointer, model, optimizer)
+            self._train(step, model, optimizer, checkpointer, call_wrapper)
+            checkpointer.finish()
+            self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
+            self.completed = True
+        except BaseException as exc:
+            self._on_failure(exc, step)
+            raise
+        finally:
+            self._destroy_process_group()
+
+    def _train(self, step: int, model: Any, optimizer: Any, checkpointer: Checkpointer, call_wrapper: Any) -> None:
+        calibrate_at = step + self.config.checkpoint_every + 1 if self.config.calibrate_timeouts else None
+        while step < self.config.steps:
+            step += 1
+            started = time.perf_counter()
+            poison = self.injector.maybe_inject_in_step(step)
+            tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
+                           batch_size=self.config.batch_size).to(self.device)
+            loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+            if poison:
+                loss = loss * float("nan")
+            # One all-reduce per step carries the loss for logging and the checkpoint flag.
+            stats = torch.stack([loss.detach().float(), torch.tensor(checkpointer.local_done(), device=self.device)])
+            torch.distributed.all_reduce(stats)
+            global_loss = stats[0].item() / self.world_size
+            if self.config.nan_guard and not math.isfinite(global_loss):
+                raise NonFiniteLoss(f"non-finite loss {global_loss} at step {step}")
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            self._pad_step(started)
+            self.events.emit("step", step, loss=global_loss, seconds=time.perf_counter() - started)
+            self.heartbeats.beat()
+            self.heartbeats.cover(0)
+            if call_wrapper is not None:
+                call_wrapper.ping()
+            checkpointer.maybe_commit(stats[1].item())
+            if checkpointer.should_save(step):
+                self._save(step, model, optimizer, checkpointer)
+            if step == calibrate_at:
+                timeouts = self.heartbeats.calibrate(floor=max(3.0, 2 * self.config.pg_timeout))
+                if timeouts:
+                    self.events.emit("calibrated", step, timeouts=timeouts)
+
+    def _save(self, step: int, model: Any, optimizer: Any, checkpointer: Checkpointer) -> None:
+        fault = self.injector.due(step, flt.CHECKPOINT_FAULTS)
+        if fault is not None:
+            self.injector.mark(fault, step)
+        kill_self = None
+        if fault is not None and fault.type == "ckpt-kill" and self.config.async_checkpoint:
+            kill_self = _sigkill_self  # the writer is busy with this rank's shard right now
+        torn = fault is not None and (fault.type == "writer-kill" or not self.config.async_checkpoint)
+        self.heartbeats.beat()
+        checkpointer.save(step, model, optimizer, self._manifest_fields(), torn_write=torn,
+                          kill_after_submit=kill_self)
+        self.heartbeats.beat()
+
+    def _manifest_fields(self) -> dict[str, Any]:
+        import resilient_training
+
+        return {
+            "model_config": {k: getattr(self.config.model, k) for k in self.config.model.__slots__},
+            "seed": self.config.seed,
+            "optimizer": {"type": "AdamW", "lr": self.config.lr},
+            "versions": {
+                "torch": torch.__version__,
+                "nvidia-resiliency-ext": nvrx_adapter.installed_version(),
+                "resilient-training": resilient_training.__version__,
+            },
+            "ft_state": self.heartbeats.state_dict(),
+            "run_dir": os.path.abspath(self.config.run_dir),
+        }
+
+    def _pad_step(self, started: float) -> None:
+        remaining = self.config.step_seconds - (time.perf_counter() - started)
+        if remaining > 0:
+            time.sleep(remaining)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _init_process_group(self, iteration: int) -> None:
+        backend = "nccl" if self.on_gpu else "gloo"
+        if self.on_gpu:
+            torch.cuda.set_device(self.local_rank)
+        store = torch.distributed.PrefixStore(f"rt/a{self.attempt}/i{iteration}", self._base_store())
+        torch.distributed.init_process_group(
+            backend, store=store, rank=self.rank, world_size=self.world_size,
+            # gloo cannot be interrupted mid-collective: this timeout bounds how long a peer
+            # waits for a failed rank before it joins the restart.
+            timeout=datetime.timedelta(seconds=self.config.pg_timeout),
+        )
+
+    def _base_store(self) -> Any:
+        """One TCP store per process for process-group rendezvous, namespaced per iteration."""
+        if self._store is None:
+            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            port = int(os.environ.get("MASTER_PORT", "29500"))
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                self._store = torch.distributed.TCPStore(host, port, is_master=False,
+                                                         timeout=datetime.timedelta(seconds=60))
+            else:
+                self._store = torch.distributed.TCPStore(host, port + 1, self.world_size, self.rank == 0,
+                                                         timeout=datetime.timedelta(seconds=60), multi_tenant=True)
+        return self._store
+
+    def _destroy_process_group(self) -> None:
+        # On the failing rank this closes its gloo sockets, which unblocks peers waiting on it
+        # at once instead of after the collective timeout.
+        if torch.distributed.is_initialized():
+            with contextlib.suppress(Exception):
+                torch.distributed.destroy_process_group()
+
+    def _build(self) -> tuple[Any, Any]:
+        """A fresh sharded model and optimizer: FSDP binds to the process group it was built with."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = build_model(self.config.model, self.config.seed).to(self.device)
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, foreach=False)
+        return model, optimizer
+
+    def _restore(self, checkpointer: Checkpointer, model: Any, optimizer: Any) -> int:
+        started = time.time()
+        step, manifest = checkpointer.load_latest(model, optimizer)
+        # Every rank must restore the same step; a disagreement would silently mix states.
+        agreed = torch.tensor([step, -step], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
+        if int(agreed[0]) != step or int(-agreed[1]) != step:
+            raise fmt.CheckpointError(f"ranks restored different steps (max {int(agreed[0])}, min {int(-agreed[1])})")
+        if manifest.get("ft_state"):
+            self.heartbeats.load_state_dict(manifest["ft_state"])
+        path = str(fmt.checkpoints_dir(self.config.run_dir) / fmt.step_dirname(step)) if step else None
+        self.events.emit("load_done", step, path=path, seconds=time.time() - started)
+        self.heartbeats.beat()
+        return step
+
+    # ------------------------------------------------------------------ failure
+
+    def _on_failure(self, exc: BaseException, step: int) -> None:
+        cause = self.classify(exc)
+        self.last_cause = f"{cause}: {exc}" if str(exc) else cause
+        self.events.emit("failure_detected", step or None, cause=cause, message=f"{type(exc).__name__}: {exc}"[:500])
+        if self.config.inprocess:
+            # Keep ft_launcher's heartbeat monitor satisfied while the in-process layer restarts;
+            # a restart that overruns this is caught by ft_launcher.
+            self.heartbeats.cover(self.config.hard_timeout + 30.0)
+            self.events.emit("restart_begin", step or None, layer="inprocess", cause=cause)
+
+    def _drop_stale_write(self) -> None:
+        """A write left running by a failed iteration is never committed; let it end first."""
+        if self.writer.in_flight:
+            try:
+                self.writer.wait(timeout=60)
+            except Exception:
+                self.writer.abandon()
+
+    def classify(self, exc: BaseException) -> str:
+        if self.injector is not None and self.injector.hanging:
+            return "hang"
+        if isinstance(exc, flt.InjectedFault):
+            return "exception"
+        if isinstance(exc, (MemoryError, flt.InjectedOOM)) or "out of memory" in str(exc).lower():
+            return "oom"
+        if isinstance(exc, NonFiniteLoss):
+            return "nan"
+        if isinstance(exc, nvrx_adapter.CheckpointWriterDied):
+            return "writer_died"
+        if isinstance(exc, fmt.CheckpointError):
+            return "checkpoint"
+        text = f"{type(exc).__name__}: {exc}"
+        if "RankShouldRestart" in text:
+            return "restart_requested"
+        if any(s in text for s in ("Connection closed", "Connection reset", "Broken pipe", "timed out", "Timed out")):
+            return "peer_failure"
+        return type(exc).__name__
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close(timeout=120)
+        self.heartbeats.close()
+
+
+def _sigkill_self() -> None:
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hostname() -> str:
+    return socket.gethostname()

@@ -1,0 +1,75 @@
+"""Entry point of one training worker process: ``python -m resilient_training.worker FLAGS``.
+
+Started by ft_launcher (or torchrun), never by hand. Exit codes: 0 the target step was
+reached; 93 (NVRx's "do not restart") when retrying cannot help: the in-process layer
+exhausted its retry limit or the run directory holds an incompatible model; anything else
+lets the launcher restart the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from resilient_training import config as cfg
+from resilient_training import events as ev
+from resilient_training import nvrx_adapter
+from resilient_training.checkpoint_format import CheckpointError
+
+# Set by the simulated pod-restart layer (a replacement agent): restarts are reported as "pod".
+POD_RESTART_ENV = "RT_POD_RESTART"
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = cfg.from_argv(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format=f"[rank{os.environ.get('RANK', '?')}] %(levelname)s %(name)s: %(message)s")
+    rank = int(os.environ.get("RANK", "0"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    events = ev.EventLog(config.run_dir, rank=rank, attempt=attempt)
+    import torch
+
+    from resilient_training.trainer import Trainer  # torch import after argument errors surface
+
+    heartbeats = nvrx_adapter.Heartbeats(config.ft_launcher)
+    trainer = Trainer(config, events=events, heartbeats=heartbeats)
+    events.emit(
+        "start", None, world_size=trainer.world_size, pid=os.getpid(), host=os.uname().nodename,
+        layers={"inprocess": config.inprocess, "async_checkpoint": config.async_checkpoint,
+                "ft_launcher": heartbeats.active},
+        nvrx_version=nvrx_adapter.installed_version(), torch_version=torch.__version__,
+    )
+    if os.environ.get(POD_RESTART_ENV):
+        events.emit("restart_done", None, layer="pod")
+    elif attempt > 0:
+        events.emit("restart_done", None, layer="launcher")
+    try:
+        if config.inprocess:
+            wrapped = nvrx_adapter.inprocess_wrap(
+                trainer.run, config=config, on_gpu=trainer.on_gpu,
+                store_port=int(os.environ.get("MASTER_PORT", "29500")) + 2,
+                health_check=lambda: None,
+            )
+            wrapped()
+        else:
+            trainer.run()
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every way out is logged with its reason
+        if nvrx_adapter.is_restart_abort(exc):
+            reason = f"in-process restart gave up ({exc or 'retry limit or world size'}); last failure: {trainer.last_cause}"
+            events.emit("end", None, status="failed", reason=reason)
+            print(f"resilient-training worker rank {rank}: {reason}", file=sys.stderr)
+            return nvrx_adapter.EXIT_DO_NOT_RESTART
+        if isinstance(exc, CheckpointError) and "different model" in str(exc):
+            events.emit("end", None, status="failed", reason=str(exc))
+            print(f"resilient-training worker rank {rank}: {exc}", file=sys.stderr)
+            return nvrx_adapter.EXIT_DO_NOT_RESTART
+        events.emit("end", None, status="failed", reason=f"{trainer.last_cause or type(exc).__name__}")
+        raise
+    finally:
+        trainer.close()
+        events.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
