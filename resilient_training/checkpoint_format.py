@@ -29,7 +29,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -43,6 +43,10 @@ CHECKSUM_ALGORITHM = "xxh3_128"
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _READ_CHUNK = 8 << 20
+
+
+# Shard metadata every rank must agree on; commit() lifts it into the manifest.
+SHARED_META = ("step", "optimizer_step", "data_position")
 
 
 class CheckpointError(RuntimeError):
@@ -123,10 +127,13 @@ class ShardRecord:
     bytes: int
     checksum: str
     tensors: dict[str, dict[str, Any]]
+    # The shard's step, optimizer step and data position: commit() checks every rank agrees
+    # and records them in the manifest, which restore and validation read.
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "file": self.file, "bytes": self.bytes, "checksum": self.checksum,
-                "tensors": self.tensors}
+                "tensors": self.tensors, "meta": self.meta}
 
 
 def tensor_checksum(tensor: Any) -> str:
@@ -194,6 +201,7 @@ def write_shard(
         bytes=writer.size,
         checksum=writer.hasher.hexdigest(),
         tensors={name: tensor_entry(t, layout.get(name)) for name, t in shard["tensors"].items()},
+        meta={k: shard["meta"][k] for k in SHARED_META if k in shard["meta"]},
     )
     sidecar = tmp_dir / sidecar_name(rank)
     sidecar_tmp = sidecar.with_suffix(".json.partial")
@@ -233,6 +241,7 @@ def commit(
             raise CheckpointError(f"cannot commit step {step}: rank {rank} reported no shard in {tmp_dir}")
         record = json.loads(sidecar.read_text())
         shards[record["file"]] = record
+    shared = _agreed_meta(shards.values(), step=step, tmp_dir=tmp_dir)
     manifest = {
         "format_version": FORMAT_VERSION,
         "step": step,
@@ -242,6 +251,7 @@ def commit(
         "files": {name: {"rank": r["rank"], "bytes": r["bytes"], "checksum": r["checksum"]}
                   for name, r in sorted(shards.items())},
         "tensors": {name: r["tensors"] for name, r in sorted(shards.items())},
+        **shared,
         **manifest_fields,
     }
     for rank in range(world_size):
@@ -259,6 +269,20 @@ def commit(
     fsync_dir(root)
     prune(root, keep_last=keep_last)
     return final
+
+
+def _agreed_meta(records: Any, *, step: int, tmp_dir: Path) -> dict[str, Any]:
+    """optimizer_step / data_position all ranks recorded; refuses shards of mixed steps."""
+    values: dict[str, set[Any]] = {}
+    for record in records:
+        for key, value in record.get("meta", {}).items():
+            values.setdefault(key, set()).add(value)
+    if values.get("step", {step}) != {step}:
+        raise CheckpointError(f"cannot commit step {step}: shards in {tmp_dir} record steps {sorted(values['step'])}")
+    for key, seen in values.items():
+        if len(seen) > 1:
+            raise CheckpointError(f"cannot commit step {step}: ranks disagree on {key} ({sorted(seen)})")
+    return {key: seen.pop() for key, seen in values.items() if key != "step"}
 
 
 def committed_steps(root: str | os.PathLike[str]) -> list[int]:
