@@ -109,8 +109,6 @@ def write_checkpoint(
         keep_last=keep_last,
         manifest_fields={
             "model_config": dataclasses.asdict(cfg),
-            "optimizer_step": step,
-            "data_position": step,
             "versions": {"torch": torch.__version__},
             "seed": seed,
             "run_id": run_id,
