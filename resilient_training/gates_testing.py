@@ -245,3 +245,68 @@ class ScriptedLog:
             with open(self.dir / f"{name}.jsonl", "a", encoding="utf-8") as handle:
                 handle.write("".join(line + "\n" for line in lines))
         self.lines.clear()
+
+
+# --------------------------------------------------------------------------- trainer runs
+
+# Real `resilient-training train` runs the gate tests share: name -> flags after --run-dir.
+# Sync saves commit at once, so a fault at step 12 restores step 10 on this 2-core machine
+# (the async writer's first write can outlast a short run's first interval).
+TRAINER_RUNS: dict[str, list[str]] = {
+    # exception on rank 1 at step 12: in-process restart restores step 10 and replays.
+    "faulted": ["--steps", "30", "--checkpoint-every", "5", "--no-async-checkpoint", "--faults", "exception@12:1"],
+    # rank 1 killed while writing step 10's shard: ft_launcher restarts; .tmp-step_10-*/rank_1.pt.partial stays.
+    "killed-mid-save": ["--steps", "30", "--checkpoint-every", "5", "--no-async-checkpoint",
+                        "--faults", "ckpt-kill@10:1"],
+    # NaN loss at step 6 with the NaN guard off: the weights turn NaN and training goes on.
+    "nan": ["--steps", "12", "--checkpoint-every", "5", "--no-async-checkpoint", "--no-nan-guard",
+            "--faults", "nan@6:0"],
+    # learning rate 0: runs fine, learns nothing.
+    "no-learning": ["--steps", "12", "--checkpoint-every", "5", "--no-async-checkpoint", "--lr", "0"],
+    # rank 1 SIGKILLed at step 12 with no launcher restart left: the run dies after committing step 10.
+    "killed": ["--steps", "14", "--checkpoint-every", "5", "--no-async-checkpoint", "--faults", "sigkill@12:1",
+               "--max-restarts", "0"],
+}
+
+
+def train_command(run_dir: str | os.PathLike[str], flags: list[str], nproc: int = 2) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "resilient_training.cli", "train", "--nproc", str(nproc), "--run-dir", str(run_dir),
+            *flags]
+
+
+def run_trainers(runs: Mapping[str, tuple[Path, list[str]]], timeout: float = 240) -> dict[str, int]:
+    """Start every run at once (they mostly wait on start-up and timeouts), wait for all; name -> exit code."""
+    import subprocess
+
+    procs = {}
+    for name, (run_dir, flags) in runs.items():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = open(run_dir.parent / f"{run_dir.name}.train.log", "wb")  # noqa: SIM115 - closed below
+        procs[name] = (subprocess.Popen(train_command(run_dir, flags), stdout=log, stderr=subprocess.STDOUT), log)
+    codes = {}
+    for name, (proc, log) in procs.items():
+        try:
+            codes[name] = proc.wait(timeout=timeout)
+        finally:
+            log.close()
+    return codes
+
+
+def tamper_with_initial_weights(ckpt_dir: str | os.PathLike[str]) -> None:
+    """Replace a checkpoint's model weights by the initial ones, re-recording every checksum.
+
+    The result is internally consistent (validation passes): only the loss after a restore
+    from it shows that it is not the state the run saved.
+    """
+    from resilient_training.model import build_model
+
+    manifest = cf.read_manifest(ckpt_dir)
+    fresh = build_model(ModelConfig(**manifest["model_config"]), int(manifest.get("seed", 0))).state_dict()
+    for rank in range(manifest["world_size"]):
+        def edit(shard: dict[str, Any], rank: int = rank) -> None:
+            for fqn, tensor in fresh.items():
+                shard["tensors"][f"model/{fqn}"] = cf.split_dim0(tensor, manifest["world_size"])[rank][1].clone()
+
+        rewrite_shard(ckpt_dir, rank, edit)

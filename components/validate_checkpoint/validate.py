@@ -311,6 +311,12 @@ class _Checker:
         if not isinstance(manifest["world_size"], int) or manifest["world_size"] < 1:
             self.find("manifest_incomplete", name, f"world_size {manifest['world_size']!r} is not a positive integer")
             return False
+        # The trainer steps the optimizer and the data loader once per step: a checkpoint of
+        # step N holds optimizer step N and data position N, or its parts are from different steps.
+        for key, code in (("optimizer_step", "optimizer_step_mismatch"), ("data_position", "data_position_mismatch")):
+            if key in manifest and manifest[key] != manifest["step"]:
+                self.find(code, name, f"{key} {manifest[key]!r} but step {manifest['step']}: model, optimizer and "
+                          "data state are from different steps")
         dir_step = cf.parse_step_dirname(self.dir.name)
         if dir_step is not None and dir_step != manifest["step"]:
             self.find("step_mismatch", name, f"manifest step {manifest['step']} but the directory is {self.dir.name}")
@@ -426,11 +432,13 @@ class _Checker:
                       f"shard records step {meta['step']}, manifest step {self.manifest['step']} "
                       "(a shard from another checkpoint)")
             return False  # its optimizer step and data position then differ too: one problem, one finding
-        # Model, optimizer and data-loader state of one step: every rank recorded the same
-        # optimizer step and data position as the manifest.
+        # Model, optimizer and data-loader state of one step: every rank recorded the optimizer
+        # step and data position the manifest holds (the step itself when the manifest has none).
         for key, code in (("optimizer_step", "optimizer_step_mismatch"), ("data_position", "data_position_mismatch")):
-            if key in self.manifest and meta.get(key) != self.manifest[key]:
-                self.find(code, name, f"shard records {key} {meta.get(key)!r}, manifest {self.manifest[key]!r}")
+            expected = self.manifest.get(key, self.manifest["step"])
+            if meta.get(key) != expected:
+                self.find(code, name, f"shard records {key} {meta.get(key)!r}, expected {expected!r} "
+                          f"({'manifest' if key in self.manifest else 'the step'})")
                 ok = False
         return ok
 
@@ -442,6 +450,7 @@ class _Checker:
         recorded: dict[str, Any] = self.manifest["tensors"].get(name, {})
         tensors: dict[str, Any] = shard["tensors"]
         layout: dict[str, Any] = shard["meta"]["layout"]
+        non_finite: list[tuple[str, str]] = []
         ok = True
         for tname in sorted(set(recorded) - set(tensors)):
             self.find("tensor_missing", name, "listed in the manifest but absent from the shard", tname)
@@ -478,14 +487,21 @@ class _Checker:
                 bad = int((~torch.isfinite(tensor)).sum())
                 if bad:
                     nans = int(torch.isnan(tensor).sum())
-                    self.find("non_finite", name, f"{bad} of {tensor.numel()} values are not finite "
-                              f"({nans} NaN, {bad - nans} inf)", tname)
+                    non_finite.append((tname, f"{bad} of {tensor.numel()} values are not finite "
+                                       f"({nans} NaN, {bad - nans} inf)"))
                     ok = False
                     continue
             if tname.endswith("/exp_avg_sq") and tensor.numel() and float(tensor.min()) < 0:
                 self.find("optimizer_state_invalid", name,
                           f"AdamW second moment has negative values (min {float(tensor.min()):.3g})", tname)
                 ok = False
+        if len(non_finite) == 1:
+            self.find("non_finite", name, non_finite[0][1], non_finite[0][0])
+        elif non_finite:
+            # One problem (the state diverged), one finding: name the first tensors, count the rest.
+            listed = ", ".join(t for t, _ in non_finite[:4]) + (", ..." if len(non_finite) > 4 else "")
+            self.find("non_finite", name, f"{len(non_finite)} tensors hold non-finite values ({listed}); first: "
+                      f"{non_finite[0][1]}", non_finite[0][0])
         return ok
 
     def check_cross_shard(self) -> None:
