@@ -138,9 +138,14 @@ def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
     with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
         while block := fin.read(16 << 20):
             hasher.update(block)
-            fout.write(block)
+            view = memoryview(block)
+            while view:  # a raw write may write less (e.g. at a file size limit): never drop the rest
+                view = view[fout.write(view):]
             size += len(block)
         os.fsync(fout.fileno())
+        landed = os.fstat(fout.fileno()).st_size
+    if landed != size:
+        raise OSError(f"{dst} holds {landed} bytes after copying {size}")
     return size, hasher.hexdigest()
 
 

@@ -265,6 +265,7 @@ class _Checker:
         self.threads = threads
         self.manifest: dict[str, Any] = {}
         self.shards: dict[int, dict[str, Any]] = {}
+        self.inconsistent: set[str] = set()  # manifest keys already reported as from another step
 
     def where(self, name: str) -> str:
         return _rel(self.dir / name, self.base)
@@ -315,6 +316,7 @@ class _Checker:
         # step N holds optimizer step N and data position N, or its parts are from different steps.
         for key, code in (("optimizer_step", "optimizer_step_mismatch"), ("data_position", "data_position_mismatch")):
             if key in manifest and manifest[key] != manifest["step"]:
+                self.inconsistent.add(key)
                 self.find(code, name, f"{key} {manifest[key]!r} but step {manifest['step']}: model, optimizer and "
                           "data state are from different steps")
         dir_step = cf.parse_step_dirname(self.dir.name)
@@ -436,7 +438,7 @@ class _Checker:
         # step and data position the manifest holds (the step itself when the manifest has none).
         for key, code in (("optimizer_step", "optimizer_step_mismatch"), ("data_position", "data_position_mismatch")):
             expected = self.manifest.get(key, self.manifest["step"])
-            if meta.get(key) != expected:
+            if key not in self.inconsistent and meta.get(key) != expected:
                 self.find(code, name, f"shard records {key} {meta.get(key)!r}, expected {expected!r} "
                           f"({'manifest' if key in self.manifest else 'the step'})")
                 ok = False

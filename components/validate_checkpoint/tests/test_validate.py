@@ -1,5 +1,6 @@
 """Integrity validation on real checkpoints: a corruption gallery and no false alarms."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -12,9 +13,22 @@ import torch
 from resilient_training import checkpoint_format as cf
 from resilient_training import gate_records
 from resilient_training.components.validate_checkpoint.validate import UsageError, validate
-from resilient_training.gates_testing import record_file, rewrite_manifest, rewrite_shard
+from resilient_training.gates_testing import copy_run, record_file, rewrite_manifest, rewrite_shard
 
 STEP4 = Path("checkpoints/step_4")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A private copy of a run to corrupt: its latest checkpoint and an older one."""
+
+    run: Path
+    ckpt: Path  # the checkpoint `latest` names
+    other: Path  # an older committed checkpoint
+
+    @property
+    def rel(self) -> str:
+        return str(self.ckpt.relative_to(self.run))
 
 
 class NotATensor:
@@ -36,12 +50,12 @@ def set_tensor(name: str, value: float, index: int = 0) -> Callable[[dict], None
 
 def set_meta(key: str, value: object) -> Callable[[dict], None]:
     def edit(shard: dict) -> None:
-        shard["meta"][key] = value
+        shard["meta"][key] = value if not callable(value) else value(shard["meta"])
 
     return edit
 
 
-def drop_head(run: Path) -> None:
+def drop_head(t: Target) -> None:
     """Remove head.weight and its optimizer state consistently from shards and manifest."""
     names = ["model/head.weight", "optim/head.weight/exp_avg", "optim/head.weight/exp_avg_sq"]
     for rank in (0, 1):
@@ -50,11 +64,11 @@ def drop_head(run: Path) -> None:
                 shard["tensors"].pop(n)
                 shard["meta"]["layout"].pop(n)
 
-        rewrite_shard(run / STEP4, rank, edit)
+        rewrite_shard(t.ckpt, rank, edit)
 
 
-def swap_ranks(run: Path) -> None:
-    d = run / STEP4
+def swap_ranks(t: Target) -> None:
+    d = t.ckpt
     (d / "rank_0.pt").rename(d / "tmp")
     (d / "rank_1.pt").rename(d / "rank_0.pt")
     (d / "tmp").rename(d / "rank_1.pt")
@@ -67,76 +81,87 @@ def swap_ranks(run: Path) -> None:
     record_file(d, "rank_1.pt")
 
 
-def pickle_object(run: Path) -> None:
-    path = run / STEP4 / "rank_1.pt"
+def pickle_object(t: Target) -> None:
+    path = t.ckpt / "rank_1.pt"
     shard = cf.load_shard(path)
     shard["meta"]["hook"] = NotATensor()
     torch.save(shard, path)
-    record_file(run / STEP4, "rank_1.pt")
+    record_file(t.ckpt, "rank_1.pt")
 
 
-def shift_offset(run: Path) -> None:
-    name = "model/tok.weight"
-
+def shift_offset(t: Target) -> None:
     def edit(shard: dict) -> None:
-        shard["meta"]["layout"][name]["offset"] += 1
+        shard["meta"]["layout"]["model/tok.weight"]["offset"] += 1
 
-    rewrite_shard(run / STEP4, 1, edit)
+    rewrite_shard(t.ckpt, 1, edit)
 
 
-# id -> (corrupt(run), [(code, file relative to the run, tensor or None), ...]): exactly these findings.
-GALLERY: dict[str, tuple[Callable[[Path], None], list[tuple[str, str, str | None]]]] = {
-    "shard-deleted": (lambda r: (r / STEP4 / "rank_1.pt").unlink(),
-                      [("shard_missing", "checkpoints/step_4/rank_1.pt", None)]),
-    "shard-truncated": (lambda r: os.truncate(r / STEP4 / "rank_0.pt", (r / STEP4 / "rank_0.pt").stat().st_size // 2),
-                        [("size_mismatch", "checkpoints/step_4/rank_0.pt", None)]),
-    "bit-flip": (lambda r: flip_byte(r / STEP4 / "rank_1.pt"),
-                 [("checksum_mismatch", "checkpoints/step_4/rank_1.pt", None)]),
-    "manifest-not-json": (lambda r: (r / STEP4 / "manifest.json").write_text('{"step": 4, "files": '),
-                          [("manifest_invalid", "checkpoints/step_4/manifest.json", None)]),
-    "manifest-deleted": (lambda r: (r / STEP4 / "manifest.json").unlink(),
-                         [("latest_uncommitted", "checkpoints/step_4", None)]),
-    "latest-dangling": (lambda r: (r / "checkpoints/latest").write_text("step_99\n"),
+def step_behind(manifest: dict) -> None:
+    manifest["optimizer_step"] = manifest["step"] - 1
+
+
+def shard_from_other_step(t: Target) -> None:
+    shutil.copy(t.other / "rank_1.pt", t.ckpt / "rank_1.pt")
+    record_file(t.ckpt, "rank_1.pt")
+
+
+def write_random(t: Target) -> None:
+    (t.ckpt / "rank_1.pt").write_bytes(os.urandom(4096))
+    record_file(t.ckpt, "rank_1.pt")
+
+
+def truncate(t: Target) -> None:
+    os.truncate(t.ckpt / "rank_0.pt", (t.ckpt / "rank_0.pt").stat().st_size // 2)
+
+
+# id -> (corrupt(target), [(code, file, tensor or None), ...]): exactly these findings.
+# In file names "{ckpt}" stands for the checkpoint `latest` names, relative to the run.
+GALLERY: dict[str, tuple[Callable[[Target], object], list[tuple[str, str, str | None]]]] = {
+    "shard-deleted": (lambda t: (t.ckpt / "rank_1.pt").unlink(), [("shard_missing", "{ckpt}/rank_1.pt", None)]),
+    "shard-truncated": (truncate, [("size_mismatch", "{ckpt}/rank_0.pt", None)]),
+    "bit-flip": (lambda t: flip_byte(t.ckpt / "rank_1.pt"), [("checksum_mismatch", "{ckpt}/rank_1.pt", None)]),
+    "manifest-not-json": (lambda t: (t.ckpt / "manifest.json").write_text('{"step": 4, "files": '),
+                          [("manifest_invalid", "{ckpt}/manifest.json", None)]),
+    "manifest-deleted": (lambda t: (t.ckpt / "manifest.json").unlink(), [("latest_uncommitted", "{ckpt}", None)]),
+    "latest-dangling": (lambda t: (t.run / "checkpoints/latest").write_text("step_99\n"),
                         [("latest_dangling", "checkpoints/latest", None)]),
-    "latest-garbage": (lambda r: (r / "checkpoints/latest").write_bytes(b"\x00\xffgarbage"),
+    "latest-garbage": (lambda t: (t.run / "checkpoints/latest").write_bytes(b"\x00\xffgarbage"),
                        [("latest_invalid", "checkpoints/latest", None)]),
-    "unknown-file": (lambda r: (r / STEP4 / "notes.txt").write_text("hi"),
-                     [("unexpected_file", "checkpoints/step_4/notes.txt", None)]),
-    "partial-inside-commit": (lambda r: shutil.copy(r / STEP4 / "rank_0.pt", r / STEP4 / "rank_0.pt.partial"),
-                              [("unexpected_file", "checkpoints/step_4/rank_0.pt.partial", None)]),
-    "shard-from-other-step": (
-        lambda r: (shutil.copy(r / "checkpoints/step_2/rank_1.pt", r / STEP4 / "rank_1.pt"),
-                   record_file(r / STEP4, "rank_1.pt")),
-        [("step_mismatch", "checkpoints/step_4/rank_1.pt", None)]),
-    "nan-saved": (lambda r: rewrite_shard(r / STEP4, 0, set_tensor("model/blocks.0.fc.weight", float("nan"))),
-                  [("non_finite", "checkpoints/step_4/rank_0.pt", "model/blocks.0.fc.weight")]),
-    "inf-in-optimizer": (lambda r: rewrite_shard(r / STEP4, 1, set_tensor("optim/pos.weight/exp_avg", float("inf"))),
-                         [("non_finite", "checkpoints/step_4/rank_1.pt", "optim/pos.weight/exp_avg")]),
+    "unknown-file": (lambda t: (t.ckpt / "notes.txt").write_text("hi"),
+                     [("unexpected_file", "{ckpt}/notes.txt", None)]),
+    "partial-inside-commit": (lambda t: shutil.copy(t.ckpt / "rank_0.pt", t.ckpt / "rank_0.pt.partial"),
+                              [("unexpected_file", "{ckpt}/rank_0.pt.partial", None)]),
+    "shard-from-other-step": (shard_from_other_step, [("step_mismatch", "{ckpt}/rank_1.pt", None)]),
+    "nan-saved": (lambda t: rewrite_shard(t.ckpt, 0, set_tensor("model/blocks.0.fc.weight", float("nan"))),
+                  [("non_finite", "{ckpt}/rank_0.pt", "model/blocks.0.fc.weight")]),
+    "inf-in-optimizer": (lambda t: rewrite_shard(t.ckpt, 1, set_tensor("optim/pos.weight/exp_avg", float("inf"))),
+                         [("non_finite", "{ckpt}/rank_1.pt", "optim/pos.weight/exp_avg")]),
     "values-altered-checksum-rewritten": (
-        lambda r: rewrite_shard(r / STEP4, 1, set_tensor("model/head.weight", 0.5), rerecord="file"),
-        [("tensor_checksum_mismatch", "checkpoints/step_4/rank_1.pt", "model/head.weight")]),
-    "optimizer-step-behind": (lambda r: rewrite_shard(r / STEP4, 0, set_meta("optimizer_step", 3)),
-                              [("optimizer_step_mismatch", "checkpoints/step_4/rank_0.pt", None)]),
-    "data-position-behind": (lambda r: rewrite_shard(r / STEP4, 1, set_meta("data_position", 2)),
-                             [("data_position_mismatch", "checkpoints/step_4/rank_1.pt", None)]),
-    "ranks-swapped": (swap_ranks, [("rank_mismatch", "checkpoints/step_4/rank_0.pt", None),
-                                   ("rank_mismatch", "checkpoints/step_4/rank_1.pt", None)]),
-    "not-a-pickle": (lambda r: ((r / STEP4 / "rank_1.pt").write_bytes(os.urandom(4096)),
-                                record_file(r / STEP4, "rank_1.pt")),
-                     [("shard_unreadable", "checkpoints/step_4/rank_1.pt", None)]),
-    "arbitrary-object-pickled": (pickle_object, [("shard_unreadable", "checkpoints/step_4/rank_1.pt", None)]),
+        lambda t: rewrite_shard(t.ckpt, 1, set_tensor("model/head.weight", 0.5), rerecord="file"),
+        [("tensor_checksum_mismatch", "{ckpt}/rank_1.pt", "model/head.weight")]),
+    "shard-optimizer-step-behind": (
+        lambda t: rewrite_shard(t.ckpt, 0, set_meta("optimizer_step", lambda m: m["step"] - 1)),
+        [("optimizer_step_mismatch", "{ckpt}/rank_0.pt", None)]),
+    "manifest-optimizer-step-behind": (lambda t: rewrite_manifest(t.ckpt, step_behind),
+                                       [("optimizer_step_mismatch", "{ckpt}/manifest.json", None)]),
+    "data-position-behind": (lambda t: rewrite_shard(t.ckpt, 1, set_meta("data_position", 2)),
+                             [("data_position_mismatch", "{ckpt}/rank_1.pt", None)]),
+    "ranks-swapped": (swap_ranks, [("rank_mismatch", "{ckpt}/rank_0.pt", None),
+                                   ("rank_mismatch", "{ckpt}/rank_1.pt", None)]),
+    "not-a-pickle": (write_random, [("shard_unreadable", "{ckpt}/rank_1.pt", None)]),
+    "arbitrary-object-pickled": (pickle_object, [("shard_unreadable", "{ckpt}/rank_1.pt", None)]),
     "negative-second-moment": (
-        lambda r: rewrite_shard(r / STEP4, 0, set_tensor("optim/blocks.0.qkv.weight/exp_avg_sq", -1.0)),
-        [("optimizer_state_invalid", "checkpoints/step_4/rank_0.pt", "optim/blocks.0.qkv.weight/exp_avg_sq")]),
-    "parameter-missing": (drop_head, [("load_failed", "checkpoints/step_4/manifest.json", None)]),
-    "layout-gap": (shift_offset, [("layout_invalid", "checkpoints/step_4/rank_1.pt", "model/tok.weight")]),
+        lambda t: rewrite_shard(t.ckpt, 0, set_tensor("optim/blocks.0.qkv.weight/exp_avg_sq", -1.0)),
+        [("optimizer_state_invalid", "{ckpt}/rank_0.pt", "optim/blocks.0.qkv.weight/exp_avg_sq")]),
+    "parameter-missing": (drop_head, [("load_failed", "{ckpt}/manifest.json", None)]),
+    "layout-gap": (shift_offset, [("layout_invalid", "{ckpt}/rank_1.pt", "model/tok.weight")]),
     "manifest-shape-wrong": (
-        lambda r: rewrite_manifest(r / STEP4, lambda m: m["tensors"]["rank_0.pt"]["model/ln_f.bias"].update(shape=[3])),
-        [("tensor_mismatch", "checkpoints/step_4/rank_0.pt", "model/ln_f.bias")]),
-    "world-size-shrunk": (lambda r: rewrite_manifest(r / STEP4, lambda m: m.update(world_size=1)),
-                          [("manifest_incomplete", "checkpoints/step_4/manifest.json", None),
-                           ("unexpected_file", "checkpoints/step_4/rank_1.pt", None),
-                           ("world_size_mismatch", "checkpoints/step_4/rank_0.pt", None)]),
+        lambda t: rewrite_manifest(t.ckpt, lambda m: m["tensors"]["rank_0.pt"]["model/ln_f.bias"].update(shape=[3])),
+        [("tensor_mismatch", "{ckpt}/rank_0.pt", "model/ln_f.bias")]),
+    "world-size-shrunk": (lambda t: rewrite_manifest(t.ckpt, lambda m: m.update(world_size=1)),
+                          [("manifest_incomplete", "{ckpt}/manifest.json", None),
+                           ("unexpected_file", "{ckpt}/rank_1.pt", None),
+                           ("world_size_mismatch", "{ckpt}/rank_0.pt", None)]),
 }
 
 
@@ -145,15 +170,26 @@ def test_gallery_is_large_and_distinct() -> None:
     assert len({expected[0][0] for _, expected in GALLERY.values()}) >= 15
 
 
+@pytest.fixture(params=["synthetic", "trainer"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    """A private copy of a synthetic run, or of a real faulted trainer run (latest step_30, older step_25)."""
+    if request.param == "synthetic":
+        run = copy_run(request.getfixturevalue("synthetic_run"), tmp_path / "run")
+        return Target(run, run / "checkpoints/step_4", run / "checkpoints/step_2")
+    run = copy_run(request.getfixturevalue("trainer_runs") / "faulted", tmp_path / "run")
+    return Target(run, run / "checkpoints/step_30", run / "checkpoints/step_25")
+
+
 @pytest.mark.parametrize("name", sorted(GALLERY))
-def test_corruption_is_caught_with_the_right_finding(name: str, run_copy: Path) -> None:
+def test_corruption_is_caught_with_the_right_finding(name: str, target: Target) -> None:
     corrupt, expected = GALLERY[name]
-    assert validate(run_copy).valid, "fixture must start healthy"
-    corrupt(run_copy)
-    report = validate(run_copy)
+    assert validate(target.run).valid, "fixture must start healthy"
+    corrupt(target)
+    report = validate(target.run)
     assert not report.valid
     got = sorted((f.code, f.file, f.tensor) for f in report.all_findings)
-    assert got == sorted(expected), [str(f) for f in report.all_findings]
+    want = sorted((code, file.format(ckpt=target.rel), tensor) for code, file, tensor in expected)
+    assert got == want, [str(f) for f in report.all_findings]
 
 
 def test_healthy_run_has_no_findings(synthetic_run: Path) -> None:
