@@ -128,15 +128,15 @@ def convergence_main(args: argparse.Namespace) -> int:
         write_convergence_record,
     )
 
-    config = ConvergenceConfig(
-        max_final_loss=args.max_final_loss,
-        min_improvement=args.min_improvement,
-        window=args.window,
-        continuity_rtol=args.continuity_rtol,
-        jump_rtol=args.jump_rtol,
-        reference_rtol=args.reference_rtol,
-    )
     try:
+        config = ConvergenceConfig(
+            max_final_loss=args.max_final_loss,
+            min_improvement=args.min_improvement,
+            window=args.window,
+            continuity_rtol=args.continuity_rtol,
+            jump_rtol=args.jump_rtol,
+            reference_rtol=args.reference_rtol,
+        )
         verdict = check_convergence(args.run_dir, config, reference_dir=args.reference)
     except (RunError, ValueError) as exc:
         return _fail_usage(str(exc))
