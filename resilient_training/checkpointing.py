@@ -11,8 +11,10 @@ never waited for.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -53,16 +55,99 @@ def named_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[
                 yield f"optim/{name}/{key}", state[key], param
 
 
+class StagingBuffers:
+    """Host memory a save is staged into, allocated once and reused by every save.
+
+    The buffers live in shared memory, so handing a shard to NVRx's writer process passes
+    handles instead of copying bytes, and on GPU machines they are page-locked
+    (``cudaHostRegister``) so the device-to-host copy runs at full speed and asynchronously.
+    Reuse is safe because a save starts only once the previous one is durable.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._cuda = False
+        self._preparing: threading.Thread | None = None
+
+    @staticmethod
+    def _allocate(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+        buffer = torch.empty(shape, dtype=dtype).share_memory_()
+        if pin and buffer.numel():
+            # Page-lock in place; on failure the copy still works, only slower.
+            torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel() * buffer.element_size(), 0)
+        return buffer
+
+    def prepare(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Allocate (and page-lock) buffers for these tensors in a background thread.
+
+        Allocating gigabytes of shared, pinned memory takes seconds; done ahead, the first
+        save then stalls training only for the copy.
+        """
+        if self._buffers or self._preparing is not None:
+            return
+        specs = [(name, t.shape, t.dtype, t.is_cuda) for name, t in tensors]
+
+        def allocate() -> None:
+            for name, shape, dtype, pin in specs:
+                self._buffers[name] = self._allocate(shape, dtype, pin)
+
+        self._preparing = threading.Thread(target=allocate, name="staging-prepare", daemon=True)
+        self._preparing.start()
+
+    def copy_in(self, name: str, source: torch.Tensor) -> torch.Tensor:
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+            buffer = self._buffers[name] = self._allocate(source.shape, source.dtype, source.is_cuda)
+        self._cuda = self._cuda or source.is_cuda
+        buffer.copy_(source, non_blocking=source.is_cuda)
+        return buffer
+
+    def synchronize(self) -> None:
+        if self._cuda:
+            torch.cuda.current_stream().synchronize()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+
+PERSISTENT, LOCAL = "persistent", "local"
+
+
+def local_tier_root(config: TrainConfig, rank: int) -> Path:
+    """The rank's directory of the node-local tier (one per rank: commits need no peer)."""
+    base = config.local_checkpoint_dir or str(Path("/dev/shm") / "resilient-training" / run_key(config.run_dir))
+    return Path(base) / f"rank_{rank}"
+
+
+def run_key(run_dir: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:12]
+
+
 @dataclass(slots=True)
 class _InFlight:
     step: int
+    tier: str
     tmp_dir: Path
     begin_ts: float
     manifest_fields: dict[str, Any]
 
 
 class Checkpointer:
-    """Stages, writes and commits checkpoints; restores the latest committed one."""
+    """Stages, writes and commits checkpoints; restores the newest committed one.
+
+    Two tiers share the writer and the format. The persistent tier (``RUN/checkpoints``, shared
+    storage, every ``checkpoint_every`` steps) is what validation and promotion read. The
+    optional node-local tier (``local_checkpoint_every``; /dev/shm by default) is cheap and
+    frequent and survives a worker restart but not the loss of its node: it shortens the
+    rollback after a fault. Each rank commits its own local shard, and a restore uses the local
+    tier only when every rank holds the same newer step.
+    """
 
     def __init__(
         self,
@@ -72,18 +157,25 @@ class Checkpointer:
         world_size: int,
         tag: str,
         writer: Any,
+        staging: StagingBuffers,
         emit: Callable[..., Any],
         atomic: Callable[[], AbstractContextManager[Any]] = nullcontext,
+        on_wait: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.rank = rank
         self.world_size = world_size
         self.root = fmt.checkpoints_dir(config.run_dir)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.local_root = local_tier_root(config, rank) if config.local_checkpoint_every else None
+        if self.local_root is not None:
+            self.local_root.mkdir(parents=True, exist_ok=True)
         self._tag = tag  # unique per attempt/iteration: temporary directories never collide
         self._writer = writer  # nvrx_adapter.AsyncWriter (kept across in-process restarts)
+        self._staging = staging  # reused by every save; one save in flight at a time
         self._emit = emit
         self._atomic = atomic
+        self._on_wait = on_wait  # keeps heartbeats and progress pings going while waiting
         self._in_flight: _InFlight | None = None
 
     # ------------------------------------------------------------------ restore
@@ -94,12 +186,12 @@ class Checkpointer:
         Returns (step restored, manifest); (0, {}) when there is none. Reshards when the
         checkpoint was written by a different world size.
         """
-        latest = fmt.read_latest(self.root)
+        latest = self._newest_restorable()
         if latest is None:
             return 0, {}
         manifest = fmt.read_manifest(latest)
         check_compatible(manifest, self.config)
-        if manifest["world_size"] == self.world_size:
+        if manifest["world_size"] == self.world_size or manifest.get("ranks") is not None:
             tensors = fmt.load_shard(latest / fmt.shard_name(self.rank))["tensors"]
             meta_step = manifest["step"]
         else:
@@ -126,6 +218,23 @@ class Checkpointer:
                 optimizer.state[param] = state
         return meta_step, manifest
 
+    def _newest_restorable(self) -> Path | None:
+        """The persistent ``latest``, or a newer node-local step that every rank holds."""
+        persistent = fmt.read_latest(self.root)
+        if self.local_root is None:
+            return persistent
+        persistent_step = fmt.read_manifest(persistent)["step"] if persistent else 0
+        local_steps = set(fmt.committed_steps(self.local_root))
+        newest_local = max(local_steps, default=-1)
+        agreed = torch.tensor([float(newest_local)], device=_flag_device())
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+        step = int(agreed.item())
+        held = torch.tensor([1.0 if step in local_steps else 0.0], device=_flag_device())
+        torch.distributed.all_reduce(held, op=torch.distributed.ReduceOp.MIN)
+        if step > persistent_step and held.item() == 1.0:
+            return self.local_root / fmt.step_dirname(step)
+        return persistent
+
     # ------------------------------------------------------------------ save
 
     def stage(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -133,10 +242,10 @@ class Checkpointer:
         tensors: dict[str, torch.Tensor] = {}
         layout: dict[str, dict[str, Any]] = {}
         for flat, tensor, param in named_state(model, optimizer):
-            local = _local(tensor).detach()
-            tensors[flat] = local.to("cpu", copy=True)
+            tensors[flat] = self._staging.copy_in(flat, _local(tensor).detach())
             offset, _ = chunk_bounds(param.shape[0], self.world_size, self.rank)
             layout[flat] = {"global_shape": list(param.shape), "offset": offset}
+        self._staging.synchronize()
         opt_steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
         if len(opt_steps) > 1:
             raise RuntimeError(f"optimizer parameters disagree on their step count: {sorted(opt_steps)}")
@@ -151,12 +260,17 @@ class Checkpointer:
         }
         return {"meta": meta, "tensors": tensors}
 
-    def should_save(self, step: int) -> bool:
-        return step % self.config.checkpoint_every == 0 or step == self.config.steps
+    def tier_for(self, step: int) -> str | None:
+        """Which tier (if any) saves at ``step``; persistent wins when both are due."""
+        if step % self.config.checkpoint_every == 0 or step == self.config.steps:
+            return PERSISTENT
+        if self.local_root is not None and step % self.config.local_checkpoint_every == 0:
+            return LOCAL
+        return None
 
-    @property
-    def in_flight(self) -> bool:
-        return self._in_flight is not None
+    def will_defer(self, step: int) -> bool:
+        """A save at ``step`` would be skipped: the previous one is still being written."""
+        return self._in_flight is not None and step != self.config.steps
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              manifest_fields: dict[str, Any], *, torn_write: bool = False,
@@ -167,17 +281,20 @@ class Checkpointer:
         :meth:`maybe_commit`. If the previous save is still being written, this one is skipped
         (``ckpt_deferred``), except for the final step, which waits.
         """
-        if self._in_flight is not None:
-            if step != self.config.steps:
-                self._emit("ckpt_deferred", step, reason=f"step {self._in_flight.step} still writing")
-                return
-            self.finish()  # the final step is always saved: wait for the previous write
+        if self.will_defer(step):
+            self._emit("ckpt_deferred", step, reason=f"step {self._in_flight.step} still writing")
+            return
+        self.finish()  # the final step is always saved: wait for any previous write
+        tier = self.tier_for(step) or PERSISTENT
         begin = time.time()
-        self._emit("ckpt_begin", step, mode="async" if self.config.async_checkpoint else "sync")
-        tmp_dir = self.root / f"{fmt.TMP_PREFIX}{fmt.step_dirname(step)}-{self._tag}"
+        self._emit("ckpt_begin", step, mode="async" if self.config.async_checkpoint else "sync", tier=tier)
+        root = self.root if tier == PERSISTENT else self.local_root
+        tmp_dir = root / f"{fmt.TMP_PREFIX}{fmt.step_dirname(step)}-{self._tag}"
         tmp_dir.mkdir(parents=True, exist_ok=True)
         shard = self.stage(step, model, optimizer)
-        self._in_flight = _InFlight(step, tmp_dir, begin, manifest_fields)
+        manifest_fields = {**manifest_fields, "optimizer_step": shard["meta"]["optimizer_step"],
+                           "data_position": shard["meta"]["data_position"]}
+        self._in_flight = _InFlight(step, tier, tmp_dir, begin, manifest_fields)
         if self.config.async_checkpoint:
             self._writer.submit(write_shard_job, (str(tmp_dir), self.rank, shard, torn_write))
             self._emit("ckpt_staged", step, seconds=time.time() - begin)
@@ -185,7 +302,7 @@ class Checkpointer:
                 kill_after_submit()
         else:
             fmt.write_shard(tmp_dir, self.rank, shard, torn_write=torn_write)
-            self._commit_when_all_done(local_done=True)
+            self.finish()
             self._emit("ckpt_staged", step, seconds=time.time() - begin)
 
     def local_done(self) -> float:
@@ -199,39 +316,51 @@ class Checkpointer:
         if self._in_flight is not None and round(done_count) == self.world_size:
             self._commit()
 
-    def _commit_when_all_done(self, local_done: bool) -> None:
-        flag = torch.tensor([1.0 if local_done else 0.0], device=_flag_device())
-        torch.distributed.all_reduce(flag)
-        self.maybe_commit(flag.item())
-
     def _commit(self) -> None:
         in_flight, self._in_flight = self._in_flight, None
         assert in_flight is not None
-        if self.rank != 0:
+        local = in_flight.tier == LOCAL
+        if self.rank != 0 and not local:
             return
         with self._atomic():  # an in-process restart must not interrupt a commit halfway
             path = fmt.commit(in_flight.tmp_dir, step=in_flight.step, world_size=self.world_size,
-                              manifest_fields=in_flight.manifest_fields, keep_last=self.config.keep_last)
+                              manifest_fields=in_flight.manifest_fields,
+                              keep_last=2 if local else self.config.keep_last,
+                              ranks=[self.rank] if local else None)
             size = sum(f.stat().st_size for f in path.iterdir())
-            _write_iteration_file(self.config.run_dir, in_flight.step)
-        self._emit("ckpt_committed", in_flight.step, bytes=size, seconds=time.time() - in_flight.begin_ts,
-                   path=str(path))
+            if not local:
+                _write_iteration_file(self.config.run_dir, in_flight.step)
+        if self.rank == 0:
+            self._emit("ckpt_committed", in_flight.step, bytes=size * (self.world_size if local else 1),
+                       seconds=time.time() - in_flight.begin_ts, path=str(path), tier=in_flight.tier)
 
-    def finish(self) -> None:
-        """Before a clean exit: wait for the write in flight and commit it on every rank."""
-        if self._in_flight is None:
-            return
-        self._writer.wait(timeout=600)
-        self._commit_when_all_done(local_done=True)
+    def finish(self, timeout: float = 600.0) -> None:
+        """Wait for the write in flight and commit it, on every rank.
 
-    def forget_in_flight(self, wait_seconds: float) -> None:
-        """After a failure: let a write still running finish (bounded) and never commit it."""
-        self._in_flight = None
-        if self._writer.in_flight:
-            try:
-                self._writer.wait(timeout=wait_seconds)
-            except Exception:
-                self._writer.abandon()
+        No rank blocks on its own writer while a peer waits in a collective (which would hit
+        the short collective timeout): all ranks poll their writer and agree on the result
+        together, round after round, until every shard is durable.
+        """
+        deadline = time.monotonic() + timeout
+        while self._in_flight is not None:
+            flag = torch.tensor([self.local_done()], device=_flag_device())
+            torch.distributed.all_reduce(flag)
+            self.maybe_commit(flag.item())
+            if self._in_flight is not None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"checkpoint of step {self._in_flight.step} not durable after {timeout:.0f} s")
+                self._on_wait()
+                time.sleep(0.05)
+
+    def drop_local_tier(self) -> None:
+        """After a completed run the node-local tier (often RAM-backed) is only garbage."""
+        if self.local_root is not None:
+            import shutil
+
+            shutil.rmtree(self.local_root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.local_root.parent.rmdir()  # the run's folder, once every rank's is gone
+
 
 
 def _flag_device() -> torch.device:

@@ -167,6 +167,14 @@ class Injector:
                 return fault
         return None
 
+    def due_checkpoint(self, step: int) -> Fault | None:
+        """A checkpoint fault whose step has come (saves can be deferred past it)."""
+        for fault in self._mine:
+            if (fault.type in CHECKPOINT_FAULTS and fault.step <= step
+                    and self._fired.get(fault.key, 0) < fault.count):
+                return fault
+        return None
+
     def mark(self, fault: Fault, step: int) -> None:
         """Log the injection (before it acts) and remember it."""
         self._fired[fault.key] = self._fired.get(fault.key, 0) + 1

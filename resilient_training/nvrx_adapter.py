@@ -88,8 +88,12 @@ def ft_launcher_flags(
         if not on_gpu:
             flags.append("--ft-enable-nic-monitor=false")  # default true in 0.4.1, fails on CPU
     else:
-        # Default 50 s: an H200 VM never reports its memory as freed, so every restart waited 50 s.
-        flags.append("--ft-gpu-memory-reclaim-timeout=5")
+        # Before restarting, 0.6+ waits for the dead workers' GPU memory to drop under a
+        # tolerance (defaults 50 s / 512 MB). An H200 VM reports ~3.9 GB in use when idle, so
+        # with defaults every restart waited the full 50 s: both are calibrated per machine.
+        flags += [f"--ft-gpu-memory-reclaim-timeout={config.gpu_reclaim_timeout:g}",
+                  f"--ft-gpu-memory-tolerance-mb={config.gpu_reclaim_tolerance_mb}",
+                  "--ft-gpu-memory-poll-interval=1"]  # read as an int by 0.7.0
         if iteration_file is not None:
             flags.append(f"--ft-checkpoint-iteration-file={iteration_file}")
     return flags
@@ -191,6 +195,21 @@ class Heartbeats:
             self._client.load_state_dict(state)
             return {"initial": hb["initial"], "subsequent": hb["subsequent"]}
 
+    def stop_workload(self, reason: str) -> None:
+        """Ask ft_launcher not to restart the workers (NVRx's ShutdownWorkload request).
+
+        0.7.0 also honours worker exit code 93; 0.4.1 does not know that code, but both
+        versions act on this request.
+        """
+        if self._client is None:
+            return
+        from nvidia_resiliency_ext.fault_tolerance.data import WorkloadAction, WorkloadControlRequest
+
+        with self._lock:
+            self._client.send_workload_control_request(
+                WorkloadControlRequest(WorkloadAction.ShutdownWorkload, reason)
+            )
+
     def state_dict(self) -> dict[str, Any]:
         if self._client is None:
             return {}
@@ -235,8 +254,8 @@ def inprocess_wrap(
 
     class _AbortDistributed(inprocess.abort.Abort):
         """NCCL: NVRx's abort. gloo: a blocked collective cannot be interrupted from this thread
-        (torch 2.13), so peers are unblocked by the failing rank destroying its process group in
-        its main thread (closing its sockets) and, at worst, by the short collective timeout.
+        (torch 2.13: abort() and shutdown() of a gloo group do not release a peer's pending
+        receive), so the short collective timeout (``pg_timeout``) releases blocked ranks.
         """
 
         def __call__(self, state: Any) -> Any:
@@ -296,12 +315,19 @@ class CheckpointWriterDied(RuntimeError):
     """The persistent background checkpoint writer process exited mid-write."""
 
 
+def _warm_up_job() -> None:
+    """Runs in the writer process: importing this module there is the warm-up."""
+
+
 class AsyncWriter:
-    """One write in flight at a time through NVRx's persistent async checkpoint process."""
+    """Checkpoint writes through NVRx's persistent async checkpoint process.
+
+    Writes run in submission order; :meth:`poll` reports whether all of them are durable.
+    """
 
     def __init__(self) -> None:
         self._queue: Any = None
-        self._in_flight = False
+        self._pending = 0
 
     def _calls(self) -> Any:
         if self._queue is None:
@@ -311,33 +337,43 @@ class AsyncWriter:
         return self._queue
 
     @property
+    def started(self) -> bool:
+        return self._queue is not None
+
+    @property
     def in_flight(self) -> bool:
-        return self._in_flight
+        return self._pending > 0
+
+    def warm_up(self) -> None:
+        """Start the writer process now (it imports torch: seconds), not at the first save."""
+        self.submit(_warm_up_job, ())
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
-        if self._in_flight:
-            raise RuntimeError("a checkpoint write is already in flight")
-        self._calls().schedule_async_request(AsyncRequest(async_fn=fn, async_fn_args=args, finalize_fns=[]))
-        self._in_flight = True
+        # async_fn_kwargs explicitly: 0.7.0 defaults it to None and then calls fn(**None).
+        request = AsyncRequest(async_fn=fn, async_fn_args=args, finalize_fns=[], async_fn_kwargs={})
+        self._calls().schedule_async_request(request)
+        self._pending += 1
 
     def _writer_alive(self) -> bool:
         caller = getattr(self._queue, "persistent_caller", None)
         process = getattr(caller, "process", None)
         return process is not None and process.is_alive()
 
+    def _finalize_ready(self) -> None:
+        self._pending -= len(self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True))
+
     def poll(self) -> bool:
-        """True once the write in flight (if any) is durable. Raises if the writer died."""
-        if not self._in_flight:
+        """True once every submitted write is durable. Raises if the writer died."""
+        if self._pending == 0:
             return True
-        if self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True):
-            self._in_flight = False
+        self._finalize_ready()
+        if self._pending == 0:
             return True
         if not self._writer_alive():
-            # It may have finished just before dying: look once more.
-            if self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True):
-                self._in_flight = False
+            self._finalize_ready()  # it may have finished just before dying
+            if self._pending == 0:
                 return True
             self.abandon()
             raise CheckpointWriterDied("the async checkpoint writer process died mid-write")
@@ -360,7 +396,7 @@ class AsyncWriter:
             process.join(timeout=5)
             caller.process = None  # its __del__ would otherwise wait on queue.join() forever
         self._queue = None
-        self._in_flight = False
+        self._pending = 0
 
     def close(self, timeout: float = 120.0) -> None:
         if self._queue is None:
@@ -370,6 +406,6 @@ class AsyncWriter:
         finally:
             if self._writer_alive():
                 self._queue.close()
+                self._queue = None
             else:
                 self.abandon()
-            self._queue = None

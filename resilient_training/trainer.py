@@ -22,9 +22,13 @@ from resilient_training import checkpoint_format as fmt
 from resilient_training import events as ev
 from resilient_training import faults as flt
 from resilient_training import nvrx_adapter
-from resilient_training.checkpointing import Checkpointer
+from resilient_training.checkpointing import Checkpointer, StagingBuffers, named_state
 from resilient_training.config import TrainConfig
 from resilient_training.model import batch, build_model, loss_fn
+
+# Calibrated heartbeat timeouts never go below this: observed gaps on a quiet machine can be
+# milliseconds, and a loaded one must not be mistaken for a hang.
+CALIBRATED_TIMEOUT_FLOOR = 3.0
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -45,6 +49,7 @@ class Trainer:
         self.on_gpu = torch.cuda.is_available()
         self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
         self.writer = nvrx_adapter.AsyncWriter()
+        self.staging = StagingBuffers()
         self.faults = flt.parse(config.faults)
         self.injector: flt.Injector | None = None
         self.last_cause: str | None = None
@@ -66,15 +71,19 @@ class Trainer:
         try:
             self._drop_stale_write()
             self._init_process_group(iteration)
+            if self.config.async_checkpoint and not self.writer.started:
+                self.writer.warm_up()
             model, optimizer = self._build()
             checkpointer = Checkpointer(
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"a{self.attempt}i{iteration}",
-                writer=self.writer, emit=self.events.emit,
+                writer=self.writer, staging=self.staging, emit=self.events.emit,
                 atomic=call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext,
+                on_wait=lambda: self._progress(call_wrapper),
             )
             step = self._restore(checkpointer, model, optimizer)
             self._train(step, model, optimizer, checkpointer, call_wrapper)
             checkpointer.finish()
+            checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
             self.completed = True
         except BaseException as exc:
@@ -91,7 +100,8 @@ class Trainer:
             poison = self.injector.maybe_inject_in_step(step)
             tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
                            batch_size=self.config.batch_size).to(self.device)
-            loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+            with self._autocast():
+                loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
             if poison:
                 loss = loss * float("nan")
             # One all-reduce per step carries the loss for logging and the checkpoint flag.
@@ -103,22 +113,43 @@ class Trainer:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            self.staging.prepare([(name, t.to_local() if hasattr(t, "to_local") else t)
+                                  for name, t, _ in named_state(model, optimizer)])
             self._pad_step(started)
             self.events.emit("step", step, loss=global_loss, seconds=time.perf_counter() - started)
-            self.heartbeats.beat()
+            self._progress(call_wrapper)
             self.heartbeats.cover(0)
-            if call_wrapper is not None:
-                call_wrapper.ping()
             checkpointer.maybe_commit(stats[1].item())
-            if checkpointer.should_save(step):
+            if checkpointer.tier_for(step):
                 self._save(step, model, optimizer, checkpointer)
             if step == calibrate_at:
-                timeouts = self.heartbeats.calibrate(floor=max(3.0, 2 * self.config.pg_timeout))
+                timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor())
                 if timeouts:
                     self.events.emit("calibrated", step, timeouts=timeouts)
 
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 compute on GPUs (weights, optimizer and checkpoints stay fp32); fp32 on CPU."""
+        if self.on_gpu:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _heartbeat_floor(self) -> float:
+        """With in-process restart on, a hang must reach that layer (soft timeout) before
+        ft_launcher's heartbeat timeout; once it restarts, Heartbeats.cover takes over.
+        """
+        if self.config.inprocess:
+            return max(CALIBRATED_TIMEOUT_FLOOR, self.config.soft_timeout + 2.0)
+        return CALIBRATED_TIMEOUT_FLOOR
+
+    def _progress(self, call_wrapper: Any) -> None:
+        """Tell both monitors (ft_launcher heartbeats, in-process progress watchdog) we are alive."""
+        self.heartbeats.beat()
+        if call_wrapper is not None:
+            call_wrapper.ping()
+
     def _save(self, step: int, model: Any, optimizer: Any, checkpointer: Checkpointer) -> None:
-        fault = self.injector.due(step, flt.CHECKPOINT_FAULTS)
+        # A checkpoint fault acts at the first save that really writes at or after its step.
+        fault = None if checkpointer.will_defer(step) else self.injector.due_checkpoint(step)
         if fault is not None:
             self.injector.mark(fault, step)
         kill_self = None
@@ -157,6 +188,7 @@ class Trainer:
         backend = "nccl" if self.on_gpu else "gloo"
         if self.on_gpu:
             torch.cuda.set_device(self.local_rank)
+            torch.backends.cuda.matmul.allow_tf32 = True
         store = torch.distributed.PrefixStore(f"rt/a{self.attempt}/i{iteration}", self._base_store())
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,
@@ -179,8 +211,9 @@ class Trainer:
         return self._store
 
     def _destroy_process_group(self) -> None:
-        # On the failing rank this closes its gloo sockets, which unblocks peers waiting on it
-        # at once instead of after the collective timeout.
+        # On gloo this does not close the sockets of an FSDP2 process group (DTensor caches keep
+        # it alive, torch 2.13), so peers blocked on a failed rank are released by the
+        # collective timeout (pg_timeout); on NCCL the wrapper's abort releases them.
         if torch.distributed.is_initialized():
             with contextlib.suppress(Exception):
                 torch.distributed.destroy_process_group()
@@ -195,7 +228,7 @@ class Trainer:
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, foreach=False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr)
         return model, optimizer
 
     def _restore(self, checkpointer: Checkpointer, model: Any, optimizer: Any) -> int:
@@ -226,12 +259,13 @@ class Trainer:
             self.events.emit("restart_begin", step or None, layer="inprocess", cause=cause)
 
     def _drop_stale_write(self) -> None:
-        """A write left running by a failed iteration is never committed; let it end first."""
-        if self.writer.in_flight:
-            try:
-                self.writer.wait(timeout=60)
-            except Exception:
-                self.writer.abandon()
+        """A write left running by a failed iteration is never committed (its temporary directory
+        is abandoned), so recovery does not wait for it; only a dead writer is replaced.
+        """
+        try:
+            self.writer.poll()
+        except nvrx_adapter.CheckpointWriterDied:
+            pass  # poll() already dropped it; the next save starts a new writer
 
     def classify(self, exc: BaseException) -> str:
         if self.injector is not None and self.injector.hanging:
@@ -254,8 +288,14 @@ class Trainer:
         return type(exc).__name__
 
     def close(self) -> None:
+        """Finish the background writer: gracefully after success, at once after a failure
+        (a restart should not wait for a write that will never be committed).
+        """
         with contextlib.suppress(Exception):
-            self.writer.close(timeout=120)
+            if self.completed:
+                self.writer.close(timeout=120)
+            else:
+                self.writer.abandon()
         self.heartbeats.close()
 
 

@@ -23,7 +23,8 @@ POD_RESTART_ENV = "RT_POD_RESTART"
 
 def main(argv: list[str] | None = None) -> int:
     config = cfg.from_argv(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format=f"[rank{os.environ.get('RANK', '?')}] %(levelname)s %(name)s: %(message)s")
+    prefix = f"[rank{os.environ.get('RANK', '?')}]"
+    logging.basicConfig(level=logging.WARNING, format=f"{prefix} %(levelname)s %(name)s: %(message)s")
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     events = ev.EventLog(config.run_dir, rank=rank, attempt=attempt)
@@ -56,19 +57,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BaseException as exc:  # noqa: BLE001 - every way out is logged with its reason
         if nvrx_adapter.is_restart_abort(exc):
-            reason = f"in-process restart gave up ({exc or 'retry limit or world size'}); last failure: {trainer.last_cause}"
-            events.emit("end", None, status="failed", reason=reason)
-            print(f"resilient-training worker rank {rank}: {reason}", file=sys.stderr)
-            return nvrx_adapter.EXIT_DO_NOT_RESTART
+            reason = (f"in-process restart gave up after {config.max_inprocess_restarts} restarts "
+                      f"(retry limit or too few ranks); last failure: {trainer.last_cause}")
+            return _do_not_restart(events, heartbeats, rank, reason)
         if isinstance(exc, CheckpointError) and "different model" in str(exc):
-            events.emit("end", None, status="failed", reason=str(exc))
-            print(f"resilient-training worker rank {rank}: {exc}", file=sys.stderr)
-            return nvrx_adapter.EXIT_DO_NOT_RESTART
+            return _do_not_restart(events, heartbeats, rank, str(exc))
         events.emit("end", None, status="failed", reason=f"{trainer.last_cause or type(exc).__name__}")
         raise
     finally:
         trainer.close()
         events.close()
+
+
+def _do_not_restart(events: ev.EventLog, heartbeats: nvrx_adapter.Heartbeats, rank: int, reason: str) -> int:
+    """Retrying cannot help: say why, and stop the launcher from restarting us."""
+    events.emit("end", None, status="failed", reason=reason)
+    print(f"resilient-training worker rank {rank}: {reason}", file=sys.stderr)
+    heartbeats.stop_workload(reason)
+    return nvrx_adapter.EXIT_DO_NOT_RESTART
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+import pytest
+
+from resilient_training import faults as flt
+
+
+def test_parse_compact_spec_sorted_by_step():
+    schedule = flt.parse("hang@28:1, sigkill@12:1,exception@20:0x3")
+    assert [str(f) for f in schedule] == ["sigkill@12:1", "exception@20:0x3", "hang@28:1"]
+    assert schedule[1].count == 3
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("sigkill@12", "expected TYPE@STEP:RANK"),
+        ("explode@3:0", "unknown fault type 'explode'"),
+        ("sigkill@0:0", "steps start at 1"),
+        ("sigkill@-1:0", "expected TYPE@STEP:RANK"),
+        ("sigkill@3:0,sigkill@3:0", "fault listed twice"),
+        ("sigkill@3:0x0", "count must be >= 1"),
+    ],
+)
+def test_malformed_specs_are_rejected_with_the_reason(spec, message):
+    with pytest.raises(flt.FaultSpecError, match=message):
+        flt.parse(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "message"),
+    [
+        ("sigkill@3:2", {}, "rank 2 does not exist"),
+        ("sigkill@50:0", {}, "after the last step"),
+        ("ckpt-kill@7:0", {}, "saves no checkpoint"),
+        ("writer-kill@10:0", {"async_checkpoint": False}, "needs async checkpointing"),
+    ],
+)
+def test_schedules_that_cannot_act_are_rejected(spec, kwargs, message):
+    args = {"world_size": 2, "steps": 40, "async_checkpoint": True, "checkpoint_every": 5, **kwargs}
+    with pytest.raises(flt.FaultSpecError, match=message):
+        flt.validate(flt.parse(spec), **args)
+
+
+def test_yaml_schedule_with_seeded_random_faults_is_deterministic(tmp_path):
+    path = tmp_path / "faults.yaml"
+    path.write_text(
+        "seed: 7\n"
+        "faults:\n  - {type: hang, step: 28, rank: 1}\n"
+        "random: {count: 3, types: [exception, sigkill], min_step: 5, max_step: 35, max_rank: 1}\n"
+    )
+    first, second = flt.parse(str(path)), flt.parse(str(path))
+    assert first == second
+    assert len(first) == 4 and flt.Fault("hang", 28, 1) in first
+    other = tmp_path / "other.yaml"
+    other.write_text(path.read_text().replace("seed: 7", "seed: 8"))
+    assert flt.parse(str(other)) != first
+
+
+def test_yaml_errors_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("faults:\n  - {type: hang, rank: 1}\n")
+    with pytest.raises(flt.FaultSpecError, match="needs type, step and rank"):
+        flt.parse(str(bad))
+    with pytest.raises(flt.FaultSpecError, match="does not exist"):
+        flt.parse(str(tmp_path / "missing.yaml"))
+
+
+def test_injector_fires_once_per_count_and_logs_before_acting():
+    logged = []
+    injector = flt.Injector(flt.parse("exception@3:0x2,nan@4:0,exception@3:1"), rank=0,
+                            already_injected={"exception@3:0": 1}, emit=lambda *a, **k: logged.append((a, k)))
+    assert injector.maybe_inject_in_step(2) is False
+    with pytest.raises(flt.InjectedFault):
+        injector.maybe_inject_in_step(3)
+    assert logged[-1][1]["fault"] == "exception@3:0"
+    assert injector.maybe_inject_in_step(3) is False  # count 2 reached (1 from the log + 1 now)
+    assert injector.maybe_inject_in_step(4) is True  # nan poisons the loss, once
+    assert injector.maybe_inject_in_step(4) is False
+
+
+def test_oom_is_a_real_allocation_failure_and_restores_the_limit():
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with pytest.raises(flt.InjectedOOM, match="out of memory"):
+        flt.allocate_past_limit(64)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before

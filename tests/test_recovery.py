@@ -1,0 +1,84 @@
+"""Real processes, real faults: the trainer under ft_launcher with 2 gloo workers on CPU.
+
+Each test starts the real `resilient-training train` command and proves recovery from the
+event log: the fault, its detection, the restart layer, the restored step (the last commit at
+or before the fault) and an identical loss at the first step after the restore.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from resilient_training import checkpoint_format as fmt
+
+from .runs import FAST, check_recovered, train
+
+pytestmark = pytest.mark.slow
+
+# Collectives that wait longer than ft_launcher's calibrated heartbeat timeout, so that a hang
+# is caught by the heartbeat monitor rather than by a peer's collective timeout.
+SLOW_COLLECTIVES = ["--pg-timeout", "20", "--soft-timeout", "21", "--hard-timeout", "22", "--heartbeat-timeout", "25"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "layer", "cause", "extra"),
+    [
+        ("exception@10:0", "inprocess", "exception", []),
+        ("sigkill@10:1", "launcher", None, []),
+        ("hang@10:1", "inprocess", "hang", []),
+        ("oom@10:1", "inprocess", "oom", []),
+        ("nan@10:0", "inprocess", "nan", []),
+        ("ckpt-kill@8:1", "launcher", None, []),
+        ("writer-kill@8:0", "inprocess", "writer_died", []),
+        ("ckpt-kill@8:1", "launcher", None, ["--no-async-checkpoint"]),
+        ("exception@10:1", "launcher", "exception", ["--no-inprocess"]),
+        ("hang@10:1", "launcher", None, ["--no-inprocess", *SLOW_COLLECTIVES]),
+        ("sigkill@10:1", "launcher", None, ["--no-ft-launcher"]),
+    ],
+    ids=["exception", "sigkill", "hang", "oom", "nan", "ckpt-kill", "writer-kill", "ckpt-kill-sync",
+         "exception-launcher-only", "hang-heartbeat-timeout", "sigkill-torchrun"],
+)
+def test_each_fault_alone_recovers_to_the_last_commit(tmp_path, fault, layer, cause, extra):
+    run = train(tmp_path / "run", *FAST, "--faults", fault, *extra)
+    found = check_recovered(run, fault, layer=layer, cause=cause)
+    if SLOW_COLLECTIVES[0] in extra:
+        assert found["recovery_seconds"] < 15, "the heartbeat timeout, not the 20 s collective timeout, caught the hang"
+        assert any(e.event == "calibrated" for e in found["events"])
+    if fault.startswith(("ckpt-kill", "writer-kill")):
+        # The save being written at the fault never became visible; `latest` loads.
+        assert found["restored"] < 8
+        latest = fmt.read_latest(fmt.checkpoints_dir(run.run_dir))
+        assert fmt.read_manifest(latest)["step"] == 16
+
+
+def test_mixed_schedule_of_three_faults(tmp_path):
+    run = train(tmp_path / "run", "--nproc", "2", "--steps", "40", "--checkpoint-every", "5",
+                "--faults", "sigkill@12:1,exception@22:0,hang@33:1")
+    assert run.returncode == 0, run.output[-3000:]
+    for fault, layer, cause in (("sigkill@12:1", "launcher", None), ("exception@22:0", "inprocess", "exception"),
+                                ("hang@33:1", "inprocess", "hang")):
+        check_recovered(run, fault, layer=layer, cause=cause, steps=40)
+    assert "done: completed: reached step 40" in run.output
+
+
+def test_fault_before_the_first_checkpoint_restarts_from_scratch(tmp_path):
+    run = train(tmp_path / "run", *FAST, "--faults", "exception@2:1")
+    found = check_recovered(run, "exception@2:1", layer="inprocess", cause="exception")
+    assert found["restored"] == 0
+
+
+def test_repeated_deterministic_failure_exhausts_the_retry_limit(tmp_path):
+    run = train(tmp_path / "run", *FAST, "--faults", "exception@6:0x99", "--max-inprocess-restarts", "2")
+    assert run.returncode == 1
+    assert "in-process restart gave up after 2 restarts" in run.output
+    assert "exception" in run.output.split("FAILED:")[1]
+    injected = [e for e in run.events if e.event == "fault_injected"]
+    assert len(injected) == 3  # the first try and two in-process restarts; no launcher restart after
+    assert {e.attempt for e in run.events} == {0}
+
+
+def test_repeated_failure_without_inprocess_exhausts_launcher_restarts(tmp_path):
+    run = train(tmp_path / "run", *FAST, "--faults", "exception@6:1x99", "--no-inprocess", "--max-restarts", "2")
+    assert run.returncode == 1
+    assert "recovery gave up after 2 launcher restart(s)" in run.output
+    assert "rank 1 at step 6: exception" in run.output

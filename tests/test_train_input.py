@@ -1,0 +1,39 @@
+"""Bad input to `resilient-training train` is refused with the reason before any worker starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from .runs import train
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--faults", "sigkill@12"], "expected TYPE@STEP:RANK"),
+        (["--faults", "meteor@3:0"], "unknown fault type 'meteor'"),
+        (["--faults", "sigkill@3:2", "--nproc", "2"], "rank 2 does not exist (world size 2)"),
+        (["--checkpoint-every", "0"], "checkpoint_every must be a positive number of steps"),
+        (["--steps", "-3"], "steps must be positive"),
+        (["--faults", "writer-kill@5:0", "--no-async-checkpoint"], "writer-kill needs async checkpointing"),
+        (["--nproc", "0"], "world size must be at least 1"),
+    ],
+)
+def test_bad_input_starts_nothing(tmp_path, args, message):
+    run = train(tmp_path / "run", "--steps", "10", *args)
+    assert run.returncode == 2, run.output
+    assert message in run.output
+    assert not (tmp_path / "run" / "events").exists()
+
+
+def test_run_dir_with_another_models_checkpoints_is_refused(tmp_path):
+    first = train(tmp_path / "run", "--nproc", "1", "--steps", "2", "--checkpoint-every", "2", "--no-inprocess")
+    assert first.returncode == 0, first.output[-2000:]
+    events_before = sorted(p.name for p in (tmp_path / "run" / "events").iterdir())
+    size_before = sum(p.stat().st_size for p in (tmp_path / "run" / "events").iterdir())
+    second = train(tmp_path / "run", "--nproc", "1", "--steps", "4", "--model-d-model", "32")
+    assert second.returncode == 2
+    assert "holds checkpoints of a different model" in second.output
+    assert "Use a new --run-dir" in second.output
+    assert sorted(p.name for p in (tmp_path / "run" / "events").iterdir()) == events_before
+    assert sum(p.stat().st_size for p in (tmp_path / "run" / "events").iterdir()) == size_before
