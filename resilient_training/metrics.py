@@ -17,7 +17,8 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
   no restore is a fault absorbed without restart (layer ``none``, 0 s).
 - **infrastructure goodput** = (wall − downtime) / wall, downtime = union of episode spans
   (an episode never closed runs to the end of the log).
-- **checkpoint freshness** at a step = that step minus the newest step committed before it.
+- **checkpoint freshness** at a step = that step minus the newest step committed before it
+  (either tier: the persistent one and the node-local one both restore).
 - **checkpoint stall** per save = ``ckpt_staged.seconds`` (training blocked by the save).
 - **suggested interval** (Young/Daly): C = mean stall per save, M = wall / episodes that
   restarted; Young ``sqrt(2CM)``, Daly ``sqrt(2CM)(1 + sqrt(C/2M)/3 + (C/2M)/9) − C`` (C < 2M),
@@ -249,13 +250,20 @@ def young_daly(cost: float | None, mtbf: float | None) -> dict[str, float | None
     return {"young_seconds": young, "daly_seconds": daly}
 
 
-def checkpoint_commits(events: Iterable[ev.Event]) -> list[ev.Event]:
-    """One ``ckpt_committed`` per committed step (the first writer to report it)."""
-    seen: set[int | None] = set()
+def checkpoint_commits(events: Iterable[ev.Event], tier: str | None = "persistent") -> list[ev.Event]:
+    """One ``ckpt_committed`` per committed step and tier (the first writer to report it).
+
+    ``tier``: "persistent" (shared storage; events without a tier are persistent), "local"
+    (the node-local tier), or None for both.
+    """
+    seen: set[tuple[str, int | None]] = set()
     out = []
     for e in events:
-        if e.event == "ckpt_committed" and e.step not in seen:
-            seen.add(e.step)
+        if e.event != "ckpt_committed":
+            continue
+        this = e.get("tier") or "persistent"
+        if (tier is None or this == tier) and (this, e.step) not in seen:
+            seen.add((this, e.step))
             out.append(e)
     return out
 
@@ -307,7 +315,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
             by_layer.setdefault(p.layer, []).append(p.seconds)
     commits = checkpoint_commits(events)
     stalls = [float(e.get("seconds", 0.0)) for e in events if e.event == "ckpt_staged" and e.rank == ref]
-    fresh = freshness(runs, commits)
+    fresh = freshness(runs, checkpoint_commits(events, tier=None))  # either tier can be restored
     steps_per_save = [b - a for a, b in zip(sorted({int(c.step or 0) for c in commits}),
                                             sorted({int(c.step or 0) for c in commits})[1:], strict=False)]
     step_seconds = [r.seconds for r in survivors.values() if r.seconds > 0]
@@ -350,6 +358,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "restarts_by_layer": dict(Counter(p.layer for p in restarted)),
         "checkpoints": {
             "committed": len(commits),
+            "committed_local_tier": len(checkpoint_commits(events, tier="local")),
             "steps": [int(c.step or 0) for c in commits],
             "failed": sum(1 for e in events if e.event == "ckpt_failed"),
             "deferred": sum(1 for e in events if e.event == "ckpt_deferred" and e.rank == ref),

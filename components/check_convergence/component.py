@@ -1,8 +1,6 @@
 """KFP component: the convergence gate (a thin wrapper over convergence.py)."""
 
 # No `from __future__ import annotations` here: KFP reads the real annotation objects.
-from typing import NamedTuple
-
 from kfp import dsl
 
 from resilient_training.images import COMPONENTS_IMAGE
@@ -21,11 +19,12 @@ def check_convergence(
     jump_rtol: float = 0.15,
     reference_run_dir: str = "",
     reference_rtol: float = 0.05,
-) -> NamedTuple("ConvergenceOutputs", [("passed", bool), ("final_loss", float)]):
+) -> bool:
     """Gate a run on its loss curve from the event log: finite, learned, continuous across every restore.
 
-    Writes RUN/gates/convergence.json, which promotion requires. Branch on `passed`
-    (dsl.If) to skip promotion when the gate fails.
+    Writes RUN/gates/convergence.json, which promotion requires. Branch on the returned value
+    (dsl.If(task.outputs["Output"] == True)) to skip promotion when the gate fails; a single output,
+    because kfp.local resolves only `Output` in conditions.
 
     Args:
         run_dir: Run directory on shared storage (holds events/ and checkpoints/).
@@ -44,12 +43,10 @@ def check_convergence(
         reference_rtol: Relative tolerance against the reference curve.
 
     Returns:
-        passed: True when every check passed.
-        final_loss: Mean loss of the final window (NaN when not finite).
+        True when every check passed.
 
     """
     import json
-    from collections import namedtuple
 
     from resilient_training.components.check_convergence.convergence import (
         ConvergenceConfig,
@@ -81,5 +78,4 @@ def check_convergence(
             handle.write(f"| {check.name} | {state} | {check.reason.replace('|', '/')} |\n")
     with open(verdict.path, "w", encoding="utf-8") as handle:
         json.dump(result.to_dict(), handle, indent=1, allow_nan=True)
-    outputs = namedtuple("ConvergenceOutputs", ["passed", "final_loss"])
-    return outputs(result.passed, float(learned.get("final_mean", float("nan"))))
+    return result.passed

@@ -1,8 +1,6 @@
 """KFP component: integrity validation of a run's checkpoint (a thin wrapper over validate.py)."""
 
 # No `from __future__ import annotations` here: KFP reads the real annotation objects.
-from typing import NamedTuple
-
 from kfp import dsl
 
 from resilient_training.images import COMPONENTS_IMAGE
@@ -16,30 +14,30 @@ def validate_checkpoint(
     findings: dsl.Output[dsl.Artifact],
     all_checkpoints: bool = False,
     load: bool = True,
-) -> NamedTuple("ValidationOutputs", [("valid", bool), ("step", int), ("checkpoint", str)]):
+) -> bool:
     """Re-read every byte of the run's latest checkpoint and prove it complete, intact and loadable.
 
     Writes RUN/gates/validation.json, which promotion requires. Temporary directories left by
-    saves in flight or killed mid-write are reported as ignored, not as corruption.
+    saves in flight or killed mid-write are reported as ignored, not as corruption. Branch on
+    the returned value (dsl.If(task.outputs["Output"] == True)); a single output, because kfp.local
+    resolves only `Output` in conditions.
 
     Args:
         run_dir: Run directory on shared storage (holds checkpoints/ and events/), or one
             checkpoints/step_N directory.
-        metrics: Output metrics: valid (1/0), findings, step, bytes read, read GB/s, seconds.
+        metrics: Output metrics: valid (1/0), findings, step of the latest checkpoint, bytes
+            read, read GB/s, seconds.
         summary: Output Markdown: the verdict, every check passed and every finding.
-        findings: Output JSON artifact: the full validation report.
+        findings: Output JSON artifact: the full validation report (checkpoint paths, checks,
+            findings, ignored leftovers).
         all_checkpoints: Validate every committed checkpoint, not only the one `latest` names.
         load: Load the checkpoint into a freshly built model and compare tensor hashes.
 
     Returns:
-        valid: True when no finding was raised.
-        step: Step of the validated latest checkpoint (-1 when there is none).
-        checkpoint: Path of the validated latest checkpoint ("" when there is none).
+        True when a committed checkpoint was validated and no finding was raised.
 
     """
     import json
-    import os
-    from collections import namedtuple
 
     from resilient_training.components.validate_checkpoint.validate import validate, write_validation_record
     from resilient_training.gates_cli import format_validation
@@ -60,8 +58,4 @@ def validate_checkpoint(
         handle.write(format_validation(report) + "\n```\n")
     with open(findings.path, "w", encoding="utf-8") as handle:
         json.dump(report.to_dict(), handle, indent=1, allow_nan=True)
-    outputs = namedtuple("ValidationOutputs", ["valid", "step", "checkpoint"])
-    if latest is None:
-        return outputs(False, -1, "")
-    path = latest.path if report.kind == "checkpoint" else os.path.join(run_dir, latest.path)
-    return outputs(report.valid, int(latest.step if latest.step is not None else -1), path)
+    return report.valid

@@ -266,6 +266,7 @@ class _Checker:
         self.manifest: dict[str, Any] = {}
         self.shards: dict[int, dict[str, Any]] = {}
         self.inconsistent: set[str] = set()  # manifest keys already reported as from another step
+        self.expected_ranks: list[int] = []
 
     def where(self, name: str) -> str:
         return _rel(self.dir / name, self.base)
@@ -325,6 +326,8 @@ class _Checker:
         from resilient_training.gate_records import manifest_digest
 
         self.manifest = manifest
+        # A node-local tier checkpoint holds only this node's ranks (manifest "ranks").
+        self.expected_ranks = list(manifest.get("ranks") or range(manifest["world_size"]))
         self.result.step = manifest["step"]
         self.result.world_size = manifest["world_size"]
         self.result.manifest_checksum = manifest_digest(self.dir)
@@ -335,7 +338,7 @@ class _Checker:
         """Ranks whose shard is listed and present; findings for missing, misfiled and unknown files."""
         files = self.manifest["files"]
         present: list[int] = []
-        for rank in range(self.manifest["world_size"]):
+        for rank in self.expected_ranks:
             name = cf.shard_name(rank)
             entry = files.get(name)
             if entry is None:
@@ -347,14 +350,14 @@ class _Checker:
                 self.find("shard_missing", name, f"rank {rank}'s shard is missing")
                 continue
             present.append(rank)
-        expected = {cf.shard_name(r) for r in range(self.manifest["world_size"])}
+        expected = {cf.shard_name(r) for r in self.expected_ranks}
         for name in sorted(set(files) - expected):
             self.find("manifest_incomplete", cf.MANIFEST_NAME,
                       f"lists {name}, which is not a shard of world size {self.manifest['world_size']}")
         for child in sorted(self.dir.iterdir()):
             if child.name not in expected and child.name != cf.MANIFEST_NAME:
                 self.find("unexpected_file", child.name, "unknown file inside a committed checkpoint")
-        if len(present) == self.manifest["world_size"]:
+        if len(present) == len(self.expected_ranks):
             self.result.checks.append(f"all {len(present)} shards and the manifest present, nothing else")
         return present
 
@@ -382,7 +385,7 @@ class _Checker:
             else:
                 whole.append(rank)
         ranks[:] = whole
-        if len(whole) == self.manifest["world_size"]:
+        if len(whole) == len(self.expected_ranks):
             self.result.checks.append(f"sizes and checksums of {self.result.bytes} bytes match the manifest")
 
     # 3. contents -------------------------------------------------------------------------
@@ -396,7 +399,7 @@ class _Checker:
                 continue
             if self._check_meta(name, rank, shard) and self._check_tensors(name, shard):
                 self.shards[rank] = shard
-        if len(self.shards) == self.manifest["world_size"]:
+        if len(self.shards) == len(self.expected_ranks):
             self.result.checks.append("every shard's step, rank, optimizer step and data position match the manifest")
             self.result.checks.append("every tensor matches the manifest's name, shape, dtype, layout and checksum")
             self.result.checks.append("every floating tensor is finite")

@@ -43,9 +43,9 @@ def gated(run_dir: str, dest: str):
     """validate -> check convergence -> [both passed] promote; the report always."""
     valid = validate_checkpoint(run_dir=run_dir)
     gate = check_convergence(run_dir=run_dir).after(valid)
-    with dsl.If(valid.outputs["valid"] == True):  # noqa: E712 - a KFP condition, not a Python comparison
-        with dsl.If(gate.outputs["passed"] == True):  # noqa: E712
-            promote_model(checkpoint=valid.outputs["checkpoint"], dest=dest)
+    with dsl.If(valid.outputs["Output"] == True):  # noqa: E712 - a KFP condition, not a Python comparison
+        with dsl.If(gate.outputs["Output"] == True):  # noqa: E712
+            promote_model(checkpoint=run_dir, dest=dest)
     resilience_report(run_dir=run_dir).after(gate)
 
 

@@ -28,7 +28,7 @@ def test_a_run_killed_mid_save_leaves_only_ignored_leftovers(trainer_runs: Path)
 
 def test_a_tampered_but_consistent_checkpoint_passes_validation(trainer_runs: Path) -> None:
     # Validation proves integrity, not history: the convergence gate catches this restore.
-    assert validate(trainer_runs / "tampered-restore" / "checkpoints" / "step_10").valid
+    assert validate(trainer_runs / "tampered-restore" / "checkpoints" / "step_30").valid
 
 
 def test_nan_weights_written_by_the_trainer_are_caught(trainer_runs: Path) -> None:
