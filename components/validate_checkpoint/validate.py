@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import mmap
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -203,22 +204,38 @@ def _scan_root(root: Path, base: Path, report: ValidationReport, *, all_checkpoi
 
 
 def _read_and_hash(path: Path) -> tuple[int, str, float]:
-    """(bytes, xxh3_128 hex, seconds): one pass of large reads into a reused buffer."""
+    """(bytes, xxh3_128 hex, seconds) of one file.
+
+    Hashes a read-only memory map in 16 MiB views: no copy out of the page cache, so hashing
+    runs faster than a plain read() of the same file (measured: benchmarks/). Empty files
+    and files that cannot be mapped fall back to large reads into a reused buffer.
+    """
     hasher = cf.new_hasher()
-    size = 0
-    buffer = bytearray(READ_BLOCK)
-    view = memoryview(buffer)
     start = time.perf_counter()
     with open(path, "rb", buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
         try:
-            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        except (AttributeError, OSError):
-            pass
-        while True:
-            n = handle.readinto(buffer)
-            if not n:
-                break
-            hasher.update(view[:n])
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except (OSError, ValueError):
+            mapped = None
+        if mapped is not None:
+            with mapped:
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+                view = memoryview(mapped)
+                try:
+                    for offset in range(0, size, READ_BLOCK):
+                        ahead = offset + READ_BLOCK
+                        if ahead < size:  # from disk, start reading the next block while this one hashes
+                            mapped.madvise(mmap.MADV_WILLNEED, ahead, min(READ_BLOCK, size - ahead))
+                        hasher.update(view[offset:offset + READ_BLOCK])
+                finally:
+                    view.release()
+            return size, hasher.hexdigest(), time.perf_counter() - start
+        buffer = bytearray(READ_BLOCK)
+        block = memoryview(buffer)
+        size = 0
+        while n := handle.readinto(buffer):
+            hasher.update(block[:n])
             size += n
     return size, hasher.hexdigest(), time.perf_counter() - start
 
