@@ -16,6 +16,7 @@ COMMANDS: tuple[str, ...] = (
     "resilient_training.launcher",  # train
     "resilient_training.render_job",  # render-job
     "resilient_training.kfp_commands",  # compile, upload, submit, schedule, runs, schedules
+    "resilient_training.gates_cli",  # validate-checkpoint, check-convergence, promote, report
 )
 
 
