@@ -83,9 +83,19 @@ case $suite in
     run baseline_sync_launcher --steps 2000 --checkpoint-every 500 --no-async-checkpoint --no-inprocess \
         --faults "$faults"
     ;;
+  goodput-half)  # the same shape at half length (device-time budget): 1000 steps, save every 250
+    faults="exception@150:0,sigkill@350:0,nan@550:0,exception@750:0,sigkill@900:0"
+    run product --steps 1000 --checkpoint-every 250 --local-checkpoint-every 25 --faults "$faults"
+    run baseline_sync_launcher --steps 1000 --checkpoint-every 250 --no-async-checkpoint --no-inprocess \
+        --faults "$faults"
+    ;;
   recovery+efficiency)
     "$0" recovery "$out"
     "$0" efficiency "$out"
+    ;;
+  recovery+goodput-half)
+    "$0" recovery "$out"
+    "$0" goodput-half "$out"
     ;;
   *) echo "unknown suite $suite" >&2; exit 2 ;;
 esac

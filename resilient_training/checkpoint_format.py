@@ -276,6 +276,17 @@ def commit(
     return final
 
 
+def iteration_file(run_dir: str | os.PathLike[str]) -> str:
+    """The file ft_launcher 0.6+ reads (``--ft-checkpoint-iteration-file``) to stop restart loops
+    that make no progress: the last persistently committed step.
+    """
+    return os.path.join(str(run_dir), "ft_iteration")
+
+
+def write_iteration_file(run_dir: str | os.PathLike[str], step: int) -> None:
+    _atomic_write_text(Path(iteration_file(run_dir)), f"{step}\n")
+
+
 def _agreed_meta(records: Any, *, step: int, tmp_dir: Path) -> dict[str, Any]:
     """optimizer_step / data_position all ranks recorded; refuses shards of mixed steps."""
     values: dict[str, set[Any]] = {}
@@ -343,7 +354,8 @@ def load_shard(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load one shard without unpickling arbitrary objects (``weights_only=True``)."""
     import torch
 
-    shard = torch.load(path, map_location="cpu", weights_only=True)
+    # mmap: tensors are read from the page cache on first use instead of copied up front.
+    shard = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     if not isinstance(shard, dict) or "meta" not in shard or "tensors" not in shard:
         raise CheckpointError(f"{path} is not a shard of format {FORMAT_VERSION}")
     return shard

@@ -68,6 +68,10 @@ class StagingBuffers:
         self._buffers: dict[str, torch.Tensor] = {}
         self._cuda = False
         self._preparing: threading.Thread | None = None
+        self.staged_step: int | None = None  # the step the buffers hold, once fully staged
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self._buffers)
 
     @staticmethod
     def _allocate(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
@@ -180,27 +184,38 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ restore
 
-    def load_latest(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, Any]]:
-        """Restore the latest committed checkpoint into sharded ``model``/``optimizer``.
+    def find_restorable(self) -> tuple[Path | None, dict[str, Any]]:
+        """(checkpoint to restore, its manifest): the newest committed one every rank can load.
 
-        Returns (step restored, manifest); (0, {}) when there is none. Reshards when the
-        checkpoint was written by a different world size.
+        Collective. Checks the model shape before anything is built.
         """
         latest = self._newest_restorable()
         if latest is None:
-            return 0, {}
+            return None, {}
         manifest = fmt.read_manifest(latest)
         check_compatible(manifest, self.config)
-        if manifest["world_size"] == self.world_size or manifest.get("ranks") is not None:
-            tensors = fmt.load_shard(latest / fmt.shard_name(self.rank))["tensors"]
-            meta_step = manifest["step"]
+        return latest, manifest
+
+    def load(self, path: Path, manifest: dict[str, Any], model: nn.Module,
+             optimizer: torch.optim.Optimizer) -> str:
+        """Restore checkpoint ``path`` into sharded ``model``/``optimizer``; returns the source.
+
+        After an in-process restart the staging buffers usually still hold exactly this step
+        (host memory, page-locked on GPUs): then nothing is read from storage. Otherwise this
+        rank's shard is memory-mapped, or, when the world size changed, every shard is read
+        and resharded.
+        """
+        same_world = manifest["world_size"] == self.world_size or manifest.get("ranks") is not None
+        if same_world and self._staging.staged_step == manifest["step"]:
+            tensors, source = self._staging.tensors(), "memory"
+        elif same_world:
+            tensors, source = fmt.load_shard(path / fmt.shard_name(self.rank))["tensors"], "storage"
         else:
-            full = fmt.assemble_full(list(fmt.iter_shards(latest, manifest)))
-            tensors = {}
+            full = fmt.assemble_full(list(fmt.iter_shards(path, manifest)))
+            tensors, source = {}, "storage (resharded)"
             for name, tensor in full.items():
                 offset, length = chunk_bounds(tensor.shape[0], self.world_size, self.rank)
                 tensors[name] = tensor[offset : offset + length]
-            meta_step = manifest["step"]
         step_tensor = torch.tensor(float(manifest["optimizer_step"]))
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -216,7 +231,7 @@ class Checkpointer:
                     else:
                         state[key] = local
                 optimizer.state[param] = state
-        return meta_step, manifest
+        return source
 
     def _newest_restorable(self) -> Path | None:
         """The persistent ``latest``, or a newer node-local step that every rank holds."""
@@ -241,11 +256,13 @@ class Checkpointer:
         """Copy this rank's slices to host memory: what the writer will persist."""
         tensors: dict[str, torch.Tensor] = {}
         layout: dict[str, dict[str, Any]] = {}
+        self._staging.staged_step = None  # half-overwritten buffers hold no step
         for flat, tensor, param in named_state(model, optimizer):
             tensors[flat] = self._staging.copy_in(flat, _local(tensor).detach())
             offset, _ = chunk_bounds(param.shape[0], self.world_size, self.rank)
             layout[flat] = {"global_shape": list(param.shape), "offset": offset}
         self._staging.synchronize()
+        self._staging.staged_step = step
         opt_steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
         if len(opt_steps) > 1:
             raise RuntimeError(f"optimizer parameters disagree on their step count: {sorted(opt_steps)}")
@@ -329,7 +346,7 @@ class Checkpointer:
                               ranks=[self.rank] if local else None)
             size = sum(f.stat().st_size for f in path.iterdir())
             if not local:
-                _write_iteration_file(self.config.run_dir, in_flight.step)
+                fmt.write_iteration_file(self.config.run_dir, in_flight.step)
         if self.rank == 0:
             self._emit("ckpt_committed", in_flight.step, bytes=size * (self.world_size if local else 1),
                        seconds=time.time() - in_flight.begin_ts, path=str(path), tier=in_flight.tier)
@@ -366,18 +383,6 @@ class Checkpointer:
 def _flag_device() -> torch.device:
     backend = torch.distributed.get_backend()
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-
-
-def _write_iteration_file(run_dir: str, step: int) -> None:
-    """ft_launcher 0.6+ reads this to stop restart loops that make no progress."""
-    path = Path(run_dir) / "ft_iteration"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(f"{step}\n")
-    os.replace(tmp, path)
-
-
-def iteration_file(run_dir: str) -> str:
-    return str(Path(run_dir) / "ft_iteration")
 
 
 def check_compatible(manifest: dict[str, Any], config: TrainConfig) -> None:

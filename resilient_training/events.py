@@ -44,7 +44,7 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "failure_detected": ("cause", "message"),
     "restart_begin": ("layer", "cause"),
     "restart_done": ("layer",),  # layer: inprocess | launcher | pod
-    "load_done": ("path", "seconds"),  # step: the step restored (0 = fresh start)
+    "load_done": ("path", "source", "seconds"),  # step: restored (0 = fresh); source: memory | storage
     "calibrated": ("timeouts",),
     "end": ("status", "reason"),  # status: completed | failed
 }

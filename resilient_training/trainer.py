@@ -24,7 +24,7 @@ from resilient_training import faults as flt
 from resilient_training import nvrx_adapter
 from resilient_training.checkpointing import Checkpointer, StagingBuffers, named_state
 from resilient_training.config import TrainConfig
-from resilient_training.model import batch, build_model, loss_fn
+from resilient_training.model import GPT, batch, build_model, loss_fn
 
 # Calibrated heartbeat timeouts never go below this: observed gaps on a quiet machine can be
 # milliseconds, and a loaded one must not be mistaken for a hang.
@@ -54,12 +54,14 @@ class Trainer:
         self.injector: flt.Injector | None = None
         self.last_cause: str | None = None
         self.completed = False
+        self.step = 0  # the step being trained (after a restore: the step restored)
+        self.iteration = 0  # in-process restart iteration last entered
         self._store: Any = None
 
     # ------------------------------------------------------------------ one iteration
 
     def run(self, call_wrapper: Any = None) -> None:
-        iteration = call_wrapper.iteration if call_wrapper is not None else 0
+        iteration = self.iteration = call_wrapper.iteration if call_wrapper is not None else 0
         self.events.iteration = iteration
         if iteration > 0:
             self.events.emit("restart_done", None, layer="inprocess")
@@ -67,35 +69,38 @@ class Trainer:
             self.faults, rank=self.rank, emit=self.events.emit, memory_limit_mb=self.config.memory_limit_mb,
             already_injected=flt.injected_counts(ev.read_events(self.config.run_dir), self.rank),
         )
-        step = 0
+        self.step = 0
         try:
             self._drop_stale_write()
             self._init_process_group(iteration)
             if self.config.async_checkpoint and not self.writer.started:
                 self.writer.warm_up()
-            model, optimizer = self._build()
             checkpointer = Checkpointer(
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"a{self.attempt}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 atomic=call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext,
                 on_wait=lambda: self._progress(call_wrapper),
             )
-            step = self._restore(checkpointer, model, optimizer)
-            self._train(step, model, optimizer, checkpointer, call_wrapper)
+            started = time.time()
+            path, manifest = checkpointer.find_restorable()
+            model, optimizer = self._build(materialize=path is None)
+            self._restore(checkpointer, path, manifest, model, optimizer, started)
+            self._train(model, optimizer, checkpointer, call_wrapper)
             checkpointer.finish()
             checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
             self.completed = True
         except BaseException as exc:
-            self._on_failure(exc, step)
+            self._on_failure(exc, self.step)
             raise
         finally:
             self._destroy_process_group()
 
-    def _train(self, step: int, model: Any, optimizer: Any, checkpointer: Checkpointer, call_wrapper: Any) -> None:
+    def _train(self, model: Any, optimizer: Any, checkpointer: Checkpointer, call_wrapper: Any) -> None:
+        step = self.step
         calibrate_at = step + self.config.checkpoint_every + 1 if self.config.calibrate_timeouts else None
         while step < self.config.steps:
-            step += 1
+            step = self.step = step + 1
             started = time.perf_counter()
             poison = self.injector.maybe_inject_in_step(step)
             tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
@@ -189,7 +194,11 @@ class Trainer:
         if self.on_gpu:
             torch.cuda.set_device(self.local_rank)
             torch.backends.cuda.matmul.allow_tf32 = True
-        store = torch.distributed.PrefixStore(f"rt/a{self.attempt}/i{iteration}", self._base_store())
+        # A namespace all ranks of this worker group agree on. Not the restart count: it is per
+        # agent and diverges across nodes (an agent that restarts its workers because a peer
+        # node failed does not count a restart). Each rendezvous round has its own store endpoint.
+        group = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+        store = torch.distributed.PrefixStore(f"rt/{group}/i{iteration}", self._base_store())
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,
             # gloo cannot be interrupted mid-collective: this timeout bounds how long a peer
@@ -218,22 +227,33 @@ class Trainer:
             with contextlib.suppress(Exception):
                 torch.distributed.destroy_process_group()
 
-    def _build(self) -> tuple[Any, Any]:
-        """A fresh sharded model and optimizer: FSDP binds to the process group it was built with."""
+    def _build(self, *, materialize: bool) -> tuple[Any, Any]:
+        """A fresh sharded model and optimizer: FSDP binds to the process group it was built with.
+
+        Without ``materialize`` (a checkpoint will overwrite every weight) the model is built
+        on the meta device and only allocated, never initialized: seconds saved per restart.
+        """
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        model = build_model(self.config.model, self.config.seed).to(self.device)
+        if materialize:
+            model = build_model(self.config.model, self.config.seed).to(self.device)
+        else:
+            with torch.device("meta"):
+                model = GPT(self.config.model)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if not materialize:
+            model.to_empty(device=self.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr)
         return model, optimizer
 
-    def _restore(self, checkpointer: Checkpointer, model: Any, optimizer: Any) -> int:
-        started = time.time()
-        step, manifest = checkpointer.load_latest(model, optimizer)
+    def _restore(self, checkpointer: Checkpointer, path: Any, manifest: dict[str, Any], model: Any,
+                 optimizer: Any, started: float) -> None:
+        step = manifest.get("step", 0)
+        source = checkpointer.load(path, manifest, model, optimizer) if path is not None else None
         # Every rank must restore the same step; a disagreement would silently mix states.
         agreed = torch.tensor([step, -step], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
@@ -241,10 +261,10 @@ class Trainer:
             raise fmt.CheckpointError(f"ranks restored different steps (max {int(agreed[0])}, min {int(-agreed[1])})")
         if manifest.get("ft_state"):
             self.heartbeats.load_state_dict(manifest["ft_state"])
-        path = str(fmt.checkpoints_dir(self.config.run_dir) / fmt.step_dirname(step)) if step else None
-        self.events.emit("load_done", step, path=path, seconds=time.time() - started)
+        self.events.emit("load_done", step, path=str(path) if path else None, source=source,
+                         seconds=time.time() - started)
         self.heartbeats.beat()
-        return step
+        self.step = step
 
     # ------------------------------------------------------------------ failure
 

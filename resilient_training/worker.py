@@ -57,9 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BaseException as exc:  # noqa: BLE001 - every way out is logged with its reason
         if nvrx_adapter.is_restart_abort(exc):
-            reason = (f"in-process restart gave up after {config.max_inprocess_restarts} restarts "
-                      f"(retry limit or too few ranks); last failure: {trainer.last_cause}")
-            return _do_not_restart(events, heartbeats, rank, reason)
+            if trainer.iteration >= config.max_inprocess_restarts:
+                reason = (f"in-process restart gave up after {config.max_inprocess_restarts} restarts; "
+                          f"this rank's last failure: {trainer.last_cause}")
+                return _do_not_restart(events, heartbeats, rank, reason)
+            # Too few ranks left for the in-process layer (a peer process or node is gone): that
+            # is the launcher's job, so fail normally and let it restart the workers.
+            reason = f"in-process restart lost a peer rank; handing over to the launcher ({trainer.last_cause})"
+            events.emit("end", None, status="failed", reason=reason)
+            print(f"resilient-training worker rank {rank}: {reason}", file=sys.stderr)
+            return 1
         if isinstance(exc, CheckpointError) and "different model" in str(exc):
             return _do_not_restart(events, heartbeats, rank, str(exc))
         events.emit("end", None, status="failed", reason=f"{trainer.last_cause or type(exc).__name__}")
