@@ -109,9 +109,14 @@ def run(args: argparse.Namespace) -> int:
                         print(f"                    - {reason}")
     if report is not None:
         print(f"resilience report:  {report}")
-    metrics = _task_output(kfp_root, started, "resilience-report", "metrics")
-    if metrics is not None:
-        print(f"report metrics:     {metrics}")
+    numbers = _task_output(kfp_root, started, "resilience-report", "numbers")
+    if numbers is not None:
+        m = json.loads(numbers.read_text())
+        recovery = m["recovery_seconds"]["all"]
+        print(f"report numbers:     {numbers}")
+        print(f"                    goodput: training {m['training_goodput']:.1%}, infrastructure "
+              f"{m['infrastructure_goodput']:.1%}; {recovery['count']} recoveries, mean "
+              f"{recovery['mean'] or 0:.1f} s, max {recovery['max'] or 0:.1f} s")
     promoted = (promote_to / "promotion.json").is_file()
     if promoted:
         print(f"promoted model:     {promote_to}")
