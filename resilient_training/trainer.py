@@ -12,7 +12,6 @@ import contextlib
 import datetime
 import math
 import os
-import socket
 import time
 from typing import Any
 
@@ -323,7 +322,3 @@ def _sigkill_self() -> None:
     import signal
 
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def hostname() -> str:
-    return socket.gethostname()
