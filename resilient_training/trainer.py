@@ -66,6 +66,7 @@ class Trainer:
         self.injector = flt.Injector(
             self.faults, rank=self.rank, emit=self.events.emit, memory_limit_mb=self.config.memory_limit_mb,
             already_injected=flt.injected_counts(ev.read_events(self.config.run_dir), self.rank),
+            node=flt.this_node(), local_rank=self.local_rank,
         )
         step = 0
         try:

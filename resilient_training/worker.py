@@ -14,6 +14,7 @@ import sys
 
 from resilient_training import config as cfg
 from resilient_training import events as ev
+from resilient_training import faults as flt
 from resilient_training import nvrx_adapter
 from resilient_training.checkpoint_format import CheckpointError
 
@@ -32,18 +33,22 @@ def main(argv: list[str] | None = None) -> int:
 
     from resilient_training.trainer import Trainer  # torch import after argument errors surface
 
+    failed_for_launcher = False
     heartbeats = nvrx_adapter.Heartbeats(config.ft_launcher)
     trainer = Trainer(config, events=events, heartbeats=heartbeats)
+    node = flt.this_node()
     events.emit(
-        "start", None, world_size=trainer.world_size, pid=os.getpid(), host=os.uname().nodename,
+        "start", None, world_size=trainer.world_size, pid=os.getpid(), host=os.uname().nodename, node=node,
         layers={"inprocess": config.inprocess, "async_checkpoint": config.async_checkpoint,
                 "ft_launcher": heartbeats.active},
         nvrx_version=nvrx_adapter.installed_version(), torch_version=torch.__version__,
     )
-    if os.environ.get(POD_RESTART_ENV):
-        events.emit("restart_done", None, layer="pod")
+    # A replacement pod's first workers report the pod layer; its agent's later restarts of
+    # them are launcher restarts like any other node's.
+    if os.environ.get(POD_RESTART_ENV) and attempt == 0:
+        events.emit("restart_done", None, layer="pod", node=node)
     elif attempt > 0:
-        events.emit("restart_done", None, layer="launcher")
+        events.emit("restart_done", None, layer="launcher", node=node)
     try:
         if config.inprocess:
             wrapped = nvrx_adapter.inprocess_wrap(
@@ -56,9 +61,17 @@ def main(argv: list[str] | None = None) -> int:
             trainer.run()
         return 0
     except BaseException as exc:  # noqa: BLE001 - every way out is logged with its reason
+        if nvrx_adapter.restart_abort_cause(exc) == "world_too_small":
+            # Ranks are gone for good (a lost node): not a reason to stop the job. ft_launcher
+            # re-forms the world (with the pod layer's replacement, or fewer nodes when elastic).
+            reason = (f"in-process restart cannot continue without the lost ranks; leaving recovery to "
+                      f"ft_launcher; last failure: {trainer.last_cause}")
+            events.emit("end", None, status="failed", reason=reason)
+            failed_for_launcher = True
+            return 1
         if nvrx_adapter.is_restart_abort(exc):
             reason = (f"in-process restart gave up after {config.max_inprocess_restarts} restarts "
-                      f"(retry limit or too few ranks); last failure: {trainer.last_cause}")
+                      f"(retry limit); last failure: {trainer.last_cause}")
             return _do_not_restart(events, heartbeats, rank, reason)
         if isinstance(exc, CheckpointError) and "different model" in str(exc):
             return _do_not_restart(events, heartbeats, rank, str(exc))
@@ -67,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         trainer.close()
         events.close()
+        if failed_for_launcher:
+            # Measured on 0.4.1: after this abort the interpreter's shutdown blocked for 20+ s,
+            # and ft_launcher restarts nothing until its worker has exited.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
 
 
 def _do_not_restart(events: ev.EventLog, heartbeats: nvrx_adapter.Heartbeats, rank: int, reason: str) -> int:
