@@ -203,16 +203,19 @@ def commit(
     world_size: int,
     manifest_fields: Mapping[str, Any],
     keep_last: int = 3,
+    ranks: list[int] | None = None,
 ) -> Path:
     """Turn a temporary directory holding every rank's shard into committed ``step_N``.
 
     Called by rank 0 only, once all ranks reported their shard durable. Returns the path of
-    the committed checkpoint.
+    the committed checkpoint. ``ranks`` names the shards a partial (node-local tier)
+    checkpoint holds; by default all ``world_size`` of them.
     """
     tmp_dir = Path(tmp_dir)
     root = tmp_dir.parent
+    ranks = list(range(world_size)) if ranks is None else ranks
     shards: dict[str, dict[str, Any]] = {}
-    for rank in range(world_size):
+    for rank in ranks:
         sidecar = tmp_dir / sidecar_name(rank)
         if not sidecar.exists():
             raise CheckpointError(f"cannot commit step {step}: rank {rank} reported no shard in {tmp_dir}")
@@ -229,7 +232,9 @@ def commit(
         "tensors": {name: r["tensors"] for name, r in sorted(shards.items())},
         **manifest_fields,
     }
-    for rank in range(world_size):
+    if ranks != list(range(world_size)):
+        manifest["ranks"] = ranks
+    for rank in ranks:
         (tmp_dir / sidecar_name(rank)).unlink()
     _atomic_write_text(tmp_dir / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
     fsync_dir(tmp_dir)

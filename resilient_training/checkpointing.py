@@ -11,6 +11,7 @@ never waited for.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -87,16 +88,40 @@ class StagingBuffers:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
 
+PERSISTENT, LOCAL = "persistent", "local"
+
+
+def local_tier_root(config: TrainConfig, rank: int) -> Path:
+    """The rank's directory of the node-local tier (one per rank: commits need no peer)."""
+    base = config.local_checkpoint_dir or str(Path("/dev/shm") / "resilient-training" / run_key(config.run_dir))
+    return Path(base) / f"rank_{rank}"
+
+
+def run_key(run_dir: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:12]
+
+
 @dataclass(slots=True)
 class _InFlight:
     step: int
+    tier: str
     tmp_dir: Path
     begin_ts: float
     manifest_fields: dict[str, Any]
 
 
 class Checkpointer:
-    """Stages, writes and commits checkpoints; restores the latest committed one."""
+    """Stages, writes and commits checkpoints; restores the newest committed one.
+
+    Two tiers share the writer and the format. The persistent tier (``RUN/checkpoints``, shared
+    storage, every ``checkpoint_every`` steps) is what validation and promotion read. The
+    optional node-local tier (``local_checkpoint_every``; /dev/shm by default) is cheap and
+    frequent and survives a worker restart but not the loss of its node: it shortens the
+    rollback after a fault. Each rank commits its own local shard, and a restore uses the local
+    tier only when every rank holds the same newer step.
+    """
 
     def __init__(
         self,
@@ -116,6 +141,9 @@ class Checkpointer:
         self.world_size = world_size
         self.root = fmt.checkpoints_dir(config.run_dir)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.local_root = local_tier_root(config, rank) if config.local_checkpoint_every else None
+        if self.local_root is not None:
+            self.local_root.mkdir(parents=True, exist_ok=True)
         self._tag = tag  # unique per attempt/iteration: temporary directories never collide
         self._writer = writer  # nvrx_adapter.AsyncWriter (kept across in-process restarts)
         self._staging = staging  # reused by every save; one save in flight at a time
@@ -132,12 +160,12 @@ class Checkpointer:
         Returns (step restored, manifest); (0, {}) when there is none. Reshards when the
         checkpoint was written by a different world size.
         """
-        latest = fmt.read_latest(self.root)
+        latest = self._newest_restorable()
         if latest is None:
             return 0, {}
         manifest = fmt.read_manifest(latest)
         check_compatible(manifest, self.config)
-        if manifest["world_size"] == self.world_size:
+        if manifest["world_size"] == self.world_size or manifest.get("ranks") is not None:
             tensors = fmt.load_shard(latest / fmt.shard_name(self.rank))["tensors"]
             meta_step = manifest["step"]
         else:
@@ -164,6 +192,23 @@ class Checkpointer:
                 optimizer.state[param] = state
         return meta_step, manifest
 
+    def _newest_restorable(self) -> Path | None:
+        """The persistent ``latest``, or a newer node-local step that every rank holds."""
+        persistent = fmt.read_latest(self.root)
+        if self.local_root is None:
+            return persistent
+        persistent_step = fmt.read_manifest(persistent)["step"] if persistent else 0
+        local_steps = set(fmt.committed_steps(self.local_root))
+        newest_local = max(local_steps, default=-1)
+        agreed = torch.tensor([float(newest_local)], device=_flag_device())
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+        step = int(agreed.item())
+        held = torch.tensor([1.0 if step in local_steps else 0.0], device=_flag_device())
+        torch.distributed.all_reduce(held, op=torch.distributed.ReduceOp.MIN)
+        if step > persistent_step and held.item() == 1.0:
+            return self.local_root / fmt.step_dirname(step)
+        return persistent
+
     # ------------------------------------------------------------------ save
 
     def stage(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -189,8 +234,13 @@ class Checkpointer:
         }
         return {"meta": meta, "tensors": tensors}
 
-    def should_save(self, step: int) -> bool:
-        return step % self.config.checkpoint_every == 0 or step == self.config.steps
+    def tier_for(self, step: int) -> str | None:
+        """Which tier (if any) saves at ``step``; persistent wins when both are due."""
+        if step % self.config.checkpoint_every == 0 or step == self.config.steps:
+            return PERSISTENT
+        if self.local_root is not None and step % self.config.local_checkpoint_every == 0:
+            return LOCAL
+        return None
 
     def will_defer(self, step: int) -> bool:
         """A save at ``step`` would be skipped: the previous one is still being written."""
@@ -209,14 +259,16 @@ class Checkpointer:
             self._emit("ckpt_deferred", step, reason=f"step {self._in_flight.step} still writing")
             return
         self.finish()  # the final step is always saved: wait for any previous write
+        tier = self.tier_for(step) or PERSISTENT
         begin = time.time()
-        self._emit("ckpt_begin", step, mode="async" if self.config.async_checkpoint else "sync")
-        tmp_dir = self.root / f"{fmt.TMP_PREFIX}{fmt.step_dirname(step)}-{self._tag}"
+        self._emit("ckpt_begin", step, mode="async" if self.config.async_checkpoint else "sync", tier=tier)
+        root = self.root if tier == PERSISTENT else self.local_root
+        tmp_dir = root / f"{fmt.TMP_PREFIX}{fmt.step_dirname(step)}-{self._tag}"
         tmp_dir.mkdir(parents=True, exist_ok=True)
         shard = self.stage(step, model, optimizer)
         manifest_fields = {**manifest_fields, "optimizer_step": shard["meta"]["optimizer_step"],
                            "data_position": shard["meta"]["data_position"]}
-        self._in_flight = _InFlight(step, tmp_dir, begin, manifest_fields)
+        self._in_flight = _InFlight(step, tier, tmp_dir, begin, manifest_fields)
         if self.config.async_checkpoint:
             self._writer.submit(write_shard_job, (str(tmp_dir), self.rank, shard, torn_write))
             self._emit("ckpt_staged", step, seconds=time.time() - begin)
@@ -241,15 +293,20 @@ class Checkpointer:
     def _commit(self) -> None:
         in_flight, self._in_flight = self._in_flight, None
         assert in_flight is not None
-        if self.rank != 0:
+        local = in_flight.tier == LOCAL
+        if self.rank != 0 and not local:
             return
         with self._atomic():  # an in-process restart must not interrupt a commit halfway
             path = fmt.commit(in_flight.tmp_dir, step=in_flight.step, world_size=self.world_size,
-                              manifest_fields=in_flight.manifest_fields, keep_last=self.config.keep_last)
+                              manifest_fields=in_flight.manifest_fields,
+                              keep_last=2 if local else self.config.keep_last,
+                              ranks=[self.rank] if local else None)
             size = sum(f.stat().st_size for f in path.iterdir())
-            _write_iteration_file(self.config.run_dir, in_flight.step)
-        self._emit("ckpt_committed", in_flight.step, bytes=size, seconds=time.time() - in_flight.begin_ts,
-                   path=str(path))
+            if not local:
+                _write_iteration_file(self.config.run_dir, in_flight.step)
+        if self.rank == 0:
+            self._emit("ckpt_committed", in_flight.step, bytes=size * (self.world_size if local else 1),
+                       seconds=time.time() - in_flight.begin_ts, path=str(path), tier=in_flight.tier)
 
     def finish(self, timeout: float = 600.0) -> None:
         """Wait for the write in flight and commit it, on every rank.
@@ -269,14 +326,15 @@ class Checkpointer:
                 self._on_wait()
                 time.sleep(0.05)
 
-    def forget_in_flight(self, wait_seconds: float) -> None:
-        """After a failure: let a write still running finish (bounded) and never commit it."""
-        self._in_flight = None
-        if self._writer.in_flight:
-            try:
-                self._writer.wait(timeout=wait_seconds)
-            except Exception:
-                self._writer.abandon()
+    def drop_local_tier(self) -> None:
+        """After a completed run the node-local tier (often RAM-backed) is only garbage."""
+        if self.local_root is not None:
+            import shutil
+
+            shutil.rmtree(self.local_root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.local_root.parent.rmdir()  # the run's folder, once every rank's is gone
+
 
 
 def _flag_device() -> torch.device:

@@ -40,6 +40,10 @@ class TrainConfig:
     steps: int = field(default=40, metadata={"help": "target step: the run succeeds once it is reached"})
     checkpoint_every: int = field(default=5, metadata={"help": "save a checkpoint every N steps"})
     keep_last: int = field(default=3, metadata={"help": "committed checkpoints kept on storage"})
+    local_checkpoint_every: int = field(
+        default=0, metadata={"help": "also save to the node-local tier every N steps (0 = off)"})
+    local_checkpoint_dir: str = field(
+        default="", metadata={"help": "node-local tier directory (default /dev/shm/resilient-training/<run>)"})
     async_checkpoint: bool = field(default=True, metadata={"help": "write checkpoints in NVRx's background process"})
     inprocess: bool = field(default=True, metadata={"help": "NVRx in-process restart (inprocess.Wrapper)"})
     ft_launcher: bool = field(default=True, metadata={"help": "NVRx ft_launcher heartbeats and restarts"})
@@ -68,6 +72,8 @@ class TrainConfig:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if self.checkpoint_every <= 0:
             raise ValueError(f"checkpoint_every must be a positive number of steps, got {self.checkpoint_every}")
+        if self.local_checkpoint_every < 0:
+            raise ValueError(f"local_checkpoint_every must be >= 0, got {self.local_checkpoint_every}")
         if self.keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {self.keep_last}")
         if not self.pg_timeout < self.soft_timeout < self.hard_timeout:

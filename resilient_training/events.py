@@ -36,9 +36,9 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # node: simulated node (pod index) of the writer, null outside the simulated cluster.
     "start": ("world_size", "pid", "host", "layers", "nvrx_version", "torch_version", "node"),
     "step": ("loss", "seconds"),
-    "ckpt_begin": ("mode",),
+    "ckpt_begin": ("mode", "tier"),  # tier: persistent | local
     "ckpt_staged": ("seconds",),  # training blocked this long (staging or the whole sync save)
-    "ckpt_committed": ("bytes", "seconds", "path"),  # seconds: ckpt_begin -> commit
+    "ckpt_committed": ("bytes", "seconds", "path", "tier"),  # seconds: ckpt_begin -> commit
     "ckpt_deferred": ("reason",),  # a save skipped because the previous one is still writing
     "ckpt_failed": ("reason",),
     "fault_injected": ("fault",),

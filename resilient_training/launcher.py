@@ -185,7 +185,9 @@ def describe(event: ev.Event, steps: int) -> str | None:
     if event.event == "load_done" and event.rank == 0:
         return f"  ⤓ restored step {event.step}" if event.step else None
     if event.event == "ckpt_committed":
-        return f"  ✓ checkpoint step {event.step} committed ({event['bytes'] / 1e6:.2f} MB, {event['seconds']:.2f} s)"
+        tier = " (node-local)" if event.get("tier") == "local" else ""
+        return (f"  ✓ checkpoint step {event.step} committed{tier} "
+                f"({event['bytes'] / 1e6:.2f} MB, {event['seconds']:.2f} s)")
     if event.event == "ckpt_deferred" and event.rank == 0:
         return f"  … checkpoint at step {event.step} deferred: {event['reason']}"
     return None

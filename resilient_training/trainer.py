@@ -84,6 +84,7 @@ class Trainer:
             step = self._restore(checkpointer, model, optimizer)
             self._train(step, model, optimizer, checkpointer, call_wrapper)
             checkpointer.finish()
+            checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
             self.completed = True
         except BaseException as exc:
@@ -100,7 +101,8 @@ class Trainer:
             poison = self.injector.maybe_inject_in_step(step)
             tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
                            batch_size=self.config.batch_size).to(self.device)
-            loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+            with self._autocast():
+                loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
             if poison:
                 loss = loss * float("nan")
             # One all-reduce per step carries the loss for logging and the checkpoint flag.
@@ -117,12 +119,18 @@ class Trainer:
             self._progress(call_wrapper)
             self.heartbeats.cover(0)
             checkpointer.maybe_commit(stats[1].item())
-            if checkpointer.should_save(step):
+            if checkpointer.tier_for(step):
                 self._save(step, model, optimizer, checkpointer)
             if step == calibrate_at:
                 timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor())
                 if timeouts:
                     self.events.emit("calibrated", step, timeouts=timeouts)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 compute on GPUs (weights, optimizer and checkpoints stay fp32); fp32 on CPU."""
+        if self.on_gpu:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def _heartbeat_floor(self) -> float:
         """With in-process restart on, a hang must reach that layer (soft timeout) before
@@ -179,6 +187,7 @@ class Trainer:
         backend = "nccl" if self.on_gpu else "gloo"
         if self.on_gpu:
             torch.cuda.set_device(self.local_rank)
+            torch.backends.cuda.matmul.allow_tf32 = True
         store = torch.distributed.PrefixStore(f"rt/a{self.attempt}/i{iteration}", self._base_store())
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# GPU benchmark suite: every strategy on the same model, data and fault schedule, on whatever
+# GPUs the machine has (4 if present, else 2, else 1: the count is printed and recorded).
+#
+#   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]     SUITE: smoke | recovery | efficiency | goodput
+#
+# Needs NVRx 0.7.0 wheels in .whl/ (../shared/device/nvrx-wheels.sh downloads them) on a machine
+# whose python3 has CUDA PyTorch. Writes each run's event log (the source of every number) to
+# OUT_DIR/events-SUITE.tar.gz; `python benchmarks/report_gpu.py` turns them into tables.
+set -euo pipefail
+suite=${1:?suite: smoke | recovery | efficiency | goodput}
+out=${2:-${OUT:-/tmp/gpu-out}}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+nproc=$(( gpus >= 4 ? 4 : (gpus >= 2 ? 2 : 1) ))
+runs=/tmp/gpu-runs/$suite
+rm -rf "$runs" && mkdir -p "$runs"
+{
+  echo "suite=$suite gpus=$gpus nproc=$nproc date=$(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "nvrx", m.version("nvidia-resiliency-ext"), "python", __import__("sys").version.split()[0])'
+  df -h /tmp | tail -1
+} | tee "$runs/machine.txt"
+
+# ~268M parameters (the size of the raw-NVRx measurement in NVRX_NOTES.md): 3.2 GB checkpoints.
+MODEL=(--model-vocab-size 32000 --model-d-model 1024 --model-n-layers 16 --model-n-heads 16
+       --model-seq-len 1024 --batch-size 8)
+# NCCL needs longer collective timeouts than gloo on CPU; a hang is then the watchdog's job.
+TIMEOUTS=(--pg-timeout 60 --soft-timeout 90 --hard-timeout 120 --heartbeat-timeout 150
+          --initial-heartbeat-timeout 300)
+
+run() {  # run NAME ARGS...: one training run; keep its events and launcher log, drop its checkpoints
+  local name=$1; shift
+  local dir=$runs/$name start=$SECONDS rc=0
+  python3 -m resilient_training.cli train --nproc "$nproc" --run-dir "$dir" "${MODEL[@]}" "${TIMEOUTS[@]}" "$@" \
+    > "$runs/$name.out" 2>&1 || rc=$?
+  echo "== $name rc=$rc $((SECONDS - start))s: $(grep -E '^(done|FAILED)' "$runs/$name.out" | tail -1)"
+  [ $rc -eq 0 ] || tail -25 "$dir/logs/launcher.log" || true
+  echo "$*" > "$dir/args.txt"
+  rm -rf "$dir/checkpoints" /dev/shm/resilient-training
+}
+
+case $suite in
+  smoke)
+    run smoke --steps 60 --checkpoint-every 20 --faults "exception@30:0,sigkill@45:0"
+    ;;
+  recovery)  # fault -> first step after restore, per layer, plus a cold relaunch baseline
+    run inprocess --steps 300 --checkpoint-every 100 --local-checkpoint-every 20 --faults "exception@150:0"
+    run ft_launcher --steps 300 --checkpoint-every 100 --local-checkpoint-every 20 --no-inprocess --faults "sigkill@150:0"
+    run cold_relaunch --steps 300 --checkpoint-every 100 --no-inprocess --no-ft-launcher --no-async-checkpoint \
+        --faults "sigkill@150:0"
+    ;;
+  efficiency)  # no faults: wall with checkpoints vs without, sync vs async, roomy vs tight interval
+    run no_ckpt --steps 600 --checkpoint-every 100000
+    run async_roomy --steps 600 --checkpoint-every 200
+    run sync_roomy --steps 600 --checkpoint-every 200 --no-async-checkpoint
+    run async_tight --steps 600 --checkpoint-every 40
+    run sync_tight --steps 600 --checkpoint-every 40 --no-async-checkpoint
+    ;;
+  goodput)  # the reference schedule shape: 2000 steps, persistent save every 500, 5 faults
+    faults="exception@300:0,sigkill@700:0,nan@1100:0,exception@1500:0,sigkill@1800:0"
+    run product --steps 2000 --checkpoint-every 500 --local-checkpoint-every 25 --faults "$faults"
+    run baseline_sync_launcher --steps 2000 --checkpoint-every 500 --no-async-checkpoint --no-inprocess \
+        --faults "$faults"
+    ;;
+  *) echo "unknown suite $suite" >&2; exit 2 ;;
+esac
+tar czf "$out/events-$suite.tar.gz" -C /tmp/gpu-runs "$suite"
+ls -la "$out"
