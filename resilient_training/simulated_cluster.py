@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -107,6 +108,8 @@ class LoopbackNetwork:
     def __init__(self, spec: ClusterSpec) -> None:
         self.endpoint = f"127.0.0.1:{_free_port()}"
 
+    namespaces: list[str] = []
+
     def rdzv_conf(self, node: int) -> dict[str, str]:
         # Every agent matches 127.0.0.1, so each would try to host the store: say who does.
         return {"is_host": "1" if node == 0 else "0"}
@@ -147,6 +150,10 @@ class NamespaceNetwork:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def namespaces(self) -> list[str]:
+        return list(self._created)
 
     def namespace(self, node: int) -> str:
         return f"{self._prefix}-n{node}"
@@ -324,19 +331,23 @@ class SimulatedCluster:
         self._rendezvous_env = nvrx_adapter.rendezvous_env
         self.network: Network | None = None
         self.network_note = ""
-        self.events = ev.EventLog(self.run_dir, rank=-1, writer="cluster")
+        self.failure = ""  # why the job failed, when the event log cannot tell
+        self.events: ev.EventLog | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.events = ev.EventLog(self.run_dir, rank=-1, writer="cluster")
         self.network, self.network_note = make_network(self.spec, self.run_dir / "cluster")
         self._say(f"simulated cluster: {self.spec.nodes} node(s) x {self.spec.nproc_per_node} proc(s), "
                   f"nnodes {self.spec.nnodes}, rendezvous {self.network.endpoint} ({self.network_note})")
+        # What clean_up() needs if this process dies without closing (SIGKILL).
         (self.run_dir / "cluster").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "cluster" / "cluster.json").write_text(json.dumps(
-            {"spec": dataclasses.asdict(self.spec), "network": self.network.kind, "note": self.network_note,
-             "endpoint": self.network.endpoint, "command": self.command}, indent=1))
+            {"cluster_id": self.cluster_id, "spec": dataclasses.asdict(self.spec), "network": self.network.kind,
+             "note": self.network_note, "endpoint": self.network.endpoint,
+             "namespaces": self.network.namespaces, "command": self.command}, indent=1))
         for node in range(self.spec.nodes):
             self._start_pod(node, incarnation=0)
 
@@ -373,6 +384,7 @@ class SimulatedCluster:
         """What Kubernetes sees as a pod gone: the agent and all its processes, at once."""
         pod = self.pods[node]
         # Logged before it acts, like every fault.
+        assert self.events is not None
         self.events.emit("restart_begin", step, layer="pod", cause=cause, node=node)
         killed = kill_labelled(pod.label)
         pod.killed_at = time.time()
@@ -407,21 +419,38 @@ class SimulatedCluster:
                     continue
                 if pod.exit_code < 0 or pod.exit_code >= 128:
                     # restartPolicy ExitCode: a killed pod is recreated.
+                    assert self.events is not None
                     self.events.emit("restart_begin", None, layer="pod", cause=f"agent exit {pod.exit_code}",
                                      node=pod.node)
                     pod.killed_at = now
                     self._pending[pod.node] = now + self.spec.pod_restart_delay
                 elif pod.exit_code != 0 and failed_at is None:
                     failed_at = time.monotonic()
+                    self.failure = self._explain(pod)
                     self._say(f"  ✗ node {pod.node} failed (agent exit {pod.exit_code}): the job fails")
             live = [p for p in self.pods.values() if p.killed_at is None]
+            if live and failed_at is None and all(p.exit_code == 0 for p in live):
+                # Elastic jobs can finish on fewer nodes: a replacement still due is not started.
+                if self._pending:
+                    self._say(f"  job succeeded without node(s) {sorted(self._pending)}: replacement not started")
+                return 0
             if not self._pending and all(p.exit_code is not None for p in live):
-                return 0 if all(p.exit_code == 0 for p in live) and failed_at is None else 1
+                return 1
             if failed_at is not None and time.monotonic() - failed_at > FAILED_JOB_GRACE_SECONDS:
                 return 1
             time.sleep(POLL_SECONDS)
         self._say(f"  ✗ simulated job timed out after {self.spec.timeout:g} s")
         return 1
+
+    def _explain(self, pod: Pod) -> str:
+        """Why a pod failed, when its agent's log says something the event log cannot."""
+        tail = pod.log_path.read_bytes()[-20000:].decode(errors="replace")
+        if "RendezvousConnectionError" in tail:
+            lost = sorted(p.node for p in self.history if p.killed_at is not None)
+            return (f"node {pod.node}'s ft_launcher lost the c10d rendezvous store (hosted by node 0; lost nodes: "
+                    f"{lost}) and exited {pod.exit_code}: NVRx cannot re-form the job without it; "
+                    f"run the same command again to resume from the last committed checkpoint")
+        return ""
 
     def close(self) -> None:
         """Kill whatever is left of every pod, then remove the namespaces."""
@@ -431,13 +460,33 @@ class SimulatedCluster:
                 pod.proc.wait(timeout=10)
         if self.network is not None:
             self.network.close()
-        self.events.close()
+        if self.events is not None:
+            self.events.close()
 
     def _say(self, line: str) -> None:
         with open(self.logs_dir / "cluster.log", "a") as log:
             log.write(f"{time.strftime('%H:%M:%S')} {line}\n")
         if self._progress is not None:
             self._progress(line)
+
+
+def clean_up(run_dir: str | os.PathLike[str]) -> int:
+    """Kill what is left of a simulated cluster whose launcher died without closing it.
+
+    Reads ``cluster/cluster.json`` of ``run_dir``; returns the number of processes killed.
+    """
+    path = Path(run_dir) / "cluster" / "cluster.json"
+    if not path.is_file():
+        return 0
+    record = json.loads(path.read_text())
+    killed = kill_labelled(f"{record['cluster_id']}/")
+    for ns in record.get("namespaces", []):
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
+    return killed
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def run_cluster(
@@ -456,13 +505,18 @@ def run_cluster(
     cluster = SimulatedCluster(config, spec, env=env, progress=progress)
     watcher = launcher.ProgressPrinter(run_dir, config.steps, since=started, emit=progress)
     watcher.start()
+    # SIGTERM (a cancelled step, a timeout) must still tear the pods down: exit via finally.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm) if main_thread else None
     try:
         cluster.start()
         exit_code = cluster.run()
     finally:
         cluster.close()
         watcher.stop()
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     log = run_dir / launcher.LOGS_DIRNAME / "cluster.log"
-    return launcher.LaunchResult(exit_code, launcher.outcome(run_dir, config.steps, exit_code, since=started, log=log),
-                                 str(run_dir))
+    reason = cluster.failure or launcher.outcome(run_dir, config.steps, exit_code, since=started, log=log)
+    return launcher.LaunchResult(exit_code, reason, str(run_dir))
 

@@ -14,6 +14,7 @@ import math
 import os
 import socket
 import time
+import uuid
 from typing import Any
 
 import torch
@@ -55,6 +56,7 @@ class Trainer:
         self.last_cause: str | None = None
         self.completed = False
         self._store: Any = None
+        self._round: str | None = None
 
     # ------------------------------------------------------------------ one iteration
 
@@ -76,7 +78,7 @@ class Trainer:
                 self.writer.warm_up()
             model, optimizer = self._build()
             checkpointer = Checkpointer(
-                self.config, rank=self.rank, world_size=self.world_size, tag=f"a{self.attempt}i{iteration}",
+                self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 atomic=call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext,
                 on_wait=lambda: self._progress(call_wrapper),
@@ -188,13 +190,30 @@ class Trainer:
         if self.on_gpu:
             torch.cuda.set_device(self.local_rank)
             torch.backends.cuda.matmul.allow_tf32 = True
-        store = torch.distributed.PrefixStore(f"rt/a{self.attempt}/i{iteration}", self._base_store())
+        store = torch.distributed.PrefixStore(f"rt/{self._round_tag()}/i{iteration}", self._base_store())
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,
             # gloo cannot be interrupted mid-collective: this timeout bounds how long a peer
             # waits for a failed rank before it joins the restart.
             timeout=datetime.timedelta(seconds=self.config.pg_timeout),
         )
+
+    def _round_tag(self) -> str:
+        """A name all ranks of this launcher round agree on; rank 0 draws it, through the store.
+
+        Not the restart count: with several nodes each agent counts its own restarts (a
+        replacement pod starts at 0; membership changes are not counted), so the ranks of one
+        round can disagree on it, and their store keys and checkpoint directories would too.
+        """
+        if self._round is None:
+            store = self._base_store()
+            # Fresh per round: each round's rank 0 hosts a new store (and the agent's store, used
+            # only by static rendezvous, serves one fixed world).
+            key = "rt/round"
+            if self.rank == 0:
+                store.set(key, uuid.uuid4().hex[:8])
+            self._round = store.get(key).decode()
+        return self._round
 
     def _base_store(self) -> Any:
         """One TCP store per process for process-group rendezvous, namespaced per iteration."""
