@@ -32,10 +32,13 @@ rm -rf "$runs" && mkdir -p "$runs"
 
 # ~268M parameters (the size of the raw-NVRx measurement in NVRX_NOTES.md): 3.2 GB checkpoints.
 MODEL=(--model-vocab-size 32000 --model-d-model 1024 --model-n-layers 16 --model-n-heads 16
-       --model-seq-len 1024 --batch-size 8)
+       --model-seq-len 1024 --batch-size 8 --lr 3e-4)
 # NCCL needs longer collective timeouts than gloo on CPU; a hang is then the watchdog's job.
 TIMEOUTS=(--pg-timeout 60 --soft-timeout 90 --hard-timeout 120 --heartbeat-timeout 150
           --initial-heartbeat-timeout 300)
+# This VM's idle GPU reports ~3.9 GB in use: a tolerance above that lets ft_launcher see the
+# dead worker's memory freed instead of waiting out the timeout on every restart.
+TIMEOUTS+=(--gpu-reclaim-timeout 10 --gpu-reclaim-tolerance-mb 6144)
 
 run() {  # run NAME ARGS...: one training run; keep its events and launcher log, drop its checkpoints
   local name=$1; shift
@@ -46,6 +49,14 @@ run() {  # run NAME ARGS...: one training run; keep its events and launcher log,
   [ $rc -eq 0 ] || tail -25 "$dir/logs/launcher.log" || true
   echo "$*" > "$dir/args.txt"
   rm -rf "$dir/checkpoints" /dev/shm/resilient-training
+  tar czf "$out/events-$suite.tar.gz" -C /tmp/gpu-runs "$suite"  # after every run: a timeout keeps the rest
+}
+
+disk() {  # sequential write+fsync and read speed of the disk the checkpoints go to
+  dd if=/dev/zero of=/tmp/gpu-runs/dd.bin bs=8M count=256 conv=fsync 2>&1 | tail -1
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
+  dd if=/tmp/gpu-runs/dd.bin of=/dev/null bs=8M 2>&1 | tail -1
+  rm -f /tmp/gpu-runs/dd.bin
 }
 
 case $suite in
@@ -53,17 +64,18 @@ case $suite in
     run smoke --steps 60 --checkpoint-every 20 --faults "exception@30:0,sigkill@45:0"
     ;;
   recovery)  # fault -> first step after restore, per layer, plus a cold relaunch baseline
+    disk | tee -a "$runs/machine.txt"
     run inprocess --steps 300 --checkpoint-every 100 --local-checkpoint-every 20 --faults "exception@150:0"
     run ft_launcher --steps 300 --checkpoint-every 100 --local-checkpoint-every 20 --no-inprocess --faults "sigkill@150:0"
     run cold_relaunch --steps 300 --checkpoint-every 100 --no-inprocess --no-ft-launcher --no-async-checkpoint \
         --faults "sigkill@150:0"
     ;;
   efficiency)  # no faults: wall with checkpoints vs without, sync vs async, roomy vs tight interval
-    run no_ckpt --steps 600 --checkpoint-every 100000
-    run async_roomy --steps 600 --checkpoint-every 200
-    run sync_roomy --steps 600 --checkpoint-every 200 --no-async-checkpoint
-    run async_tight --steps 600 --checkpoint-every 40
-    run sync_tight --steps 600 --checkpoint-every 40 --no-async-checkpoint
+    run no_ckpt --steps 300 --checkpoint-every 100000
+    run async_roomy --steps 300 --checkpoint-every 100
+    run sync_roomy --steps 300 --checkpoint-every 100 --no-async-checkpoint
+    run async_tight --steps 300 --checkpoint-every 20
+    run sync_tight --steps 300 --checkpoint-every 20 --no-async-checkpoint
     ;;
   goodput)  # the reference schedule shape: 2000 steps, persistent save every 500, 5 faults
     faults="exception@300:0,sigkill@700:0,nan@1100:0,exception@1500:0,sigkill@1800:0"
@@ -71,7 +83,20 @@ case $suite in
     run baseline_sync_launcher --steps 2000 --checkpoint-every 500 --no-async-checkpoint --no-inprocess \
         --faults "$faults"
     ;;
+  goodput-half)  # the same shape at half length (device-time budget): 1000 steps, save every 250
+    faults="exception@150:0,sigkill@350:0,nan@550:0,exception@750:0,sigkill@900:0"
+    run product --steps 1000 --checkpoint-every 250 --local-checkpoint-every 25 --faults "$faults"
+    run baseline_sync_launcher --steps 1000 --checkpoint-every 250 --no-async-checkpoint --no-inprocess \
+        --faults "$faults"
+    ;;
+  recovery+efficiency)
+    "$0" recovery "$out"
+    "$0" efficiency "$out"
+    ;;
+  recovery+goodput-half)
+    "$0" recovery "$out"
+    "$0" goodput-half "$out"
+    ;;
   *) echo "unknown suite $suite" >&2; exit 2 ;;
 esac
-tar czf "$out/events-$suite.tar.gz" -C /tmp/gpu-runs "$suite"
 ls -la "$out"

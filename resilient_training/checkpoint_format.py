@@ -304,7 +304,8 @@ def load_shard(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load one shard without unpickling arbitrary objects (``weights_only=True``)."""
     import torch
 
-    shard = torch.load(path, map_location="cpu", weights_only=True)
+    # mmap: tensors are read from the page cache on first use instead of copied up front.
+    shard = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     if not isinstance(shard, dict) or "meta" not in shard or "tensors" not in shard:
         raise CheckpointError(f"{path} is not a shard of format {FORMAT_VERSION}")
     return shard

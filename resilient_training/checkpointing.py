@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -66,15 +67,44 @@ class StagingBuffers:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._cuda = False
+        self._preparing: threading.Thread | None = None
+        self.staged_step: int | None = None  # the step the buffers hold, once fully staged
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self._buffers)
+
+    @staticmethod
+    def _allocate(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+        buffer = torch.empty(shape, dtype=dtype).share_memory_()
+        if pin and buffer.numel():
+            # Page-lock in place; on failure the copy still works, only slower.
+            torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel() * buffer.element_size(), 0)
+        return buffer
+
+    def prepare(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Allocate (and page-lock) buffers for these tensors in a background thread.
+
+        Allocating gigabytes of shared, pinned memory takes seconds; done ahead, the first
+        save then stalls training only for the copy.
+        """
+        if self._buffers or self._preparing is not None:
+            return
+        specs = [(name, t.shape, t.dtype, t.is_cuda) for name, t in tensors]
+
+        def allocate() -> None:
+            for name, shape, dtype, pin in specs:
+                self._buffers[name] = self._allocate(shape, dtype, pin)
+
+        self._preparing = threading.Thread(target=allocate, name="staging-prepare", daemon=True)
+        self._preparing.start()
 
     def copy_in(self, name: str, source: torch.Tensor) -> torch.Tensor:
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
         buffer = self._buffers.get(name)
         if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
-            buffer = torch.empty(source.shape, dtype=source.dtype).share_memory_()
-            if source.is_cuda and buffer.numel():
-                # Page-lock in place; on failure the copy still works, only slower.
-                torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel() * buffer.element_size(), 0)
-            self._buffers[name] = buffer
+            buffer = self._buffers[name] = self._allocate(source.shape, source.dtype, source.is_cuda)
         self._cuda = self._cuda or source.is_cuda
         buffer.copy_(source, non_blocking=source.is_cuda)
         return buffer
@@ -154,27 +184,38 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ restore
 
-    def load_latest(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, Any]]:
-        """Restore the latest committed checkpoint into sharded ``model``/``optimizer``.
+    def find_restorable(self) -> tuple[Path | None, dict[str, Any]]:
+        """(checkpoint to restore, its manifest): the newest committed one every rank can load.
 
-        Returns (step restored, manifest); (0, {}) when there is none. Reshards when the
-        checkpoint was written by a different world size.
+        Collective. Checks the model shape before anything is built.
         """
         latest = self._newest_restorable()
         if latest is None:
-            return 0, {}
+            return None, {}
         manifest = fmt.read_manifest(latest)
         check_compatible(manifest, self.config)
-        if manifest["world_size"] == self.world_size or manifest.get("ranks") is not None:
-            tensors = fmt.load_shard(latest / fmt.shard_name(self.rank))["tensors"]
-            meta_step = manifest["step"]
+        return latest, manifest
+
+    def load(self, path: Path, manifest: dict[str, Any], model: nn.Module,
+             optimizer: torch.optim.Optimizer) -> str:
+        """Restore checkpoint ``path`` into sharded ``model``/``optimizer``; returns the source.
+
+        After an in-process restart the staging buffers usually still hold exactly this step
+        (host memory, page-locked on GPUs): then nothing is read from storage. Otherwise this
+        rank's shard is memory-mapped, or, when the world size changed, every shard is read
+        and resharded.
+        """
+        same_world = manifest["world_size"] == self.world_size or manifest.get("ranks") is not None
+        if same_world and self._staging.staged_step == manifest["step"]:
+            tensors, source = self._staging.tensors(), "memory"
+        elif same_world:
+            tensors, source = fmt.load_shard(path / fmt.shard_name(self.rank))["tensors"], "storage"
         else:
-            full = fmt.assemble_full(list(fmt.iter_shards(latest, manifest)))
-            tensors = {}
+            full = fmt.assemble_full(list(fmt.iter_shards(path, manifest)))
+            tensors, source = {}, "storage (resharded)"
             for name, tensor in full.items():
                 offset, length = chunk_bounds(tensor.shape[0], self.world_size, self.rank)
                 tensors[name] = tensor[offset : offset + length]
-            meta_step = manifest["step"]
         step_tensor = torch.tensor(float(manifest["optimizer_step"]))
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -190,7 +231,7 @@ class Checkpointer:
                     else:
                         state[key] = local
                 optimizer.state[param] = state
-        return meta_step, manifest
+        return source
 
     def _newest_restorable(self) -> Path | None:
         """The persistent ``latest``, or a newer node-local step that every rank holds."""
@@ -215,11 +256,13 @@ class Checkpointer:
         """Copy this rank's slices to host memory: what the writer will persist."""
         tensors: dict[str, torch.Tensor] = {}
         layout: dict[str, dict[str, Any]] = {}
+        self._staging.staged_step = None  # half-overwritten buffers hold no step
         for flat, tensor, param in named_state(model, optimizer):
             tensors[flat] = self._staging.copy_in(flat, _local(tensor).detach())
             offset, _ = chunk_bounds(param.shape[0], self.world_size, self.rank)
             layout[flat] = {"global_shape": list(param.shape), "offset": offset}
         self._staging.synchronize()
+        self._staging.staged_step = step
         opt_steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
         if len(opt_steps) > 1:
             raise RuntimeError(f"optimizer parameters disagree on their step count: {sorted(opt_steps)}")

@@ -64,6 +64,10 @@ class TrainConfig:
     heartbeat_timeout: float = field(default=10.0, metadata={"help": "ft_launcher: rank heartbeat timeout"})
     initial_heartbeat_timeout: float = field(default=60.0, metadata={"help": "ft_launcher: first heartbeat timeout"})
     calibrate_timeouts: bool = field(default=True, metadata={"help": "raise/lower heartbeat timeouts from measured steps"})
+    gpu_reclaim_timeout: float = field(
+        default=10.0, metadata={"help": "ft_launcher 0.6+: wait at most this long for a dead worker's GPU memory"})
+    gpu_reclaim_tolerance_mb: int = field(
+        default=1024, metadata={"help": "ft_launcher 0.6+: GPU memory still in use that counts as reclaimed"})
     memory_limit_mb: int = field(default=0, metadata={"help": "oom fault: RLIMIT_AS cap in MiB (0 = auto)"})
     model: ModelConfig = field(default_factory=ModelConfig)
 

@@ -47,7 +47,7 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # or finds an agent dead; node: the pod index concerned (null for other layers).
     "restart_begin": ("layer", "cause", "node"),
     "restart_done": ("layer", "node"),  # layer: inprocess | launcher | pod
-    "load_done": ("path", "seconds"),  # step: the step restored (0 = fresh start)
+    "load_done": ("path", "source", "seconds"),  # step: restored (0 = fresh); source: memory | storage
     "calibrated": ("timeouts",),
     "end": ("status", "reason"),  # status: completed | failed
 }

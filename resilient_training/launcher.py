@@ -25,6 +25,8 @@ from resilient_training import events as ev
 from resilient_training import faults as flt
 
 LOGS_DIRNAME = "logs"
+# Causes a rank reports when a peer failed or a restart was requested of it: never a root cause.
+SECONDARY_CAUSES = ("peer_failure", "restart_requested")
 
 
 class LaunchError(ValueError):
@@ -124,14 +126,18 @@ def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Pat
         done = [e for e in events if e.event == "end" and e.get("status") == "completed"]
         return f"completed: reached step {steps}" if done else "launcher exited 0 without a completed worker"
     ends = [e for e in events if e.event == "end" and e.get("status") == "failed"]
-    failures = [e for e in events if e.event == "failure_detected" and e.get("cause") not in ("peer_failure",)]
-    restarts = len({e.attempt for e in events})
-    if ends and "gave up" in ends[-1].get("reason", ""):
-        return ends[-1]["reason"]
+    # The root cause is the failure a rank had itself, not a peer noticing it.
+    failures = [e for e in events if e.event == "failure_detected" and e.get("cause") not in SECONDARY_CAUSES]
+    root = ""
     if failures:
         last = failures[-1]
-        return (f"recovery gave up after {restarts - 1} launcher restart(s); last failure on rank {last.rank} "
-                f"at step {last.step}: {last['cause']} ({last.get('message', '')})")
+        root = f"last failure on rank {last.rank} at step {last.step}: {last['cause']} ({last.get('message', '')})"
+    gave_up = [e for e in ends if "gave up" in e.get("reason", "")]
+    if gave_up:
+        return f"{gave_up[-1]['reason']}; {root}" if root else gave_up[-1]["reason"]
+    if root:
+        restarts = len({e.attempt for e in events}) - 1
+        return f"recovery gave up after {restarts} launcher restart(s); {root}"
     if ends:
         return ends[-1]["reason"]
     tail = log.read_text(errors="replace").strip().splitlines()[-5:]

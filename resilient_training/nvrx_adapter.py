@@ -89,8 +89,12 @@ def ft_launcher_flags(
         if not on_gpu:
             flags.append("--ft-enable-nic-monitor=false")  # default true in 0.4.1, fails on CPU
     else:
-        # Default 50 s: an H200 VM never reports its memory as freed, so every restart waited 50 s.
-        flags.append("--ft-gpu-memory-reclaim-timeout=5")
+        # Before restarting, 0.6+ waits for the dead workers' GPU memory to drop under a
+        # tolerance (defaults 50 s / 512 MB). An H200 VM reports ~3.9 GB in use when idle, so
+        # with defaults every restart waited the full 50 s: both are calibrated per machine.
+        flags += [f"--ft-gpu-memory-reclaim-timeout={config.gpu_reclaim_timeout:g}",
+                  f"--ft-gpu-memory-tolerance-mb={config.gpu_reclaim_tolerance_mb}",
+                  "--ft-gpu-memory-poll-interval=1"]  # read as an int by 0.7.0
         if iteration_file is not None:
             flags.append(f"--ft-checkpoint-iteration-file={iteration_file}")
     return flags

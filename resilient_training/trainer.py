@@ -23,9 +23,9 @@ from resilient_training import checkpoint_format as fmt
 from resilient_training import events as ev
 from resilient_training import faults as flt
 from resilient_training import nvrx_adapter
-from resilient_training.checkpointing import Checkpointer, StagingBuffers
+from resilient_training.checkpointing import Checkpointer, StagingBuffers, named_state
 from resilient_training.config import TrainConfig
-from resilient_training.model import batch, build_model, loss_fn
+from resilient_training.model import GPT, batch, build_model, loss_fn
 
 # Calibrated heartbeat timeouts never go below this: observed gaps on a quiet machine can be
 # milliseconds, and a loaded one must not be mistaken for a hang.
@@ -55,6 +55,7 @@ class Trainer:
         self.injector: flt.Injector | None = None
         self.last_cause: str | None = None
         self.completed = False
+        self.step = 0  # the step being trained (after a restore: the step restored)
         self._store: Any = None
         self._round: str | None = None
 
@@ -70,35 +71,38 @@ class Trainer:
             already_injected=flt.injected_counts(ev.read_events(self.config.run_dir), self.rank),
             node=flt.this_node(), local_rank=self.local_rank,
         )
-        step = 0
+        self.step = 0
         try:
             self._drop_stale_write()
             self._init_process_group(iteration)
             if self.config.async_checkpoint and not self.writer.started:
                 self.writer.warm_up()
-            model, optimizer = self._build()
             checkpointer = Checkpointer(
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 atomic=call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext,
                 on_wait=lambda: self._progress(call_wrapper),
             )
-            step = self._restore(checkpointer, model, optimizer)
-            self._train(step, model, optimizer, checkpointer, call_wrapper)
+            started = time.time()
+            path, manifest = checkpointer.find_restorable()
+            model, optimizer = self._build(materialize=path is None)
+            self._restore(checkpointer, path, manifest, model, optimizer, started)
+            self._train(model, optimizer, checkpointer, call_wrapper)
             checkpointer.finish()
             checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
             self.completed = True
         except BaseException as exc:
-            self._on_failure(exc, step)
+            self._on_failure(exc, self.step)
             raise
         finally:
             self._destroy_process_group()
 
-    def _train(self, step: int, model: Any, optimizer: Any, checkpointer: Checkpointer, call_wrapper: Any) -> None:
+    def _train(self, model: Any, optimizer: Any, checkpointer: Checkpointer, call_wrapper: Any) -> None:
+        step = self.step
         calibrate_at = step + self.config.checkpoint_every + 1 if self.config.calibrate_timeouts else None
         while step < self.config.steps:
-            step += 1
+            step = self.step = step + 1
             started = time.perf_counter()
             poison = self.injector.maybe_inject_in_step(step)
             tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
@@ -116,6 +120,8 @@ class Trainer:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            self.staging.prepare([(name, t.to_local() if hasattr(t, "to_local") else t)
+                                  for name, t, _ in named_state(model, optimizer)])
             self._pad_step(started)
             self.events.emit("step", step, loss=global_loss, seconds=time.perf_counter() - started)
             self._progress(call_wrapper)
@@ -236,22 +242,33 @@ class Trainer:
             with contextlib.suppress(Exception):
                 torch.distributed.destroy_process_group()
 
-    def _build(self) -> tuple[Any, Any]:
-        """A fresh sharded model and optimizer: FSDP binds to the process group it was built with."""
+    def _build(self, *, materialize: bool) -> tuple[Any, Any]:
+        """A fresh sharded model and optimizer: FSDP binds to the process group it was built with.
+
+        Without ``materialize`` (a checkpoint will overwrite every weight) the model is built
+        on the meta device and only allocated, never initialized: seconds saved per restart.
+        """
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        model = build_model(self.config.model, self.config.seed).to(self.device)
+        if materialize:
+            model = build_model(self.config.model, self.config.seed).to(self.device)
+        else:
+            with torch.device("meta"):
+                model = GPT(self.config.model)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, foreach=False)
+        if not materialize:
+            model.to_empty(device=self.device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr)
         return model, optimizer
 
-    def _restore(self, checkpointer: Checkpointer, model: Any, optimizer: Any) -> int:
-        started = time.time()
-        step, manifest = checkpointer.load_latest(model, optimizer)
+    def _restore(self, checkpointer: Checkpointer, path: Any, manifest: dict[str, Any], model: Any,
+                 optimizer: Any, started: float) -> None:
+        step = manifest.get("step", 0)
+        source = checkpointer.load(path, manifest, model, optimizer) if path is not None else None
         # Every rank must restore the same step; a disagreement would silently mix states.
         agreed = torch.tensor([step, -step], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
@@ -259,10 +276,10 @@ class Trainer:
             raise fmt.CheckpointError(f"ranks restored different steps (max {int(agreed[0])}, min {int(-agreed[1])})")
         if manifest.get("ft_state"):
             self.heartbeats.load_state_dict(manifest["ft_state"])
-        path = str(fmt.checkpoints_dir(self.config.run_dir) / fmt.step_dirname(step)) if step else None
-        self.events.emit("load_done", step, path=path, seconds=time.time() - started)
+        self.events.emit("load_done", step, path=str(path) if path else None, source=source,
+                         seconds=time.time() - started)
         self.heartbeats.beat()
-        return step
+        self.step = step
 
     # ------------------------------------------------------------------ failure
 
@@ -277,12 +294,13 @@ class Trainer:
             self.events.emit("restart_begin", step or None, layer="inprocess", cause=cause)
 
     def _drop_stale_write(self) -> None:
-        """A write left running by a failed iteration is never committed; let it end first."""
-        if self.writer.in_flight:
-            try:
-                self.writer.wait(timeout=60)
-            except Exception:
-                self.writer.abandon()
+        """A write left running by a failed iteration is never committed (its temporary directory
+        is abandoned), so recovery does not wait for it; only a dead writer is replaced.
+        """
+        try:
+            self.writer.poll()
+        except nvrx_adapter.CheckpointWriterDied:
+            pass  # poll() already dropped it; the next save starts a new writer
 
     def classify(self, exc: BaseException) -> str:
         if self.injector is not None and self.injector.hanging:

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if nvrx_adapter.is_restart_abort(exc):
             reason = (f"in-process restart gave up after {config.max_inprocess_restarts} restarts "
-                      f"(retry limit); last failure: {trainer.last_cause}")
+                      f"(retry limit); this rank's last failure: {trainer.last_cause}")
             return _do_not_restart(events, heartbeats, rank, reason)
         if isinstance(exc, CheckpointError) and "different model" in str(exc):
             return _do_not_restart(events, heartbeats, rank, str(exc))

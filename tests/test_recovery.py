@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 # Collectives that wait longer than ft_launcher's calibrated heartbeat timeout, so that a hang
 # is caught by the heartbeat monitor rather than by a peer's collective timeout.
-SLOW_COLLECTIVES = ["--pg-timeout", "20", "--soft-timeout", "21", "--hard-timeout", "22", "--heartbeat-timeout", "25"]
+SLOW_COLLECTIVES = ["--pg-timeout", "30", "--soft-timeout", "31", "--hard-timeout", "32", "--heartbeat-timeout", "35"]
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,8 @@ def test_each_fault_alone_recovers_to_the_last_commit(tmp_path, fault, layer, ca
     run = train(tmp_path / "run", *FAST, "--faults", fault, *extra)
     found = check_recovered(run, fault, layer=layer, cause=cause)
     if SLOW_COLLECTIVES[0] in extra:
-        assert found["recovery_seconds"] < 15, "the heartbeat timeout, not the 20 s collective timeout, caught the hang"
+        # Caught by the calibrated heartbeat timeout (seconds), not the 30 s collective timeout.
+        assert found["recovery_seconds"] < 25, found["recovery_seconds"]
         assert any(e.event == "calibrated" for e in found["events"])
     if fault.startswith(("ckpt-kill", "writer-kill")):
         # The save being written at the fault never became visible; `latest` loads.
@@ -71,7 +72,7 @@ def test_repeated_deterministic_failure_exhausts_the_retry_limit(tmp_path):
     run = train(tmp_path / "run", *FAST, "--faults", "exception@6:0x99", "--max-inprocess-restarts", "2")
     assert run.returncode == 1
     assert "in-process restart gave up after 2 restarts" in run.output
-    assert "exception" in run.output.split("FAILED:")[1]
+    assert "last failure on rank 0 at step 6: exception" in run.output
     injected = [e for e in run.events if e.event == "fault_injected"]
     assert len(injected) == 3  # the first try and two in-process restarts; no launcher restart after
     assert {e.attempt for e in run.events} == {0}
