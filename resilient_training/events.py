@@ -34,7 +34,8 @@ EVENTS_DIRNAME = "events"
 # event name -> the fields it carries (beyond ts/rank/attempt/iteration/event/step).
 EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # node: simulated node (pod index) of the writer, null outside the simulated cluster.
-    "start": ("world_size", "pid", "host", "layers", "nvrx_version", "torch_version", "node"),
+    # agent: host:pid:start-time of the agent that started the worker (tells its restarts apart).
+    "start": ("world_size", "pid", "host", "layers", "nvrx_version", "torch_version", "node", "agent", "local_rank"),
     "step": ("loss", "seconds"),
     "ckpt_begin": ("mode", "tier"),  # tier: persistent | local
     "ckpt_staged": ("seconds",),  # training blocked this long (staging or the whole sync save)

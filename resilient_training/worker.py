@@ -37,18 +37,26 @@ def main(argv: list[str] | None = None) -> int:
     heartbeats = nvrx_adapter.Heartbeats(config.ft_launcher)
     trainer = Trainer(config, events=events, heartbeats=heartbeats)
     node = flt.this_node()
+    agent, local_rank = _agent_identity(), int(os.environ.get("LOCAL_RANK", "0"))
+    # Restarted by its own agent? TORCHELASTIC_RESTART_COUNT alone cannot tell: an agent that
+    # restarts its workers because a node joined (a membership change) does not count it.
+    restarted = attempt > 0 or any(
+        e.event == "start" and e.get("agent") == agent and e.get("local_rank") == local_rank
+        for e in ev.read_events(config.run_dir)
+    )
     events.emit(
         "start", None, world_size=trainer.world_size, pid=os.getpid(), host=os.uname().nodename, node=node,
+        agent=agent, local_rank=local_rank,
         layers={"inprocess": config.inprocess, "async_checkpoint": config.async_checkpoint,
                 "ft_launcher": heartbeats.active},
         nvrx_version=nvrx_adapter.installed_version(), torch_version=torch.__version__,
     )
     # A replacement pod's first workers report the pod layer; its agent's later restarts of
     # them are launcher restarts like any other node's.
-    if os.environ.get(POD_RESTART_ENV) and attempt == 0:
-        events.emit("restart_done", None, layer="pod", node=node)
-    elif attempt > 0:
+    if restarted:
         events.emit("restart_done", None, layer="launcher", node=node)
+    elif os.environ.get(POD_RESTART_ENV):
+        events.emit("restart_done", None, layer="pod", node=node)
     try:
         if config.inprocess:
             wrapped = nvrx_adapter.inprocess_wrap(
@@ -86,6 +94,21 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
+
+
+def _agent_identity() -> str:
+    """The agent (ft_launcher or torchrun) that started this worker: host, pid and start time.
+
+    Workers are the agent's children; the start time keeps a pid reused by a later agent (a
+    recreated pod numbers its processes from 1 again) from passing for the same agent.
+    """
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat") as handle:
+            started = handle.read().rsplit(")", 1)[1].split()[19]  # field 22: start time in ticks
+    except (OSError, IndexError):
+        started = "?"
+    return f"{os.uname().nodename}:{ppid}:{started}"
 
 
 def _do_not_restart(events: ev.EventLog, heartbeats: nvrx_adapter.Heartbeats, rank: int, reason: str) -> int:

@@ -195,6 +195,12 @@ def test_three_nodes_recover_a_worker_sigkill_and_a_node_loss(run_dir):
     sigkill = next(e for e in events if e.event == "fault_injected" and e["fault"] == "sigkill@6:2")
     assert any(e.event == "restart_done" and e.get("layer") == "launcher" and e.get("node") == 2
                and e.ts > sigkill.ts for e in events)
+    # Every worker after the first three says which layer restarted it, once: the agents that only
+    # restarted theirs because a node joined too (ft_launcher does not count those restarts).
+    starts = [e for e in events if e.event == "start"]
+    restarts = [e for e in events if e.event == "restart_done" and e.get("layer") in ("launcher", "pod")]
+    assert len(starts) > 3 and len(restarts) == len(starts) - 3, ([(e.rank, e.attempt) for e in starts], restarts)
+    assert {e.get("node") for e in restarts if e.ts < lost.ts} == {0, 1, 2}
     ends = [e for e in events if e.event == "end" and e.get("status") == "completed"]
     assert {e.rank for e in ends if e.step == 16} == {0, 1, 2}
     check_no_leftovers(run)
