@@ -29,7 +29,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -43,6 +43,10 @@ CHECKSUM_ALGORITHM = "xxh3_128"
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _READ_CHUNK = 8 << 20
+
+
+# Shard metadata every rank must agree on; commit() lifts it into the manifest.
+SHARED_META = ("step", "optimizer_step", "data_position")
 
 
 class CheckpointError(RuntimeError):
@@ -123,14 +127,32 @@ class ShardRecord:
     bytes: int
     checksum: str
     tensors: dict[str, dict[str, Any]]
+    # The shard's step, optimizer step and data position: commit() checks every rank agrees
+    # and records them in the manifest, which restore and validation read.
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "file": self.file, "bytes": self.bytes, "checksum": self.checksum,
-                "tensors": self.tensors}
+                "tensors": self.tensors, "meta": self.meta}
+
+
+def tensor_checksum(tensor: Any) -> str:
+    """xxh3_128 of a tensor's bytes (C order): the same digest whoever holds the values.
+
+    Recorded per tensor in the manifest at save time, so validation can prove that a tensor
+    loaded into a fresh model is bit-identical to the one the trainer saved.
+    """
+    import torch
+
+    flat = tensor.detach().reshape(-1).contiguous()
+    if flat.numel() == 0:
+        return new_hasher().hexdigest()
+    return xxhash.xxh3_128_hexdigest(memoryview(flat.view(torch.uint8).numpy()))
 
 
 def tensor_entry(tensor: Any, layout: Mapping[str, Any] | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
+    entry: dict[str, Any] = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
+                             "checksum": tensor_checksum(tensor)}
     if layout:
         entry.update(layout)
     return entry
@@ -179,6 +201,7 @@ def write_shard(
         bytes=writer.size,
         checksum=writer.hasher.hexdigest(),
         tensors={name: tensor_entry(t, layout.get(name)) for name, t in shard["tensors"].items()},
+        meta={k: shard["meta"][k] for k in SHARED_META if k in shard["meta"]},
     )
     sidecar = tmp_dir / sidecar_name(rank)
     sidecar_tmp = sidecar.with_suffix(".json.partial")
@@ -221,6 +244,7 @@ def commit(
             raise CheckpointError(f"cannot commit step {step}: rank {rank} reported no shard in {tmp_dir}")
         record = json.loads(sidecar.read_text())
         shards[record["file"]] = record
+    shared = _agreed_meta(shards.values(), step=step, tmp_dir=tmp_dir)
     manifest = {
         "format_version": FORMAT_VERSION,
         "step": step,
@@ -230,6 +254,7 @@ def commit(
         "files": {name: {"rank": r["rank"], "bytes": r["bytes"], "checksum": r["checksum"]}
                   for name, r in sorted(shards.items())},
         "tensors": {name: r["tensors"] for name, r in sorted(shards.items())},
+        **shared,
         **manifest_fields,
     }
     if ranks != list(range(world_size)):
@@ -249,6 +274,31 @@ def commit(
     fsync_dir(root)
     prune(root, keep_last=keep_last)
     return final
+
+
+def iteration_file(run_dir: str | os.PathLike[str]) -> str:
+    """The file ft_launcher 0.6+ reads (``--ft-checkpoint-iteration-file``) to stop restart loops
+    that make no progress: the last persistently committed step.
+    """
+    return os.path.join(str(run_dir), "ft_iteration")
+
+
+def write_iteration_file(run_dir: str | os.PathLike[str], step: int) -> None:
+    _atomic_write_text(Path(iteration_file(run_dir)), f"{step}\n")
+
+
+def _agreed_meta(records: Any, *, step: int, tmp_dir: Path) -> dict[str, Any]:
+    """optimizer_step / data_position all ranks recorded; refuses shards of mixed steps."""
+    values: dict[str, set[Any]] = {}
+    for record in records:
+        for key, value in record.get("meta", {}).items():
+            values.setdefault(key, set()).add(value)
+    if values.get("step", {step}) != {step}:
+        raise CheckpointError(f"cannot commit step {step}: shards in {tmp_dir} record steps {sorted(values['step'])}")
+    for key, seen in values.items():
+        if len(seen) > 1:
+            raise CheckpointError(f"cannot commit step {step}: ranks disagree on {key} ({sorted(seen)})")
+    return {key: seen.pop() for key, seen in values.items() if key != "step"}
 
 
 def committed_steps(root: str | os.PathLike[str]) -> list[int]:
@@ -314,6 +364,23 @@ def load_shard(path: str | os.PathLike[str]) -> dict[str, Any]:
 def iter_shards(ckpt_dir: str | os.PathLike[str], manifest: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     for rank in range(manifest["world_size"]):
         yield load_shard(Path(ckpt_dir) / shard_name(rank))
+
+
+def split_dim0(tensor: Any, world_size: int) -> list[tuple[int, Any]]:
+    """(offset, slice) of each rank: ``torch.chunk`` along dim 0 as FSDP2 ``Shard(0)`` splits.
+
+    Ranks past the last chunk get an empty slice. The inverse of :func:`assemble_full`;
+    resharding to another world size is ``assemble_full`` then ``split_dim0``.
+    """
+    import torch
+
+    chunks = list(torch.chunk(tensor, world_size, dim=0))
+    out, offset = [], 0
+    for rank in range(world_size):
+        piece = chunks[rank] if rank < len(chunks) else tensor.new_empty((0, *tensor.shape[1:]))
+        out.append((offset, piece))
+        offset += piece.shape[0]
+    return out
 
 
 def assemble_full(shards: list[Mapping[str, Any]]) -> dict[str, Any]:

@@ -346,7 +346,7 @@ class Checkpointer:
                               ranks=[self.rank] if local else None)
             size = sum(f.stat().st_size for f in path.iterdir())
             if not local:
-                _write_iteration_file(self.config.run_dir, in_flight.step)
+                fmt.write_iteration_file(self.config.run_dir, in_flight.step)
         if self.rank == 0:
             self._emit("ckpt_committed", in_flight.step, bytes=size * (self.world_size if local else 1),
                        seconds=time.time() - in_flight.begin_ts, path=str(path), tier=in_flight.tier)
@@ -383,18 +383,6 @@ class Checkpointer:
 def _flag_device() -> torch.device:
     backend = torch.distributed.get_backend()
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-
-
-def _write_iteration_file(run_dir: str, step: int) -> None:
-    """ft_launcher 0.6+ reads this to stop restart loops that make no progress."""
-    path = Path(run_dir) / "ft_iteration"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(f"{step}\n")
-    os.replace(tmp, path)
-
-
-def iteration_file(run_dir: str) -> str:
-    return str(Path(run_dir) / "ft_iteration")
 
 
 def check_compatible(manifest: dict[str, Any], config: TrainConfig) -> None:

@@ -14,6 +14,9 @@ import sys
 # Add one line per subcommand module; order is the order shown in --help.
 COMMANDS: tuple[str, ...] = (
     "resilient_training.launcher",  # train
+    "resilient_training.render_job",  # render-job
+    "resilient_training.kfp_commands",  # compile, upload, submit, schedule, runs, schedules
+    "resilient_training.gates_cli",  # validate-checkpoint, check-convergence, promote, report
 )
 
 

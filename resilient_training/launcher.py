@@ -84,11 +84,9 @@ def run_local(
     (run_dir / LOGS_DIRNAME).mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.dumps(config))
     from resilient_training import nvrx_adapter
-    from resilient_training.checkpointing import iteration_file
-
     command = nvrx_adapter.worker_command(
         config, cfg.to_argv(config), python=sys.executable, standalone=True, nnodes="1",
-        nproc_per_node=nproc, iteration_file=iteration_file(config.run_dir),
+        nproc_per_node=nproc, iteration_file=fmt.iteration_file(config.run_dir),
     )
     worker_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     log_path = run_dir / LOGS_DIRNAME / "launcher.log"

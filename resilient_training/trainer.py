@@ -56,13 +56,14 @@ class Trainer:
         self.last_cause: str | None = None
         self.completed = False
         self.step = 0  # the step being trained (after a restore: the step restored)
+        self.iteration = 0  # in-process restart iteration last entered
         self._store: Any = None
         self._round: str | None = None
 
     # ------------------------------------------------------------------ one iteration
 
     def run(self, call_wrapper: Any = None) -> None:
-        iteration = call_wrapper.iteration if call_wrapper is not None else 0
+        iteration = self.iteration = call_wrapper.iteration if call_wrapper is not None else 0
         self.events.iteration = iteration
         if iteration > 0:
             self.events.emit("restart_done", None, layer="inprocess")
@@ -196,7 +197,11 @@ class Trainer:
         if self.on_gpu:
             torch.cuda.set_device(self.local_rank)
             torch.backends.cuda.matmul.allow_tf32 = True
-        store = torch.distributed.PrefixStore(f"rt/{self._round_tag()}/i{iteration}", self._base_store())
+        # A namespace all ranks of this worker group agree on. Not the restart count: it is per
+        # agent and diverges across nodes (an agent that restarts its workers because a peer
+        # node failed does not count a restart). Each rendezvous round has its own store endpoint.
+        group = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+        store = torch.distributed.PrefixStore(f"rt/{group}/i{iteration}", self._base_store())
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,
             # gloo cannot be interrupted mid-collective: this timeout bounds how long a peer
@@ -205,11 +210,12 @@ class Trainer:
         )
 
     def _round_tag(self) -> str:
-        """A name all ranks of this launcher round agree on; rank 0 draws it, through the store.
+        """A name all ranks of this launcher round agree on, for the checkpoint's temporary directory
+        (every rank writes its shard into it); rank 0 draws it, through the store.
 
         Not the restart count: with several nodes each agent counts its own restarts (a
         replacement pod starts at 0; membership changes are not counted), so the ranks of one
-        round can disagree on it, and their store keys and checkpoint directories would too.
+        round can disagree on it, and would write into different directories.
         """
         if self._round is None:
             store = self._base_store()

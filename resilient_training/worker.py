@@ -69,18 +69,19 @@ def main(argv: list[str] | None = None) -> int:
             trainer.run()
         return 0
     except BaseException as exc:  # noqa: BLE001 - every way out is logged with its reason
-        if nvrx_adapter.restart_abort_cause(exc) == "world_too_small":
-            # Ranks are gone for good (a lost node): not a reason to stop the job. ft_launcher
-            # re-forms the world (with the pod layer's replacement, or fewer nodes when elastic).
-            reason = (f"in-process restart cannot continue without the lost ranks; leaving recovery to "
-                      f"ft_launcher; last failure: {trainer.last_cause}")
+        abort = nvrx_adapter.restart_abort_cause(exc)
+        if abort == "retry_limit" and trainer.iteration >= config.max_inprocess_restarts:
+            reason = (f"in-process restart gave up after {config.max_inprocess_restarts} restarts; "
+                      f"this rank's last failure: {trainer.last_cause}")
+            return _do_not_restart(events, heartbeats, rank, reason)
+        if abort is not None:
+            # Too few ranks left for the in-process layer (a peer process or node is gone): that
+            # is the launcher's job, so fail normally and let it restart the workers.
+            reason = f"in-process restart lost a peer rank; handing over to the launcher ({trainer.last_cause})"
             events.emit("end", None, status="failed", reason=reason)
+            print(f"resilient-training worker rank {rank}: {reason}", file=sys.stderr)
             failed_for_launcher = True
             return 1
-        if nvrx_adapter.is_restart_abort(exc):
-            reason = (f"in-process restart gave up after {config.max_inprocess_restarts} restarts "
-                      f"(retry limit); this rank's last failure: {trainer.last_cause}")
-            return _do_not_restart(events, heartbeats, rank, reason)
         if isinstance(exc, CheckpointError) and "different model" in str(exc):
             return _do_not_restart(events, heartbeats, rank, str(exc))
         events.emit("end", None, status="failed", reason=f"{trainer.last_cause or type(exc).__name__}")

@@ -1,0 +1,169 @@
+"""The convergence gate on scripted event logs with hand-checkable numbers."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from resilient_training import gate_records
+from resilient_training.components.check_convergence.convergence import (
+    ConvergenceConfig,
+    RunError,
+    check_convergence,
+    write_convergence_record,
+)
+from resilient_training.gates_testing import ScriptedLog, scripted_loss, write_checkpoint
+
+GATE = ConvergenceConfig(max_final_loss=2.0)
+
+
+def run_with_restore(run: Path, *, after_restore=scripted_loss, first_after: int = 11, before=scripted_loss) -> None:
+    log = ScriptedLog(run)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 12, checkpoint_every=5, loss=before)
+    log.emit("fault_injected", 13, rank=1, fault="sigkill")
+    log.attempt += 1
+    log.wait(3.0)
+    log.emit("restart_done", layer="launcher")
+    log.emit("load_done", 10, path="checkpoints/step_10", seconds=0.1)
+    log.steps(first_after, 30, checkpoint_every=5, loss=after_restore)
+    log.end()
+    log.close()
+
+
+def test_clean_faulted_run_passes(tmp_path: Path) -> None:
+    run_with_restore(tmp_path)
+    verdict = check_convergence(tmp_path, GATE)
+    assert verdict.passed, verdict.format()
+    c = verdict.check("continuity")
+    assert c.values == {"restores": 2, "checked": 2, "failed": 0, "max_deviation": 0.0}  # one per rank
+    assert {r["basis"] for r in verdict.recoveries} == {"replayed step"}
+    assert verdict.check("improvement").values["improvement"] > 0.5
+
+
+def test_tampered_restore_fails_continuity(tmp_path: Path) -> None:
+    # The restore loaded the initial weights: the loss jumps back to where training began.
+    run_with_restore(tmp_path, after_restore=lambda s: scripted_loss(s - 10))
+    verdict = check_convergence(tmp_path, GATE)
+    assert not verdict.passed
+    c = verdict.check("continuity")
+    assert not c.passed and c.values["failed"] == 2
+    assert "step 11" in c.reason and "exceeds rtol" in c.reason
+    assert verdict.check("finite").passed and verdict.check("final_loss").passed  # only continuity catches it
+
+
+def test_restore_that_skips_steps_fails(tmp_path: Path) -> None:
+    run_with_restore(tmp_path, first_after=13)
+    c = check_convergence(tmp_path, GATE).check("continuity")
+    assert not c.passed and "resumed at step 13, expected 11" in c.reason
+
+
+def test_restore_without_the_replayed_step_uses_the_restored_steps_loss(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 10, checkpoint_every=5)
+    log.emit("fault_injected", 11, rank=0, fault="exception")
+    log.iteration += 1
+    log.emit("load_done", 10, path="checkpoints/step_10", seconds=0.1)
+    log.steps(11, 30)
+    log.end()
+    log.close()
+    verdict = check_convergence(tmp_path, GATE)
+    assert verdict.passed, verdict.format()
+    assert {r["basis"] for r in verdict.recoveries} == {"restored step"}
+    assert verdict.recoveries[0]["expected"] == pytest.approx(scripted_loss(10))
+
+
+def test_nan_run_fails(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 30, loss=lambda s: scripted_loss(s) if s < 8 else math.nan)
+    log.end()
+    log.close()
+    verdict = check_convergence(tmp_path, GATE)
+    assert not verdict.passed
+    f = verdict.check("finite")
+    assert not f.passed and f.values["first_bad_step"] == 8 and f.values["non_finite_in_curve"] == 23
+    assert not verdict.check("improvement").passed
+
+
+def test_nan_rolled_back_and_replayed_finite_passes(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 7, checkpoint_every=5)
+    log.steps(8, 8, loss=lambda s: math.nan)
+    log.emit("failure_detected", 8, cause="nan", message="loss is nan")
+    log.emit("load_done", 5, path="checkpoints/step_5", seconds=0.1)
+    log.steps(6, 30)
+    log.end()
+    log.close()
+    verdict = check_convergence(tmp_path, GATE)
+    assert verdict.passed, verdict.format()
+    assert verdict.check("finite").values["non_finite_logged"] == 1  # reference rank
+    assert "rolled back" in verdict.check("finite").reason
+
+
+def test_run_that_did_not_learn_fails(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 30, loss=lambda s: 5.5 + 0.01 * math.sin(s))
+    log.end()
+    log.close()
+    verdict = check_convergence(tmp_path, GATE)
+    assert not verdict.check("improvement").passed and not verdict.check("final_loss").passed
+    assert "required" in verdict.check("improvement").reason
+    assert verdict.check("final_loss").values["threshold"] == 2.0
+
+
+def test_run_that_failed_fails(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 30)
+    log.end("failed", "max restarts reached")
+    log.close()
+    c = check_convergence(tmp_path, GATE).check("completed")
+    assert not c.passed and "max restarts reached" in c.reason
+
+
+def test_reference_curve(tmp_path: Path) -> None:
+    run_with_restore(tmp_path / "faulted")
+    clean = ScriptedLog(tmp_path / "clean")
+    clean.steps(1, 30)
+    clean.close()
+    off = ScriptedLog(tmp_path / "off")
+    off.steps(1, 30, loss=lambda s: scripted_loss(s) * 1.2)
+    off.close()
+    assert check_convergence(tmp_path / "faulted", GATE, reference_dir=tmp_path / "clean").check("reference").passed
+    c = check_convergence(tmp_path / "faulted", GATE, reference_dir=tmp_path / "off").check("reference")
+    assert not c.passed and c.values["max_deviation"] == pytest.approx(1 / 6) and c.values["common_steps"] == 30
+
+
+def test_default_threshold_comes_from_the_manifest(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, step=1)  # vocab 64: threshold 0.8 ln 64
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 30)
+    log.end()
+    log.close()
+    verdict = check_convergence(tmp_path)
+    assert verdict.check("final_loss").values["threshold"] == pytest.approx(0.8 * math.log(64))
+    write_convergence_record(tmp_path, verdict)
+    record = gate_records.read_record(tmp_path, gate_records.CONVERGENCE)
+    assert record["passed"] is True and record["step"] == 1 and record["checkpoint"] == "checkpoints/step_1"
+    assert record["manifest_checksum"] == gate_records.manifest_digest(tmp_path / "checkpoints/step_1")
+
+
+@pytest.mark.parametrize("make", ["missing", "no-events", "no-steps"])
+def test_bad_runs_are_usage_errors(tmp_path: Path, make: str) -> None:
+    run = tmp_path / "run"
+    if make != "missing":
+        run.mkdir()
+    if make == "no-steps":
+        log = ScriptedLog(run)
+        log.start()
+        log.close()
+    with pytest.raises(RunError):
+        check_convergence(run)
+    assert not (run / "gates").exists()
+
+
+def test_config_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="window"):
+        ConvergenceConfig(window=0)
+    with pytest.raises(ValueError, match="jump_rtol"):
+        ConvergenceConfig(jump_rtol=-1)

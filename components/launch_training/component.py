@@ -1,0 +1,89 @@
+"""KFP component: run training, locally under ft_launcher or as a Kubeflow PyTorchJob."""
+
+from typing import NamedTuple, Optional
+
+from kfp import dsl
+
+from resilient_training import images
+
+
+@dsl.component(base_image=images.COMPONENTS_IMAGE, install_kfp_package=False)
+def launch_training(
+    storage_ref: str,
+    run_id: str,
+    launcher: str = "local",
+    steps: int = 40,
+    checkpoint_every: int = 5,
+    faults: str = "",
+    async_checkpoint: bool = True,
+    inprocess: bool = True,
+    ft_launcher: bool = True,
+    train_overrides: Optional[dict] = None,  # noqa: UP045 - KFP reads the annotation
+    nodes: int = 1,
+    min_nodes: int = 0,
+    gpus_per_node: int = 8,
+    procs_per_node: int = 0,
+    image: str = "",
+    efa_per_node: int = 0,
+    node_selector: Optional[dict] = None,  # noqa: UP045
+    tolerations: Optional[list] = None,  # noqa: UP045
+    service_account: str = "",
+    nvrx_version: str = "0.7.0",
+    backoff_limit: int = 3,
+    timeout_seconds: int = 86400,
+    poll_seconds: float = 15.0,
+    stream_logs: str = "worker-0",
+) -> NamedTuple("Outputs", [("job_name", str), ("run_dir", str)]):
+    """Train to the target step with all NVRx layers, and wait for the result.
+
+    Args:
+        storage_ref: The JSON from ``provision_storage`` (the run directory lives there).
+        run_id: Pipeline run id (``dsl.PIPELINE_JOB_ID_PLACEHOLDER``); the job name derives from it,
+            so a retried step attaches to its running job instead of starting a second one.
+        launcher: ``local`` (ft_launcher with gloo workers in this pod/machine) or ``pytorchjob``.
+        steps: Target step; the run succeeds once it is reached.
+        checkpoint_every: Save a checkpoint every N steps.
+        faults: Fault schedule ``TYPE@STEP:RANK,...`` (exception, sigkill, hang, oom, nan).
+        async_checkpoint: NVRx asynchronous checkpointing.
+        inprocess: NVRx in-process restart.
+        ft_launcher: NVRx ft_launcher (heartbeats, restarts); off = plain torchrun.
+        train_overrides: Any other trainer settings by TrainConfig field name (``model`` as a dict).
+        nodes: pytorchjob: worker pods, one per node (the maximum when ``min_nodes`` is set).
+        min_nodes: pytorchjob: elastic lower bound; training goes on with this many nodes when
+            others are lost. 0 = exactly ``nodes``.
+        gpus_per_node: pytorchjob: GPUs per pod (0 for CPU pods with ``procs_per_node``).
+        procs_per_node: Processes per pod (local: per machine, default 2); 0 = one per GPU.
+        image: pytorchjob: trainer image; empty = the release's trainer image.
+        efa_per_node: pytorchjob: EFA interfaces per pod (``vpc.amazonaws.com/efa``).
+        node_selector: pytorchjob: node labels the workers need (e.g. instance type).
+        tolerations: pytorchjob: pod tolerations, e.g. ``[{"key": "nvidia.com/gpu", "operator":
+            "Exists", "effect": "NoSchedule"}]``.
+        service_account: pytorchjob: service account of the worker pods.
+        nvrx_version: pytorchjob: NVRx version in the trainer image (selects ft_launcher flags).
+        backoff_limit: pytorchjob: pod replacements (exit code >= 128) before the job fails.
+        timeout_seconds: Overall limit for the job; on expiry it is deleted and the step fails.
+        poll_seconds: pytorchjob: seconds between status checks.
+        stream_logs: pytorchjob: ``worker-0``, ``all`` or ``none``.
+
+    Returns:
+        job_name: The PyTorchJob's name (for ``teardown_storage``); empty for local.
+        run_dir: The run directory (checkpoints/, events/) for the following steps.
+
+    """
+    from collections import namedtuple
+
+    from resilient_training.components.launch_training.backends import launch_training as launch
+    from resilient_training.storage_ref import StorageRef
+
+    train = dict(train_overrides or {})
+    train.update(steps=steps, checkpoint_every=checkpoint_every, faults=faults, async_checkpoint=async_checkpoint,
+                 inprocess=inprocess, ft_launcher=ft_launcher)
+    job_name = launch(
+        storage_ref=storage_ref, run_id=run_id, launcher=launcher, train=train, nodes=nodes, min_nodes=min_nodes,
+        gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=image, efa_per_node=efa_per_node,
+        node_selector=node_selector, tolerations=tolerations, service_account=service_account,
+        nvrx_version=nvrx_version, backoff_limit=backoff_limit, timeout_s=timeout_seconds, poll_s=poll_seconds,
+        stream_logs=stream_logs,
+    )
+    outputs = namedtuple("Outputs", ["job_name", "run_dir"])
+    return outputs(job_name, StorageRef.from_json(storage_ref).run_dir)

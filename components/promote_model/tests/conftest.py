@@ -1,0 +1,34 @@
+from pathlib import Path
+
+import pytest
+
+from resilient_training.components.check_convergence.convergence import check_convergence, write_convergence_record
+from resilient_training.components.validate_checkpoint.validate import validate, write_validation_record
+from resilient_training.gates_testing import ScriptedLog, build_once, build_trainer_runs, copy_run, write_checkpoint
+
+
+def _gated(path: Path) -> None:
+    write_checkpoint(path, step=4)
+    log = ScriptedLog(path)
+    log.steps(1, 30, checkpoint_every=4)
+    log.end()
+    log.close()
+    write_validation_record(path, validate(path))
+    write_convergence_record(path, check_convergence(path))
+
+
+@pytest.fixture(scope="session")
+def gated_run_shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose latest checkpoint (step 4) passed validation and the convergence gate."""
+    return build_once(tmp_path_factory.getbasetemp(), "gated-run", _gated)
+
+
+@pytest.fixture
+def gated_run(gated_run_shared: Path, tmp_path: Path) -> Path:
+    return copy_run(gated_run_shared, tmp_path / "run")
+
+
+@pytest.fixture(scope="session")
+def trainer_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real `resilient-training train` runs (gates_testing.build_trainer_runs), built once per session; read-only."""
+    return build_once(tmp_path_factory.getbasetemp(), "trainer-runs", build_trainer_runs)

@@ -1,0 +1,239 @@
+"""Gated, atomic, idempotent promotion to a directory and to S3 (moto)."""
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from resilient_training import checkpoint_format as cf
+from resilient_training import gate_records
+from resilient_training.components.promote_model.promote import (
+    PROMOTION_NAME,
+    PromotionRefused,
+    PromotionUsageError,
+    promote,
+    read_promotion,
+)
+from resilient_training.components.validate_checkpoint.validate import validate, write_validation_record
+
+CKPT = "checkpoints/step_4"
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_promotes_a_gated_checkpoint_and_a_second_call_is_a_noop(gated_run: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "models" / "gpt"
+    outcome = promote(gated_run / CKPT, str(dest))
+    assert outcome["already_promoted"] is False and outcome["step"] == 4
+    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json", PROMOTION_NAME, "rank_0.pt", "rank_1.pt"]
+    manifest = cf.read_manifest(dest)
+    for name, entry in manifest["files"].items():
+        assert cf.checksum_file(dest / name) == (entry["bytes"], entry["checksum"])
+    record = read_promotion(str(dest))
+    assert record["source"]["step"] == 4 and record["source"]["checkpoint"] == CKPT
+    assert record["validation"]["passed"] and record["convergence"]["passed"]
+    assert record["source"]["manifest_checksum"] == gate_records.manifest_digest(dest)
+    before = {p.name: p.stat().st_mtime_ns for p in dest.iterdir()}
+    again = promote(gated_run, str(dest))  # the run's latest is the same checkpoint
+    assert again["already_promoted"] is True
+    assert {p.name: p.stat().st_mtime_ns for p in dest.iterdir()} == before
+    assert not list(dest.parent.glob(".tmp-promote-*"))
+
+
+def test_refuses_what_was_not_validated(gated_run: Path, tmp_path: Path) -> None:
+    (gated_run / "gates/validation.json").unlink()
+    with pytest.raises(PromotionRefused, match="never validated"):
+        promote(gated_run / CKPT, str(tmp_path / "dest"))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_refuses_a_failed_validation(gated_run: Path, tmp_path: Path) -> None:
+    (gated_run / CKPT / "stray.bin").write_bytes(b"x")
+    write_validation_record(gated_run, validate(gated_run))
+    with pytest.raises(PromotionRefused, match="unexpected_file"):
+        promote(gated_run / CKPT, str(tmp_path / "dest"))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_refuses_a_failed_or_missing_convergence_gate(gated_run: Path, tmp_path: Path) -> None:
+    path = gated_run / "gates/convergence.json"
+    record = json.loads(path.read_text())
+    record["passed"] = False
+    record["checks"]["continuity"] = {"passed": False, "reason": "restore broke the curve"}
+    path.write_text(json.dumps(record))
+    with pytest.raises(PromotionRefused, match="continuity: restore broke the curve"):
+        promote(gated_run / CKPT, str(tmp_path / "dest"))
+    path.unlink()
+    with pytest.raises(PromotionRefused, match="convergence gate never ran"):
+        promote(gated_run / CKPT, str(tmp_path / "dest"))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_refuses_a_checkpoint_changed_after_validation(gated_run: Path, tmp_path: Path) -> None:
+    manifest = gated_run / CKPT / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"run_id": "test-run"', '"run_id": "other"'))
+    with pytest.raises(PromotionRefused, match="changed since it was validated"):
+        promote(gated_run / CKPT, str(tmp_path / "dest"))
+
+
+def test_damage_after_validation_is_caught_while_copying(gated_run: Path, tmp_path: Path) -> None:
+    shard = gated_run / CKPT / "rank_1.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(PromotionRefused, match="damaged after validation"):
+        promote(gated_run / CKPT, str(tmp_path / "dest"))
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # neither DEST nor a staging directory
+
+
+def test_refuses_to_overwrite_another_model(gated_run: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "weights.bin").write_bytes(b"someone else's")
+    with pytest.raises(PromotionRefused, match="not an empty directory"):
+        promote(gated_run / CKPT, str(dest))
+    assert snapshot(dest) == {"weights.bin": b"someone else's"}
+
+
+def _limit_file_size() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # writes past 20 kB fail with EFBIG
+
+
+def test_a_failure_midway_leaves_nothing(gated_run: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "promote", str(gated_run / CKPT), str(dest)],
+                          preexec_fn=_limit_file_size, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "File too large" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no DEST, no staging directory
+
+
+@pytest.fixture(scope="module")
+def big_gated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A gated run with ~70 MB shards: copying it takes long enough to be killed midway."""
+    from resilient_training.config import ModelConfig
+    from resilient_training.gates_testing import ScriptedLog, write_checkpoint
+
+    run = tmp_path_factory.mktemp("big") / "run"
+    write_checkpoint(run, step=1, cfg=ModelConfig(vocab_size=8192, d_model=512, n_layers=1, n_heads=8, seq_len=16))
+    log = ScriptedLog(run)
+    log.steps(1, 30)
+    log.end()
+    log.close()
+    write_validation_record(run, validate(run))
+    from resilient_training.components.check_convergence.convergence import check_convergence, write_convergence_record
+
+    write_convergence_record(run, check_convergence(run))
+    return run
+
+
+def test_a_crash_midway_leaves_nothing_that_looks_promoted(big_gated_run: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    proc = subprocess.Popen([sys.executable, "-m", "resilient_training.cli", "promote", str(big_gated_run), str(dest)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".tmp-promote-dest-*/rank_0.pt")) and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    proc.send_signal(signal.SIGKILL)  # mid-copy: no cleanup code runs
+    assert proc.wait() == -signal.SIGKILL
+    (staging,) = tmp_path.glob(".tmp-promote-dest-*")  # the crashed attempt's partial copy
+    assert "promotion.json" not in os.listdir(staging)
+    assert not dest.exists() and read_promotion(str(dest)) is None
+    assert promote(big_gated_run, str(dest))["already_promoted"] is False  # a retry completes and cleans up
+    assert read_promotion(str(dest))["source"]["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "not-a-run"])
+def test_bad_checkpoint_paths_are_usage_errors(tmp_path: Path, case: str) -> None:
+    path = tmp_path / "x"
+    if case == "file":
+        path.write_text("")
+    if case == "not-a-run":
+        path.mkdir()
+    with pytest.raises(PromotionUsageError, match=str(path)):
+        promote(path, str(tmp_path / "dest"))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_manifest_that_is_not_json_is_refused(gated_run: Path, tmp_path: Path) -> None:
+    (gated_run / CKPT / "manifest.json").write_text("{oops")
+    with pytest.raises(PromotionRefused, match="not valid JSON"):
+        promote(gated_run / CKPT, str(tmp_path / "dest"))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_dest_without_permission(gated_run: Path, tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    # Tests run as root here, where mode bits do not stop writes: the immutable attribute does.
+    if subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode != 0:
+        if os.geteuid() == 0:
+            pytest.skip("chattr +i unsupported on this filesystem")
+        locked.chmod(0o555)
+    try:
+        with pytest.raises(PromotionUsageError, match=r"cannot write to .*locked.*(Operation not permitted|denied)"):
+            promote(gated_run / CKPT, str(locked / "model"))
+        assert os.listdir(locked) == []
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], capture_output=True)
+        locked.chmod(0o755)
+    with pytest.raises(PromotionUsageError, match="cannot write to"):
+        promote(gated_run / CKPT, str(gated_run / CKPT / "manifest.json" / "model"))  # parent is a file
+
+
+@pytest.fixture
+def s3():
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="models")
+        yield client
+
+
+def keys(client, bucket: str = "models") -> list[str]:
+    return sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", []))
+
+
+def test_promotes_to_s3_idempotently(gated_run: Path, s3) -> None:
+    outcome = promote(gated_run / CKPT, "s3://models/gpt/v1", s3_client=s3)
+    assert outcome["already_promoted"] is False
+    assert keys(s3) == ["gpt/v1/manifest.json", f"gpt/v1/{PROMOTION_NAME}", "gpt/v1/rank_0.pt", "gpt/v1/rank_1.pt"]
+    manifest = cf.read_manifest(gated_run / CKPT)
+    for name, entry in manifest["files"].items():
+        body = s3.get_object(Bucket="models", Key=f"gpt/v1/{name}")
+        assert len(body["Body"].read()) == entry["bytes"]
+        assert body["Metadata"]["xxh3-128"] == entry["checksum"]
+    assert read_promotion("s3://models/gpt/v1", s3_client=s3)["source"]["step"] == 4
+    versions = {k: s3.head_object(Bucket="models", Key=k)["LastModified"] for k in keys(s3)}
+    assert promote(gated_run / CKPT, "s3://models/gpt/v1", s3_client=s3)["already_promoted"] is True
+    assert {k: s3.head_object(Bucket="models", Key=k)["LastModified"] for k in keys(s3)} == versions
+
+
+def test_s3_leftovers_of_a_crashed_upload_are_not_a_promotion(gated_run: Path, s3) -> None:
+    s3.put_object(Bucket="models", Key="gpt/v1/rank_0.pt", Body=b"half a shard")
+    assert read_promotion("s3://models/gpt/v1", s3_client=s3) is None
+    promote(gated_run / CKPT, "s3://models/gpt/v1", s3_client=s3)
+    body = s3.get_object(Bucket="models", Key="gpt/v1/rank_0.pt")["Body"].read()
+    assert body == (gated_run / CKPT / "rank_0.pt").read_bytes()
+
+
+def test_s3_missing_bucket_is_a_usage_error(gated_run: Path, s3) -> None:
+    with pytest.raises(PromotionUsageError, match="no such bucket"):
+        promote(gated_run / CKPT, "s3://absent/gpt", s3_client=s3)
+    assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ["models"] and keys(s3) == []
+
+
+def test_s3_refuses_when_the_gate_failed(gated_run: Path, s3) -> None:
+    (gated_run / "gates/convergence.json").unlink()
+    with pytest.raises(PromotionRefused):
+        promote(gated_run / CKPT, "s3://models/gpt", s3_client=s3)
+    assert keys(s3) == []

@@ -1,0 +1,55 @@
+"""KFP component: delete what the run created (job, PVC/PV, ephemeral FSx); for the exit handler."""
+
+from kfp import dsl
+
+from resilient_training import images
+
+
+@dsl.component(base_image=images.COMPONENTS_IMAGE, install_kfp_package=False)
+def teardown_storage(
+    run_id: str,
+    storage: str = "local",
+    namespace: str = "",
+    pvc_name: str = "",
+    fsx_file_system_id: str = "",
+    region: str = "",
+    storage_ref: str = "",
+    delete_job: bool = True,
+    job_name: str = "",
+    delete_file_system: bool = True,
+) -> str:
+    """Delete the run's PyTorchJob, PVC, PV and (when it created it) FSx file system. Safe to repeat.
+
+    Runs in the pipeline's exit handler, so a failed or cancelled run leaves nothing billing. An
+    exit task cannot take other tasks' outputs: give it the run id and the same storage parameters
+    as ``provision_storage``; what the run created is found from them (derived names, the run's
+    FSx token tag), even if provisioning was killed half-way. A reused file system or a claim the
+    user supplied is never deleted.
+
+    Args:
+        run_id: The same run id given to ``provision_storage`` and ``launch_training``.
+        storage: As given to ``provision_storage``: ``local``, ``pvc`` or ``fsx``.
+        namespace: As given to ``provision_storage``; empty = this pod's namespace.
+        pvc_name: As given to ``provision_storage`` (``fsx``: a claim name chosen there).
+        fsx_file_system_id: As given to ``provision_storage``: a reused file system, never deleted.
+        region: AWS region of the file system; empty = the pod's default.
+        storage_ref: ``provision_storage``'s output, when available (outside an exit handler); it
+            replaces the four storage parameters above.
+        delete_job: Also delete the run's PyTorchJob (found by the name ``launch_training`` derives
+            from ``run_id``); already gone counts as done.
+        job_name: Delete this PyTorchJob instead of the derived one.
+        delete_file_system: Delete an FSx file system this run created; off keeps it for inspection.
+
+    Returns:
+        JSON object: each object (``kind/name``) and what happened (deleted, gone, deleting, kept).
+
+    """
+    import json
+
+    from resilient_training.components.teardown_storage.teardown import teardown_storage as teardown
+
+    done = teardown(run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
+                    fsx_file_system_id=fsx_file_system_id, region=region, storage_ref=storage_ref,
+                    delete_job=delete_job, job_name=job_name, delete_file_system=delete_file_system)
+    print(json.dumps(done, indent=1))
+    return json.dumps(done, sort_keys=True)

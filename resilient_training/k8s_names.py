@@ -1,0 +1,71 @@
+"""Kubernetes naming rules, checked before any API call so a bad name fails with its reason.
+
+The rules are apimachinery's (``k8s.io/apimachinery/pkg/util/validation``): DNS-1123 labels
+for namespaces and most names, DNS-1123 subdomains for PV/PVC names, DNS-1035 labels for
+PyTorchJob names (the operator's webhook; service names derive from them), label keys/values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def check_dns1123_label(value: str, what: str) -> None:
+    if not value or len(value) > 63 or not _DNS1123_LABEL.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a DNS-1123 label: at most 63 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit"
+        )
+
+
+def check_dns1123_subdomain(value: str, what: str) -> None:
+    if not value or len(value) > 253 or not all(_DNS1123_LABEL.match(p) for p in value.split(".")):
+        raise ValueError(
+            f"{what} {value!r} is not a DNS-1123 subdomain: at most 253 lowercase letters, digits, '-' or '.', "
+            "each dot-separated part starting and ending with a letter or digit"
+        )
+
+
+def check_dns1035_label(value: str, what: str) -> None:
+    if not value or len(value) > 63 or not _DNS1035_LABEL.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a DNS-1035 label: at most 63 lowercase letters, digits or '-', "
+            "starting with a letter and ending with a letter or digit"
+        )
+
+
+def check_label_value(value: str, what: str) -> None:
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        raise ValueError(f"{what} {value!r} is not a valid label value (<= 63 of [A-Za-z0-9-_.], alphanumeric ends)")
+
+
+def check_label_key(key: str, what: str) -> None:
+    prefix, _, name = key.rpartition("/")
+    if prefix:
+        check_dns1123_subdomain(prefix, f"{what} prefix")
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+        raise ValueError(f"{what} {key!r} is not a valid label key ([prefix/]name, name <= 63 of [A-Za-z0-9-_.])")
+
+
+def name_for_run(prefix: str, run_id: str, *, max_len: int = 40) -> str:
+    """A deterministic DNS-1035 name for ``run_id``: the same run always gets the same name.
+
+    The readable part is the run id's leading characters; a hash of the whole id keeps two
+    runs whose ids share a prefix apart.
+    """
+    if not run_id:
+        raise ValueError("run_id must not be empty: object names are derived from it")
+    check_dns1035_label(prefix, "name prefix")
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+    slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")
+    room = max_len - len(prefix) - len(digest) - 2
+    slug = slug[: max(room, 0)].strip("-")
+    name = f"{prefix}-{slug}-{digest}" if slug else f"{prefix}-{digest}"
+    check_dns1035_label(name, "derived name")
+    return name

@@ -1,0 +1,115 @@
+"""KFP recurring-run cron expressions: six fields, seconds first, checked before any call.
+
+Kubeflow Pipelines' ScheduledWorkflow controller parses cron with robfig/cron v1, whose
+``Parse`` takes ``second minute hour day-of-month month day-of-week``. It also accepts five
+fields, filling them from the left (second, minute, hour, day, month), so a classic crontab
+line such as ``0 2 * * *`` is not an error there: it silently runs at minute 2 of every hour.
+That is why five fields are refused here, with the six-field equivalent as the hint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# The fixed descriptors robfig/cron v1 accepts besides six fields ("@every <duration>" is left
+# out: this CLI offers cron schedules only).
+DESCRIPTORS: frozenset[str] = frozenset(
+    {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+)
+
+
+class CronError(ValueError):
+    """A cron expression that KFP would reject or misread."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    low: int
+    high: int
+    names: tuple[str, ...] = ()  # names[i] stands for low + i
+
+    def value(self, token: str) -> int:
+        lowered = token.lower()
+        if lowered in self.names:
+            return self.low + self.names.index(lowered)
+        if not token.isdigit():
+            raise CronError(f"{self.name} field: {token!r} is not a number" + self._names_hint())
+        return int(token)
+
+    def _names_hint(self) -> str:
+        return f" (or one of {', '.join(self.names)})" if self.names else ""
+
+
+FIELDS: tuple[_Field, ...] = (
+    _Field("second", 0, 59),
+    _Field("minute", 0, 59),
+    _Field("hour", 0, 23),
+    _Field("day-of-month", 1, 31),
+    _Field("month", 1, 12, ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")),
+    _Field("day-of-week", 0, 6, ("sun", "mon", "tue", "wed", "thu", "fri", "sat")),
+)
+
+
+def validate_cron(expression: str) -> str:
+    """Check a KFP cron expression field by field, the way robfig/cron v1 reads it.
+
+    Args:
+        expression: six space-separated fields (``second minute hour day-of-month month
+            day-of-week``), each ``*``, ``?``, a value, a range ``a-b``, a step ``x/n`` or a
+            comma list of those; or one of :data:`DESCRIPTORS`.
+
+    Returns:
+        The expression with surrounding and repeated blanks normalised.
+
+    Raises:
+        CronError: five fields (with the six-field equivalent as a hint), another field count,
+            or a field out of its range.
+
+    """
+    parts = expression.split()
+    if parts and parts[0].startswith("@"):
+        if len(parts) > 1 or parts[0].lower() not in DESCRIPTORS:
+            known = ", ".join(sorted(DESCRIPTORS))
+            raise CronError(f"unknown cron descriptor {parts[0]!r}; use six fields or one of {known}")
+        return parts[0].lower()
+    if len(parts) == 5:
+        six = "0 " + " ".join(parts)
+        raise CronError(
+            f"cron {' '.join(parts)!r} has 5 fields, but KFP cron has 6 with seconds first "
+            f"(second minute hour day-of-month month day-of-week); KFP would read it as second={parts[0]} "
+            f"minute={parts[1]} hour={parts[2]}. Did you mean {six!r}?"
+        )
+    if len(parts) != 6:
+        raise CronError(
+            f"cron {expression!r} has {len(parts)} fields; KFP cron has 6: "
+            "second minute hour day-of-month month day-of-week, e.g. '0 0 2 * * *' (02:00 every day)"
+        )
+    for field, part in zip(FIELDS, parts, strict=True):
+        for item in part.split(","):
+            _check_range(field, item)
+    return " ".join(parts)
+
+
+def _check_range(field: _Field, item: str) -> None:
+    """One comma-separated item: ``*``, ``?``, ``v``, ``a-b``, each optionally ``/step``."""
+    if not item:
+        raise CronError(f"{field.name} field: empty item in a comma list")
+    base, *steps = item.split("/")
+    if len(steps) > 1:
+        raise CronError(f"{field.name} field: {item!r} has more than one '/'")
+    if steps and (not steps[0].isdigit() or int(steps[0]) == 0):
+        raise CronError(f"{field.name} field: step in {item!r} must be a positive whole number")
+    if base in ("*", "?"):
+        return
+    bounds = base.split("-")
+    if len(bounds) > 2:
+        raise CronError(f"{field.name} field: {item!r} has more than one '-'")
+    start = field.value(bounds[0])
+    end = field.value(bounds[1]) if len(bounds) == 2 else start
+    for number in (start, end):
+        if not field.low <= number <= field.high:
+            where = "" if item == str(number) else f" (in {item!r})"
+            raise CronError(f"{field.name} field: {number} is outside {field.low}-{field.high}{where}")
+    if start > end:
+        raise CronError(f"{field.name} field: range {item!r} starts after it ends")

@@ -1,0 +1,143 @@
+"""Pipeline parameters from ``--param key=value``, typed by the compiled pipeline's inputs.
+
+Values are converted to the parameter type declared in the pipeline's IR (its root
+``inputDefinitions``), so a run is never created with ``nodes="two"`` or a misspelt key: the
+KFP server would accept both and the run would fail minutes later on the cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+class ParamError(ValueError):
+    """A ``--param`` that is malformed, unknown, of the wrong type, or a required one missing."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PipelineInput:
+    """One input parameter of a compiled pipeline."""
+
+    name: str
+    type: str
+    """IR parameter type: STRING, NUMBER_INTEGER, NUMBER_DOUBLE, BOOLEAN, LIST or STRUCT."""
+    optional: bool
+    default: Any = None
+    description: str = ""
+
+
+def pipeline_inputs(pipeline_spec: Mapping[str, Any]) -> dict[str, PipelineInput]:
+    """The input parameters of a compiled pipeline.
+
+    Args:
+        pipeline_spec: the first YAML document of a compiled pipeline (the PipelineSpec).
+
+    Returns:
+        Inputs by name, in the order the IR lists them.
+
+    """
+    definitions = pipeline_spec.get("root", {}).get("inputDefinitions", {})
+    inputs = {}
+    for name, spec in definitions.get("parameters", {}).items():
+        inputs[name] = PipelineInput(
+            name=name,
+            type=spec.get("parameterType", "STRING"),
+            optional=bool(spec.get("isOptional", False)),
+            default=spec.get("defaultValue"),
+            description=spec.get("description", ""),
+        )
+    # Artifact inputs cannot be given a value from the command line; keep them so a required
+    # one is reported instead of being forgotten.
+    for name, spec in definitions.get("artifacts", {}).items():
+        inputs[name] = PipelineInput(name=name, type="ARTIFACT", optional=bool(spec.get("isOptional", False)))
+    return inputs
+
+
+def split_param(item: str) -> tuple[str, str]:
+    """Split ``key=value`` (the value may contain ``=``).
+
+    Raises:
+        ParamError: no ``=`` or an empty key.
+
+    """
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ParamError(f"--param {item!r} is not key=value")
+    return key, value
+
+
+def parse_params(items: Iterable[str], inputs: Mapping[str, PipelineInput]) -> dict[str, Any]:
+    """Turn ``--param key=value`` items into typed pipeline arguments.
+
+    Args:
+        items: the raw ``key=value`` strings, in command-line order.
+        inputs: the pipeline's inputs (:func:`pipeline_inputs`).
+
+    Returns:
+        Arguments by name, converted to each input's type; inputs left out keep their defaults
+        (they are not sent).
+
+    Raises:
+        ParamError: a malformed item, an unknown key, a key given twice, a value of the wrong
+            type, or a required input left out.
+
+    """
+    params: dict[str, Any] = {}
+    for item in items:
+        key, raw = split_param(item)
+        if key not in inputs:
+            known = ", ".join(inputs) or "none"
+            raise ParamError(f"unknown parameter {key!r}; the pipeline's parameters are: {known}")
+        if key in params:
+            raise ParamError(f"parameter {key!r} is given twice")
+        params[key] = convert(inputs[key], raw)
+    missing = [name for name, spec in inputs.items() if not spec.optional and name not in params]
+    if missing:
+        raise ParamError(f"missing required parameter(s): {', '.join(missing)} (give them with --param KEY=VALUE)")
+    return params
+
+
+def convert(spec: PipelineInput, raw: str) -> Any:
+    """Convert one raw value to the type the IR declares for ``spec``.
+
+    Raises:
+        ParamError: the value does not fit the type.
+
+    """
+    expected = {
+        "STRING": "a string",
+        "NUMBER_INTEGER": "an integer",
+        "NUMBER_DOUBLE": "a number",
+        "BOOLEAN": "true or false",
+        "LIST": "a JSON list",
+        "STRUCT": "a JSON object",
+    }.get(spec.type)
+    if expected is None:
+        raise ParamError(f"parameter {spec.name!r} is of type {spec.type} and cannot be set with --param")
+    value: Any
+    try:
+        if spec.type == "STRING":
+            return raw
+        if spec.type == "NUMBER_INTEGER":
+            return int(raw.strip())
+        if spec.type == "NUMBER_DOUBLE":
+            value = float(raw.strip())
+            if not math.isfinite(value):
+                raise ValueError(raw)
+            return value
+        if spec.type == "BOOLEAN":
+            lowered = raw.strip().lower()
+            if lowered not in ("true", "false"):
+                raise ValueError(raw)
+            return lowered == "true"
+        value = json.loads(raw)
+        if not isinstance(value, list if spec.type == "LIST" else dict):
+            raise ValueError(raw)
+        return value
+    except ValueError:
+        raise ParamError(f"parameter {spec.name!r} must be {expected}, got {raw!r}") from None

@@ -1,0 +1,85 @@
+"""The gate subcommands' exit codes and output: 0 passed, 1 failed/refused, 2 unusable input (nothing written)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resilient_training.cli import main
+from resilient_training.gates_testing import ScriptedLog, write_checkpoint
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    path = tmp_path / "run"
+    write_checkpoint(path, step=3)
+    log = ScriptedLog(path)
+    log.steps(1, 30, checkpoint_every=3)
+    log.end()
+    log.close()
+    return path
+
+
+def test_validate_then_gate_then_promote(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dest = tmp_path / "dest"
+    assert main(["promote", str(run), str(dest)]) == 1  # neither gate ran yet
+    assert "refused: checkpoints/step_3 was never validated" in capsys.readouterr().err
+    assert main(["validate-checkpoint", str(run)]) == 0
+    assert capsys.readouterr().out.startswith("VALID checkpoints/step_3 (step 3, 2 ranks")
+    assert main(["check-convergence", str(run), "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["passed"] and [c["name"] for c in verdict["checks"]] == [
+        "finite", "completed", "final_loss", "improvement", "continuity"]
+    assert main(["promote", str(run), str(dest), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["already_promoted"] is False
+    assert main(["promote", str(run / "checkpoints/step_3"), str(dest)]) == 0
+    assert "already promoted (no-op)" in capsys.readouterr().out
+
+
+def test_invalid_checkpoint_exits_1_with_json_findings(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (run / "checkpoints/step_3/manifest.json").write_text("not json")
+    assert main(["validate-checkpoint", str(run), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] is False
+    assert [(f["code"], f["file"]) for f in report["findings"]] == [
+        ("manifest_invalid", "checkpoints/step_3/manifest.json")]
+
+
+def test_failed_gate_exits_1(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-convergence", str(run), "--max-final-loss", "0.5"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAILED convergence gate") and "FAIL final_loss" in out
+
+
+@pytest.mark.parametrize("command", ["validate-checkpoint", "check-convergence"])
+@pytest.mark.parametrize("case", ["missing", "file", "not-a-run"])
+def test_unusable_paths_exit_2_and_write_nothing(tmp_path: Path, command: str, case: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "target"
+    if case == "file":
+        target.write_text("x")
+    elif case == "not-a-run":
+        target.mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    assert main([command, str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(target) in err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_bad_flags_exit_2(run: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["check-convergence", str(run), "--window", "many"])
+    assert exc.value.code == 2
+    assert main(["check-convergence", str(run), "--window", "0"]) == 2
+
+
+def test_console_script_is_installed(run: Path) -> None:
+    exe = Path(sys.executable).with_name("resilient-training")
+    proc = subprocess.run([str(exe), "validate-checkpoint", str(run), "--json", "--no-record"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["checkpoints"][0]["step"] == 3
+    assert not (run / "gates").exists()

@@ -1,0 +1,483 @@
+"""compile / upload / submit / schedule / runs / schedules: the real CLI and the real kfp.Client
+against a small stateful KFP v2beta1 API server (tests/kfp_api_server.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from kfp import components
+
+from resilient_training.cli import main
+from resilient_training.kfp_compile import compile_pipeline
+
+from .kfp_api_server import API, FakeKfpServer
+from .kfp_fixture_pipelines import PIPELINES, PIPELINES_CHANGED
+
+REPO = Path(__file__).resolve().parent.parent
+REGISTRY = "tests.kfp_fixture_pipelines:PIPELINES"
+CHANGED = "tests.kfp_fixture_pipelines:PIPELINES_CHANGED"
+VERSION_NAME = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{12}$")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch, tmp_path):
+    # The developer's own endpoint, token or pod credentials must not leak into these tests.
+    for name in ("KF_PIPELINES_ENDPOINT", "KF_PIPELINES_TOKEN", "KUBECONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(tmp_path / "no-such-token"))
+
+
+@pytest.fixture
+def server():
+    with FakeKfpServer() as fake:
+        yield fake
+
+
+@pytest.fixture
+def cli(capsys):
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def compiled_hash(tmp_path: Path, registry: dict, key: str = "tiny-train") -> tuple[str, dict]:
+    compiled = compile_pipeline(key, registry[key], tmp_path / "expected" / f"{key}.yaml")
+    return compiled.content_hash, compiled.spec
+
+
+# --- compile -------------------------------------------------------------------------------
+
+
+def test_compile_writes_yaml_that_loads_back_with_the_dag(cli, tmp_path):
+    code, out, err = cli("compile", "--registry", REGISTRY, "-o", tmp_path / "out")
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tiny-bench.yaml", "tiny-train.yaml"]
+    assert f"tiny-train: {tmp_path / 'out' / 'tiny-train.yaml'}" in out
+
+    path = tmp_path / "out" / "tiny-train.yaml"
+    loaded = components.load_component_from_file(str(path))
+    assert loaded.name == "tiny-train"
+    assert loaded.component_spec.inputs["nodes"].default == 2
+    spec, platform = yaml.safe_load_all(path.read_text())
+    tasks = spec["root"]["dag"]["tasks"]
+    assert set(tasks) == {"exit-handler-1", "teardown"}
+    assert tasks["teardown"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    inner = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    assert inner["condition-2"]["taskInfo"]["name"] == "converged"
+    assert "tolerance" in inner["condition-2"]["triggerPolicy"]["condition"]
+    parameters = spec["root"]["inputDefinitions"]["parameters"]
+    assert parameters["backend"] == {
+        "defaultValue": "local", "description": "storage backend, local | pvc | fsx.",
+        "isOptional": True, "parameterType": "STRING",
+    }
+    assert "isOptional" not in parameters["run_id"]
+    assert platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]["imagePullSecret"]
+
+
+def test_compile_one_pipeline_to_a_file_and_refuse_unknown_names(cli, tmp_path):
+    code, out, err = cli("compile", "--registry", REGISTRY, "--pipeline", "tiny-bench", "-o", tmp_path / "b.yaml")
+    assert code == 0, err
+    assert components.load_component_from_file(str(tmp_path / "b.yaml")).name == "tiny-bench"
+
+    code, out, err = cli("compile", "--registry", REGISTRY, "-o", tmp_path / "both.yaml")
+    assert code == 2
+    assert "is one file but 2 pipelines are selected (tiny-train, tiny-bench)" in err
+    assert not (tmp_path / "both.yaml").exists()
+
+    code, out, err = cli("compile", "--registry", REGISTRY, "--pipeline", "nope", "-o", tmp_path / "x")
+    assert (code, err) == (2, "error: unknown pipeline 'nope'; known pipelines: tiny-train, tiny-bench\n")
+
+    code, out, err = cli("compile", "--registry", "tests.kfp_fixture_pipelines:NOTHING", "-o", tmp_path / "x")
+    assert (code, err) == (2, "error: no pipelines registered: tests.kfp_fixture_pipelines.NOTHING is missing or empty\n")
+
+
+def test_the_projects_own_pipelines_compile_and_load_back(cli, tmp_path):
+    from resilient_training import pipelines
+
+    registry = getattr(pipelines, "PIPELINES", None)
+    if not registry:
+        pytest.skip("resilient_training.pipelines.PIPELINES has not landed yet")
+    code, out, err = cli("compile", "-o", tmp_path / "out")
+    assert code == 0, err
+    for key in registry:
+        assert components.load_component_from_file(str(tmp_path / "out" / f"{key}.yaml"))
+
+
+# --- upload --------------------------------------------------------------------------------
+
+
+def test_upload_creates_then_adds_versions_and_never_uploads_the_same_content_twice(cli, tmp_path):
+    first_hash, first_spec = compiled_hash(tmp_path, PIPELINES)
+    changed_hash, _ = compiled_hash(tmp_path, PIPELINES_CHANGED)
+    assert first_hash != changed_hash
+    # One item per page, so finding earlier content has to walk every page.
+    with FakeKfpServer(max_page_size=1) as server:
+        code, out, err = cli("upload", "--host", server.url, "--registry", REGISTRY)
+        assert code == 0, err
+        [pipeline] = server.pipelines.values()
+        [version] = server.versions.values()
+        assert pipeline["display_name"] == "tiny-train"
+        assert pipeline["description"] == "Tiny training pipeline for the CLI tests."
+        assert VERSION_NAME.match(version["display_name"]) and version["display_name"].endswith(first_hash[:12])
+        assert f"content sha256:{first_hash}" in version["description"]
+        assert version["pipeline_spec"] == first_spec  # the multipart upload carried the compiled file
+        assert f"created pipeline 'tiny-train' (id {pipeline['pipeline_id']})" in out
+        assert f"{server.url}/#/pipelines/details/{pipeline['pipeline_id']}/version/{version['pipeline_version_id']}" in out
+
+        code, out, err = cli("upload", "--host", server.url, "--registry", REGISTRY)
+        assert code == 0, err
+        assert out.startswith(f"unchanged: version '{version['display_name']}' of 'tiny-train' already holds this content")
+        assert len(server.calls("POST", f"{API}/pipelines/upload_version")) == 1
+
+        code, out, err = cli("upload", "--host", server.url, "--registry", CHANGED)
+        assert code == 0, err
+        assert len(server.versions) == 2
+        assert out.startswith("uploaded version ")
+
+        code, out, err = cli("upload", "--host", server.url, "--registry", CHANGED, "--version", "v1.0")
+        assert code == 0, err
+        assert [v["display_name"] for v in server.versions.values()][-1] == "v1.0"
+        code, out, err = cli("upload", "--host", server.url, "--registry", CHANGED, "--version", "v1.0")
+        assert code == 0 and out.startswith("unchanged: version 'v1.0'"), out + err
+
+        # The first content again: found on the last page, nothing uploaded.
+        code, out, err = cli("upload", "--host", server.url, "--registry", REGISTRY)
+        assert code == 0 and out.startswith(f"unchanged: version '{version['display_name']}'"), out + err
+
+        code, out, err = cli("upload", "--host", server.url, "--registry", REGISTRY, "--version", "v1.0")
+        assert code == 1
+        assert err == (f"error: pipeline 'tiny-train' on {server.url} already has a version 'v1.0' with other content; "
+                       "choose another --version\n")
+        assert len(server.versions) == 3
+        assert len(server.pipelines) == 1
+        assert len(server.calls("POST", f"{API}/pipelines")) == 1
+
+
+def test_upload_a_compiled_file_under_another_name(cli, server, tmp_path):
+    cli("compile", "--registry", REGISTRY, "--pipeline", "tiny-bench", "-o", tmp_path / "bench.yaml")
+    code, out, err = cli("upload", "--host", server.url, "--package", tmp_path / "bench.yaml", "--name", "nightly-bench")
+    assert code == 0, err
+    [pipeline] = server.pipelines.values()
+    [version] = server.versions.values()
+    assert pipeline["display_name"] == "nightly-bench"
+    assert version["pipeline_spec"]["pipelineInfo"]["name"] == "tiny-bench"
+
+
+# --- submit --------------------------------------------------------------------------------
+
+
+def test_submit_runs_the_newest_uploaded_version_in_an_experiment_created_once(cli, server):
+    assert cli("upload", "--host", server.url, "--registry", REGISTRY)[0] == 0
+    assert cli("upload", "--host", server.url, "--registry", CHANGED, "--version", "v2")[0] == 0
+    [old, new] = server.versions.values()
+
+    code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--experiment", "nightly",
+                         "--param", "run_id=r1", "--param", "nodes=3", "--param", "inject_faults=false")
+    assert code == 0, err
+    [experiment] = server.experiments.values()
+    assert experiment["display_name"] == "nightly"
+    [run] = server.runs.values()
+    assert run["experiment_id"] == experiment["experiment_id"]
+    assert run["pipeline_version_reference"] == {
+        "pipeline_id": new["pipeline_id"], "pipeline_version_id": new["pipeline_version_id"],
+    }
+    assert "pipeline_spec" not in run
+    assert run["runtime_config"]["parameters"] == {"run_id": "r1", "nodes": 3, "inject_faults": False}
+    assert re.match(r"^tiny-train-\d{8}-\d{6}$", run["display_name"])
+    assert f"created experiment 'nightly' (id {experiment['experiment_id']})" in out
+    assert "from tiny-train version v2" in out
+    assert f"{server.url}/#/runs/details/{run['run_id']}" in out
+
+    code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--experiment", "nightly",
+                         "--param", "run_id=r2", "--run-name", "second", "--version", old["display_name"])
+    assert code == 0, err
+    assert len(server.experiments) == 1
+    assert "using experiment 'nightly'" in out
+    second = list(server.runs.values())[-1]
+    assert second["display_name"] == "second"
+    assert second["pipeline_version_reference"]["pipeline_version_id"] == old["pipeline_version_id"]
+
+
+def test_submit_with_the_package_sends_the_spec_and_needs_no_upload(cli, server, tmp_path):
+    _, spec = compiled_hash(tmp_path, PIPELINES)
+    code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--package", "--param", "run_id=p1",
+                         "--namespace", "team-a")
+    assert code == 0, err
+    assert server.pipelines == {}
+    [run] = server.runs.values()
+    assert "pipeline_version_reference" not in run
+    # kfp.Client sends the PipelineSpec and, beside it, the Kubernetes platform spec.
+    assert run["pipeline_spec"]["pipeline_spec"]["pipelineInfo"] == spec["pipelineInfo"]
+    assert run["pipeline_spec"]["platform_spec"]["platforms"]["kubernetes"]
+    [experiment] = server.experiments.values()
+    assert (experiment["display_name"], experiment["namespace"]) == ("resilient-training", "team-a")
+
+    cli("compile", "--registry", REGISTRY, "--pipeline", "tiny-bench", "-o", tmp_path / "bench.yaml")
+    code, out, err = cli("submit", "--host", server.url, "--package", tmp_path / "bench.yaml", "--param", "repeats=5")
+    assert code == 0, err
+    bench = list(server.runs.values())[-1]
+    assert bench["pipeline_spec"]["pipelineInfo"]["name"] == "tiny-bench"
+    assert bench["runtime_config"]["parameters"] == {"repeats": 5}
+
+
+def test_submit_before_upload_says_how_to_upload(cli, server):
+    code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--param", "run_id=x")
+    assert code == 1
+    assert err == (f"error: pipeline 'tiny-train' is not on {server.url}; upload it first "
+                   f"(resilient-training upload --host {server.url}) or send the package with --package\n")
+    assert server.runs == {} and server.experiments == {}
+
+
+# --- schedule ------------------------------------------------------------------------------
+
+
+def test_schedule_sends_cron_concurrency_catchup_and_params(cli, server):
+    assert cli("upload", "--host", server.url, "--registry", REGISTRY)[0] == 0
+    [version] = server.versions.values()
+    code, out, err = cli("schedule", "--host", server.url, "--registry", REGISTRY, "--cron", "0 0 2 * * *",
+                         "--max-concurrency", "3", "--no-catchup", "--param", "run_id=nightly", "--param", "nodes=4",
+                         "--job-name", "nightly")
+    assert code == 0, err
+    [sent] = [r.json for r in server.calls("POST", f"{API}/recurringruns")]
+    assert sent["trigger"] == {"cron_schedule": {"cron": "0 0 2 * * *"}}
+    assert sent["max_concurrency"] == 3
+    assert sent["no_catchup"] is True
+    assert sent["mode"] == "ENABLE"
+    assert sent["display_name"] == "nightly"
+    assert sent["runtime_config"]["parameters"] == {"run_id": "nightly", "nodes": 4}
+    assert sent["pipeline_version_reference"]["pipeline_version_id"] == version["pipeline_version_id"]
+    [job] = server.recurring_runs.values()
+    assert f"recurring run 'nightly' created (id {job['recurring_run_id']})" in out
+    assert "cron '0 0 2 * * *', max concurrency 1" not in out and "max concurrency 3, catchup off" in out
+    assert f"{server.url}/#/recurringrun/details/{job['recurring_run_id']}" in out
+
+    code, out, err = cli("schedule", "--host", server.url, "--registry", REGISTRY, "--cron", "0 30 9 ? * MON-FRI",
+                         "--param", "run_id=weekday")
+    assert code == 0, err
+    weekday = server.calls("POST", f"{API}/recurringruns")[-1].json
+    assert (weekday["display_name"], weekday["max_concurrency"], weekday["no_catchup"]) == ("tiny-train-schedule", 1, False)
+
+    code, out, err = cli("schedule", "--host", server.url, "--registry", REGISTRY, "--cron", "0 0 3 * * *",
+                         "--param", "run_id=again", "--job-name", "nightly")
+    assert code == 1
+    assert f"a recurring run named 'nightly' already exists in that experiment on {server.url}" in err
+    assert len(server.recurring_runs) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cron", "0 2 * * *"], "Did you mean '0 0 2 * * *'?"),
+        (["--cron", "0 0 24 * * *"], "hour field: 24 is outside 0-23"),
+        (["--cron", "0 0 2 * * *", "--max-concurrency", "0"], "--max-concurrency must be 1-10 (the KFP API's range), got 0"),
+        (["--cron", "0 0 2 * * *", "--max-concurrency", "11"], "--max-concurrency must be 1-10"),
+        (["--cron", "0 0 2 * * *", "--param", "nodes"], "--param 'nodes' is not key=value"),
+        (["--cron", "0 0 2 * * *", "--param", "nodes=two"], "parameter 'nodes' must be an integer, got 'two'"),
+        (["--cron", "0 0 2 * * *", "--param", "colour=red"], "unknown parameter 'colour'"),
+        (["--cron", "0 0 2 * * *", "--pipeline", "nope"], "unknown pipeline 'nope'"),
+        (["--cron", "0 0 2 * * *"], "missing required parameter(s): run_id"),
+        (["--cron", "0 0 2 * * *", "--auth", "in-cluster"], "--auth in-cluster: no token file at"),
+        (["--cron", "0 0 2 * * *", "--auth", "token"], "--auth token needs --token or $KF_PIPELINES_TOKEN"),
+    ],
+)
+def test_bad_schedule_input_fails_before_any_request(cli, server, args, message):
+    params = [] if "missing" in message or "--param" in args else ["--param", "run_id=x"]
+    code, out, err = cli("schedule", "--host", server.url, "--registry", REGISTRY, *params, *args)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert server.requests == []
+
+
+# --- runs / schedules ----------------------------------------------------------------------
+
+
+def test_runs_and_schedules_list_compact_tables(cli, server):
+    assert cli("upload", "--host", server.url, "--registry", REGISTRY)[0] == 0
+    for experiment, name in (("a", "run-a1"), ("a", "run-a2"), ("b", "run-b1")):
+        code, _, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--experiment", experiment,
+                           "--run-name", name, "--param", "run_id=x")
+        assert code == 0, err
+    code, _, err = cli("schedule", "--host", server.url, "--registry", REGISTRY, "--experiment", "b", "--cron",
+                       "0 0 2 * * *", "--max-concurrency", "2", "--no-catchup", "--param", "run_id=x",
+                       "--job-name", "nightly")
+    assert code == 0, err
+
+    code, out, err = cli("runs", "--host", server.url)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["RUN", "ID", "NAME", "STATE", "CREATED", "FINISHED"]
+    assert [line.split()[1] for line in lines[1:]] == ["run-b1", "run-a2", "run-a1"]  # newest first
+    assert all(" PENDING " in line for line in lines[1:])
+
+    code, out, err = cli("runs", "--host", server.url, "--experiment", "a", "--limit", "1")
+    assert code == 0, err
+    assert [line.split()[1] for line in out.splitlines()[1:]] == ["run-a2"]
+
+    code, out, err = cli("runs", "--host", server.url, "--experiment", "missing")
+    assert (code, err) == (1, f"error: experiment 'missing' on {server.url}: No experiment is found with name missing.\n")
+
+    code, out, err = cli("schedules", "--host", server.url)
+    assert code == 0, err
+    header, row = out.splitlines()
+    assert header.split() == ["RECURRING", "RUN", "ID", "NAME", "SCHEDULE", "MODE", "MAX", "CONC", "CATCHUP", "CREATED"]
+    job_id = next(iter(server.recurring_runs))
+    assert row.split()[:9] == [job_id, "nightly", "cron", "0", "0", "2", "*", "*", "*"]
+    assert row.split()[9:12] == ["ENABLE", "2", "off"]
+
+    code, out, err = cli("schedules", "--host", server.url, "--experiment", "a")
+    assert (code, out) == (0, "no recurring runs\n")
+
+
+# --- hosts and credentials -----------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_host_is_one_clear_line(cli):
+    host = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    code, out, err = cli("runs", "--host", host)
+    assert code == 1
+    assert err == f"error: cannot reach Kubeflow Pipelines at {host} (health check): connection refused\n"
+    assert time.monotonic() - started < 5
+
+
+def test_a_host_that_never_answers_times_out(cli):
+    # Listening but never accepting: the connection opens (kernel backlog), no answer comes.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        code, out, err = cli("schedules", "--host", host, "--timeout", "0.5")
+        assert time.monotonic() - started < 5
+    assert (code, err) == (1, f"error: cannot reach Kubeflow Pipelines at {host} (health check): timed out\n")
+
+
+def test_a_url_that_is_not_the_kfp_api_fails_at_once(cli, server):
+    started = time.monotonic()
+    code, out, err = cli("schedules", "--host", server.url + "/not-kfp/")
+    assert code == 1
+    assert "answered HTTP 404" in err and "is this the Kubeflow Pipelines API endpoint?" in err
+    # kfp.Client alone would retry healthz 5 times, 5 s apart.
+    assert time.monotonic() - started < 5
+    assert [r.path for r in server.requests] == ["/not-kfp/apis/v2beta1/healthz"]
+
+
+def test_a_login_page_instead_of_the_api_is_named(cli):
+    with FakeKfpServer(login_proxy=True) as server:
+        code, out, err = cli("runs", "--host", server.url)
+    assert code == 1
+    assert err == (f"error: {server.url} answered /apis/v2beta1/healthz with text/html; charset=utf-8, not the KFP API's "
+                   "JSON (a login page? credentials used: none; see --token)\n")
+    assert [r.path for r in server.requests] == ["/apis/v2beta1/healthz", "/login"]
+
+
+def test_a_multi_user_server_needs_a_namespace_for_experiments_and_runs(cli):
+    with FakeKfpServer(multi_user=True) as server:
+        code, out, err = cli("runs", "--host", server.url)
+        assert (code, err) == (1, f"error: {server.url} is a multi-user Kubeflow Pipelines: give --namespace "
+                                  "(your profile's namespace) for experiments and runs\n")
+        assert {r.path for r in server.requests} == {f"{API}/healthz"}  # ours, then kfp.Client's own
+        code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--package", "--param", "run_id=x",
+                             "--namespace", "team-a")
+        assert code == 0, err
+        [experiment] = server.experiments.values()
+        assert experiment["namespace"] == "team-a"
+        code, out, err = cli("runs", "--host", server.url, "--namespace", "team-a")
+        assert code == 0, err
+        assert server.requests[-1].query["namespace"] == "team-a"
+
+
+def test_host_needs_a_scheme_and_is_required(cli, server):
+    code, out, err = cli("runs", "--host", "localhost:8080")
+    assert (code, err) == (2, "error: --host must be an http:// or https:// URL, got 'localhost:8080'\n")
+    code, out, err = cli("runs")
+    assert (code, err) == (2, "error: --host URL is required (or set KF_PIPELINES_ENDPOINT)\n")
+    code, out, err = cli("runs", "--host", server.url, "--timeout", "0")
+    assert (code, err) == (2, "error: --timeout must be a positive number of seconds, got 0.0\n")
+    code, out, err = cli("runs", "--host", server.url, "--limit", "0")
+    assert (code, err) == (2, "error: --limit must be at least 1, got 0\n")
+    assert server.requests == []
+
+
+def write_kubeconfig(path: Path) -> Path:
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "main",
+        "clusters": [{"name": "c", "cluster": {"server": "https://kubernetes.invalid"}}],
+        "users": [{"name": "right", "user": {"token": "s3cret"}}, {"name": "wrong", "user": {"token": "nope"}},
+                  {"name": "cert", "user": {"client-certificate-data": "eA==", "client-key-data": "eA=="}}],
+        "contexts": [{"name": "main", "context": {"cluster": "c", "user": "right"}},
+                     {"name": "other", "context": {"cluster": "c", "user": "wrong"}},
+                     {"name": "certs", "context": {"cluster": "c", "user": "cert"}}],
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("way", ["--token", "env", "in-cluster", "kubeconfig"])
+def test_each_credential_source_sends_the_bearer_token(cli, monkeypatch, tmp_path, way):
+    args = []
+    if way == "--token":
+        args = ["--token", "s3cret"]
+    elif way == "env":
+        monkeypatch.setenv("KF_PIPELINES_TOKEN", "s3cret")
+    elif way == "in-cluster":
+        (tmp_path / "token").write_text("s3cret\n")
+        monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(tmp_path / "token"))
+    else:
+        args = ["--kubeconfig", write_kubeconfig(tmp_path / "kubeconfig")]
+    with FakeKfpServer(token="s3cret") as server:
+        code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--package", "--param", "run_id=x",
+                             *args)
+        assert code == 0, err
+        assert len(server.runs) == 1
+        assert {r.headers.get("authorization") for r in server.requests} == {"Bearer s3cret"}
+
+
+def test_refused_credentials_say_which_were_used(cli, tmp_path):
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig")
+    with FakeKfpServer(token="s3cret") as server:
+        code, out, err = cli("runs", "--host", server.url)
+        assert code == 1
+        assert err == (f"error: {server.url} answered HTTP 401 Unauthorized (health check): Unauthenticated: missing or "
+                       "invalid bearer token; credentials used: none (see --token, --auth)\n")
+        code, out, err = cli("runs", "--host", server.url, "--kubeconfig", kubeconfig, "--context", "other")
+        assert code == 1 and f"credentials used: kubeconfig {kubeconfig} context other" in err
+        assert server.requests[-1].headers["authorization"] == "Bearer nope"
+        count = len(server.requests)
+        code, out, err = cli("runs", "--host", server.url, "--kubeconfig", kubeconfig, "--context", "certs")
+        assert code == 2 and "has no bearer token (client certificates cannot be forwarded" in err
+        code, out, err = cli("runs", "--host", server.url, "--kubeconfig", tmp_path / "missing")
+        assert code == 2 and "cannot read a token from kubeconfig" in err
+        assert len(server.requests) == count
+
+
+def test_the_installed_command_prints_one_line_not_a_traceback(server, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "resilient_training.cli"]
+    host = f"http://127.0.0.1:{free_port()}"
+    five = subprocess.run([*command, "schedule", "--host", server.url, "--registry", REGISTRY, "--cron", "0 2 * * *",
+                           "--param", "run_id=x"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert five.returncode == 2
+    assert five.stderr.count("\n") == 1 and "Did you mean '0 0 2 * * *'?" in five.stderr
+    refused = subprocess.run([*command, "runs", "--host", host], capture_output=True, text=True, env=env, timeout=60)
+    assert refused.returncode == 1
+    assert refused.stderr == f"error: cannot reach Kubeflow Pipelines at {host} (health check): connection refused\n"
+    assert server.requests == []

@@ -1,0 +1,65 @@
+"""KFP cron: six fields, seconds first; five fields refused with the six-field hint; ranges per field."""
+
+from __future__ import annotations
+
+import pytest
+
+from resilient_training.kfp_cron import CronError, validate_cron
+
+
+@pytest.mark.parametrize(
+    ("expression", "normalised"),
+    [
+        ("0 0 2 * * *", "0 0 2 * * *"),
+        ("  0   0 2 * * * ", "0 0 2 * * *"),
+        ("*/15 * * * * ?", "*/15 * * * * ?"),
+        ("0 30 9 ? * MON-FRI", "0 30 9 ? * MON-FRI"),
+        ("0 0 0 1 jan,jul *", "0 0 0 1 jan,jul *"),
+        ("59 59 23 31 12 6", "59 59 23 31 12 6"),
+        ("0 0 1-5/2 * * 0,6", "0 0 1-5/2 * * 0,6"),
+        ("5/10 * * * * *", "5/10 * * * * *"),
+        ("@Daily", "@daily"),
+    ],
+)
+def test_valid_cron_is_accepted(expression, normalised):
+    assert validate_cron(expression) == normalised
+
+
+def test_five_fields_are_refused_with_the_six_field_equivalent():
+    with pytest.raises(CronError) as caught:
+        validate_cron("0 2 * * *")
+    message = str(caught.value)
+    assert "has 5 fields" in message
+    assert "seconds first" in message
+    # What KFP's robfig/cron v1 parser would do with it, and the fix.
+    assert "KFP would read it as second=0 minute=2 hour=*" in message
+    assert "Did you mean '0 0 2 * * *'?" in message
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("60 0 2 * * *", "second field: 60 is outside 0-59"),
+        ("0 60 2 * * *", "minute field: 60 is outside 0-59"),
+        ("0 0 24 * * *", "hour field: 24 is outside 0-23"),
+        ("0 0 2 0 * *", "day-of-month field: 0 is outside 1-31"),
+        ("0 0 2 32 * *", "day-of-month field: 32 is outside 1-31"),
+        ("0 0 2 * 13 *", "month field: 13 is outside 1-12"),
+        ("0 0 2 * * 7", "day-of-week field: 7 is outside 0-6"),
+        ("0 0 2 1,40 * *", "day-of-month field: 40 is outside 1-31"),
+        ("0 0 5-3 * * *", "hour field: range '5-3' starts after it ends"),
+        ("*/0 * * * * *", "second field: step in '*/0' must be a positive whole number"),
+        ("0 0 x * * *", "hour field: 'x' is not a number"),
+        ("0 0 2 * foo *", "month field: 'foo' is not a number (or one of jan,"),
+        ("0 0 1,,2 * * *", "hour field: empty item"),
+        ("0 0 1-2-3 * * *", "hour field: '1-2-3' has more than one '-'"),
+        ("0 0 */2/3 * * *", "hour field: '*/2/3' has more than one '/'"),
+        ("0 0 2 * * * 2026", "has 7 fields; KFP cron has 6"),
+        ("", "has 0 fields"),
+        ("@every 1h", "unknown cron descriptor '@every'"),
+    ],
+)
+def test_bad_cron_names_the_field_and_range(expression, message):
+    with pytest.raises(CronError) as caught:
+        validate_cron(expression)
+    assert message in str(caught.value)

@@ -1,0 +1,70 @@
+"""--param values are typed by the compiled pipeline's inputs; bad ones are refused with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from resilient_training.kfp_compile import compile_pipeline
+from resilient_training.kfp_params import ParamError, parse_params
+
+from .kfp_fixture_pipelines import PIPELINES
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    path = tmp_path_factory.mktemp("compiled") / "tiny-train.yaml"
+    return compile_pipeline("tiny-train", PIPELINES["tiny-train"], path).inputs
+
+
+def test_inputs_come_from_the_ir_with_defaults_and_descriptions(inputs):
+    assert list(inputs) == ["backend", "extra", "fault_steps", "inject_faults", "nodes", "run_id", "tolerance"]
+    assert inputs["nodes"].type == "NUMBER_INTEGER"
+    assert inputs["nodes"].default == 2
+    assert inputs["nodes"].description == "number of training nodes."
+    assert inputs["run_id"].optional is False
+    assert inputs["tolerance"].optional is True
+
+
+def test_values_are_converted_to_each_inputs_type(inputs):
+    params = parse_params(
+        ["run_id=123", "nodes= 3", "tolerance=0.1", "inject_faults=FALSE", "fault_steps=[1, 2]",
+         'extra={"a": {"b": 1}}', "backend=a=b"],
+        inputs,
+    )
+    assert params == {
+        "run_id": "123",  # a STRING input keeps digits as text
+        "nodes": 3,
+        "tolerance": 0.1,
+        "inject_faults": False,
+        "fault_steps": [1, 2],
+        "extra": {"a": {"b": 1}},
+        "backend": "a=b",  # only the first '=' splits
+    }
+    assert isinstance(params["nodes"], int) and isinstance(params["tolerance"], float)
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["nodes"], "--param 'nodes' is not key=value"),
+        (["=3"], "--param '=3' is not key=value"),
+        (["colour=red"], "unknown parameter 'colour'; the pipeline's parameters are: backend, extra,"),
+        (["nodes=two"], "parameter 'nodes' must be an integer, got 'two'"),
+        (["nodes=2.5"], "parameter 'nodes' must be an integer, got '2.5'"),
+        (["tolerance=nan"], "parameter 'tolerance' must be a number, got 'nan'"),
+        (["inject_faults=yes"], "parameter 'inject_faults' must be true or false, got 'yes'"),
+        (["fault_steps={}"], "parameter 'fault_steps' must be a JSON list, got '{}'"),
+        (["extra=[1]"], "parameter 'extra' must be a JSON object, got '[1]'"),
+        (["extra={bad json"], "parameter 'extra' must be a JSON object"),
+        (["nodes=1", "nodes=2"], "parameter 'nodes' is given twice"),
+    ],
+)
+def test_bad_params_are_refused(inputs, items, message):
+    with pytest.raises(ParamError) as caught:
+        parse_params(["run_id=r", *items], inputs)
+    assert message in str(caught.value)
+
+
+def test_a_required_input_left_out_is_named(inputs):
+    with pytest.raises(ParamError, match=r"missing required parameter\(s\): run_id"):
+        parse_params(["nodes=3"], inputs)

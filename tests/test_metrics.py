@@ -1,0 +1,160 @@
+"""The goodput maths against numbers worked out by hand from scripted event logs."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from resilient_training import events as ev
+from resilient_training.gates_testing import ScriptedLog
+from resilient_training.metrics import RunError, compute_metrics, episodes, percentiles, young_daly
+
+
+def faulted_run(run: Path, *, layer: str = "inprocess") -> ScriptedLog:
+    log = ScriptedLog(run)
+    log.start()
+    log.wait(1.0)
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 12, checkpoint_every=5)  # t = 1.0 + 1.2 + 2 x 0.02 = 2.24
+    log.wait(0.05)
+    log.emit("fault_injected", 13, rank=1, fault="exception")  # t = 2.29
+    log.wait(0.5)
+    log.emit("failure_detected", 13, cause="exception", message="injected")
+    log.emit("restart_begin", 13, layer=layer, cause="exception")
+    if layer == "launcher":
+        log.attempt += 1
+    else:
+        log.iteration += 1
+    log.wait(1.0)
+    log.emit("restart_done", layer=layer)
+    log.wait(0.2)
+    log.emit("load_done", 10, path="checkpoints/step_10", seconds=0.2)  # t = 3.99
+    log.steps(11, 20, checkpoint_every=5)  # first step at 4.09, last at 5.03
+    log.end()
+    log.close()
+    return log
+
+
+def test_faulted_run_numbers(tmp_path: Path) -> None:
+    faulted_run(tmp_path)
+    m = compute_metrics(tmp_path)
+    assert m["wall_seconds"] == pytest.approx(5.03)
+    assert m["steps"] == {"completed": 20, "last": 20, "executed": 22, "replayed": 2}
+    assert m["productive_step_seconds"] == pytest.approx(2.0)
+    assert m["training_goodput"] == pytest.approx(2.0 / 5.03)
+    assert m["downtime_seconds"] == pytest.approx(1.80)
+    assert m["infrastructure_goodput"] == pytest.approx((5.03 - 1.80) / 5.03)
+    (fault,) = m["faults"]
+    assert fault["fault"] == "exception" and fault["cause"] == "exception" and fault["layer"] == "inprocess"
+    assert fault["restored_step"] == 10 and fault["last_step_before"] == 12 and fault["rollback_steps"] == 2
+    assert fault["recovery_seconds"] == pytest.approx(1.80)
+    assert m["recovery_seconds"]["by_layer"]["inprocess"]["max"] == pytest.approx(1.80)
+    assert m["restart_causes"] == {"exception": 1}
+    assert m["checkpoints"]["committed"] == 4 and m["checkpoints"]["steps"] == [5, 10, 15, 20]
+    assert m["checkpoints"]["stall_seconds"]["mean"] == pytest.approx(0.02)
+    assert m["checkpoints"]["interval_steps"] == 5
+    assert m["freshness_steps"]["max"] == 5  # at a save step, before its commit
+    series = {step: f for _, step, f in m["freshness_steps"]["series"]}
+    assert series[12] == 2 and series[15] == 5 and series[16] == 1
+    interval = m["suggested_checkpoint_interval"]
+    assert interval["mtbf_seconds"] == pytest.approx(5.03)
+    assert interval["young_seconds"] == pytest.approx(math.sqrt(2 * 0.02 * 5.03))
+    assert interval["young_steps"] == pytest.approx(round(math.sqrt(2 * 0.02 * 5.03) / 0.1, 1))
+    assert [(s["attempt"], s["iteration"], s["first_step"], s["last_step"]) for s in m["timeline"]] == [
+        (0, 0, 1, 12), (0, 1, 11, 20)]
+    assert m["status"] == "completed"
+
+
+def test_launcher_restart_is_classified_by_its_layer(tmp_path: Path) -> None:
+    faulted_run(tmp_path, layer="launcher")
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert fault["layer"] == "launcher"
+
+
+def test_layer_is_inferred_when_no_restart_done_was_logged(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 5, checkpoint_every=5)
+    log.emit("fault_injected", 6, rank=0, fault="sigkill")
+    log.attempt += 1  # ft_launcher restarted the workers; the killed rank logged nothing more
+    log.wait(3.0)
+    log.emit("load_done", 5, path="checkpoints/step_5", seconds=0.1)
+    log.steps(6, 8)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert fault["layer"] == "launcher" and fault["recovery_seconds"] == pytest.approx(3.1)
+    assert fault["rollback_steps"] == 0
+
+
+def test_fault_absorbed_without_restart_costs_nothing(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 3)
+    log.emit("fault_injected", 4, rank=0, fault="ckpt-kill")
+    log.steps(4, 6)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert [f["layer"] for f in m["faults"]] == ["none"]
+    assert m["downtime_seconds"] == 0 and m["restart_causes"] == {}
+
+
+def test_unrecovered_fault_counts_until_the_end(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 3)
+    log.emit("fault_injected", 4, rank=1, fault="hang")
+    log.emit("failure_detected", 4, rank=0, cause="timeout", message="")
+    log.wait(2.0)
+    log.end("failed", "max restarts")
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert m["unrecovered_faults"] == 1 and m["faults"][0]["layer"] == "unrecovered"
+    assert m["downtime_seconds"] == pytest.approx(2.0)
+    assert m["status"] == "failed"
+
+
+def test_two_faults_in_one_recovery_are_one_episode(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 5, checkpoint_every=5)
+    log.emit("fault_injected", 6, rank=1, fault="exception")
+    log.emit("restart_begin", 6, layer="inprocess", cause="exception")
+    log.wait(1.0)
+    log.emit("fault_injected", 6, rank=0, fault="exception")  # fails again while restarting
+    log.emit("restart_begin", 6, layer="launcher", cause="exception")
+    log.wait(2.0)
+    log.emit("restart_done", layer="launcher")
+    log.emit("load_done", 5, path="checkpoints/step_5", seconds=0.1)
+    log.steps(6, 7)
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert len(m["faults"]) == 1 and m["faults"][0]["layer"] == "launcher"
+    assert m["faults"][0]["recovery_seconds"] == pytest.approx(3.1)
+
+
+def test_percentiles_and_young_daly() -> None:
+    p = percentiles([1.0, 2.0, 3.0, 4.0, 10.0])
+    assert (p["mean"], p["p50"], p["max"]) == (4.0, 3.0, 10.0)
+    assert p["p95"] == pytest.approx(4.0 + 0.8 * 6.0)
+    assert percentiles([])["mean"] is None
+    yd = young_daly(10.0, 3600.0)
+    assert yd["young_seconds"] == pytest.approx(math.sqrt(2 * 10 * 3600))
+    r = 10.0 / 7200
+    assert yd["daly_seconds"] == pytest.approx(math.sqrt(2 * 10 * 3600) * (1 + math.sqrt(r) / 3 + r / 9) - 10)
+    assert young_daly(1.0, None)["young_seconds"] is None
+
+
+@pytest.mark.parametrize("make", ["missing", "no-events", "empty-events"])
+def test_not_a_run(tmp_path: Path, make: str) -> None:
+    run = tmp_path / "run"
+    if make != "missing":
+        run.mkdir()
+    if make == "empty-events":
+        ev.events_dir(run).mkdir()
+    with pytest.raises(RunError, match="run"):
+        compute_metrics(run)
+
+
+def test_torn_last_line_of_a_killed_writer_is_skipped(tmp_path: Path) -> None:
+    faulted_run(tmp_path)
+    with open(ev.events_dir(tmp_path) / "rank1.jsonl", "a") as handle:
+        handle.write('{"ts": 1700000009.0, "rank": 1, "attem')
+    assert len(episodes(ev.read_events(tmp_path))) == 1

@@ -1,0 +1,63 @@
+"""`resilient-training render-job`: writes a valid PyTorchJob, refuses bad input with the reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from resilient_training import cli
+from resilient_training.testing import crd_schema
+
+
+def test_render_job_writes_a_valid_job(tmp_path, shared_schemas):
+    out = tmp_path / "job.yaml"
+    code = cli.main(["render-job", "--name", "llama-ft", "--nodes", "64", "--gpus-per-node", "8", "--image",
+                     "registry.example.com/rt/trainer:0.1.0", "--pvc", "fsx-claim", "--namespace", "team-a",
+                     "--efa", "32", "--node-selector", "node.kubernetes.io/instance-type=p5.48xlarge",
+                     "--toleration", "nvidia.com/gpu:NoSchedule", "--steps", "2000", "--faults", "sigkill@500:17",
+                     "--heartbeat-timeout", "300", "--model-d-model", "2048", "--model-n-heads", "16", "-o", str(out)])
+    assert code == 0
+    job = yaml.safe_load(out.read_text())
+    schema = crd_schema.load_crd_schema(shared_schemas / "kubeflow.org_pytorchjobs.yaml")
+    assert crd_schema.schema_errors(job, schema) == [] and crd_schema.webhook_errors(job) == []
+    (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--run-dir") + 1] == "/mnt/run/runs/llama-ft"
+    assert args[args.index("--faults") + 1] == "sigkill@500:17"
+    assert "--ft-rank-heartbeat-timeout=300.0" in args
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 64
+
+
+@pytest.mark.parametrize(("argv", "reason"), [
+    (["--name", "Llama_FT"], "is not a DNS-1035 label"),
+    (["--nodes", "0"], "nodes must be an integer from 1"),
+    (["--gpus-per-node", "-2"], "gpus_per_node must be between 0 and 64"),
+    (["--pvc", "Bad_Claim"], "is not a DNS-1123 subdomain"),
+    (["--mount-path", "data"], "mount path must be an absolute directory"),
+    (["--node-selector", "no-equals-sign"], "must be KEY=VALUE"),
+    (["--steps", "0"], "steps must be positive"),
+])
+def test_render_job_refuses_bad_input_with_the_reason(argv, reason, tmp_path, capsys):
+    base = {"--name": "ok-job", "--nodes": "2", "--gpus-per-node": "8", "--pvc": "claim"}
+    flags = dict(base)
+    extra = []
+    for i in range(0, len(argv), 2):
+        if argv[i] in flags:
+            flags[argv[i]] = argv[i + 1]
+        else:
+            extra += argv[i:i + 2]
+    out = tmp_path / "job.yaml"
+    code = cli.main(["render-job", *[x for kv in flags.items() for x in kv], *extra, "-o", str(out)])
+    assert code == 2
+    assert reason in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_console_script_runs_render_job():
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "render-job", "--name", "rt-x", "--nodes",
+                           "2", "--gpus-per-node", "8", "--pvc", "claim"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["kind"] == "PyTorchJob"
