@@ -312,7 +312,7 @@ class SimulatedCluster:
     def __init__(self, config: cfg.TrainConfig, spec: ClusterSpec, *, env: dict[str, str] | None = None,
                  progress: Callable[[str], None] | None = print) -> None:
         from resilient_training import nvrx_adapter
-        from resilient_training.checkpointing import iteration_file
+        from resilient_training.checkpoint_format import iteration_file
 
         self.config = config
         self.spec = spec
