@@ -366,20 +366,23 @@ def iter_shards(ckpt_dir: str | os.PathLike[str], manifest: Mapping[str, Any]) -
         yield load_shard(Path(ckpt_dir) / shard_name(rank))
 
 
-def split_dim0(tensor: Any, world_size: int) -> list[tuple[int, Any]]:
-    """(offset, slice) of each rank: ``torch.chunk`` along dim 0 as FSDP2 ``Shard(0)`` splits.
-
-    Ranks past the last chunk get an empty slice. The inverse of :func:`assemble_full`;
-    resharding to another world size is ``assemble_full`` then ``split_dim0``.
+def chunk_bounds(dim0: int, world_size: int, rank: int) -> tuple[int, int]:
+    """(offset, length) of ``rank``'s slice along dim 0: ``torch.chunk`` semantics, as FSDP2
+    ``Shard(0)`` splits (ranks past the last chunk get an empty slice).
     """
-    import torch
+    chunk = -(-dim0 // world_size) if dim0 else 0
+    offset = min(rank * chunk, dim0)
+    return offset, max(0, min(chunk, dim0 - offset))
 
-    chunks = list(torch.chunk(tensor, world_size, dim=0))
-    out, offset = [], 0
+
+def split_dim0(tensor: Any, world_size: int) -> list[tuple[int, Any]]:
+    """(offset, slice) of each rank (see :func:`chunk_bounds`). The inverse of
+    :func:`assemble_full`; resharding to another world size is ``assemble_full`` then this.
+    """
+    out = []
     for rank in range(world_size):
-        piece = chunks[rank] if rank < len(chunks) else tensor.new_empty((0, *tensor.shape[1:]))
-        out.append((offset, piece))
-        offset += piece.shape[0]
+        offset, length = chunk_bounds(tensor.shape[0], world_size, rank)
+        out.append((offset, tensor[offset : offset + length]))
     return out
 
 

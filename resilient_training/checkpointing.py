@@ -12,7 +12,6 @@ never waited for.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 import time
@@ -27,13 +26,6 @@ from torch import nn
 
 from resilient_training import checkpoint_format as fmt
 from resilient_training.config import TrainConfig
-
-
-def chunk_bounds(dim0: int, world_size: int, rank: int) -> tuple[int, int]:
-    """(offset, length) of ``rank``'s slice along dim 0: ``torch.chunk`` semantics, as FSDP2."""
-    chunk = math.ceil(dim0 / world_size) if dim0 else 0
-    offset = min(rank * chunk, dim0)
-    return offset, max(0, min(chunk, dim0 - offset))
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -214,7 +206,7 @@ class Checkpointer:
             full = fmt.assemble_full(list(fmt.iter_shards(path, manifest)))
             tensors, source = {}, "storage (resharded)"
             for name, tensor in full.items():
-                offset, length = chunk_bounds(tensor.shape[0], self.world_size, self.rank)
+                offset, length = fmt.chunk_bounds(tensor.shape[0], self.world_size, self.rank)
                 tensors[name] = tensor[offset : offset + length]
         step_tensor = torch.tensor(float(manifest["optimizer_step"]))
         with torch.no_grad():
@@ -259,7 +251,7 @@ class Checkpointer:
         self._staging.staged_step = None  # half-overwritten buffers hold no step
         for flat, tensor, param in named_state(model, optimizer):
             tensors[flat] = self._staging.copy_in(flat, _local(tensor).detach())
-            offset, _ = chunk_bounds(param.shape[0], self.world_size, self.rank)
+            offset, _ = fmt.chunk_bounds(param.shape[0], self.world_size, self.rank)
             layout[flat] = {"global_shape": list(param.shape), "offset": offset}
         self._staging.synchronize()
         self._staging.staged_step = step

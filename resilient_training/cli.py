@@ -13,6 +13,7 @@ import sys
 
 # Add one line per subcommand module; order is the order shown in --help.
 COMMANDS: tuple[str, ...] = (
+    "resilient_training.local_run",  # run, bench
     "resilient_training.launcher",  # train
     "resilient_training.render_job",  # render-job
     "resilient_training.kfp_commands",  # compile, upload, submit, schedule, runs, schedules

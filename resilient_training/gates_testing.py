@@ -146,12 +146,10 @@ def rewrite_shard(
     writer had saved the edited state), ``"file"`` only the file's size and checksum (a
     careless repair), None nothing (damage after the commit).
     """
-    import torch
-
     path = Path(ckpt_dir) / cf.shard_name(rank)
     shard = cf.load_shard(path)
     edit(shard)
-    torch.save(shard, path)
+    save_replacing(shard, path)
     if rerecord == "all":
         layout = shard["meta"].get("layout", {})
 
@@ -161,6 +159,17 @@ def rewrite_shard(
         rewrite_manifest(ckpt_dir, edit_tensors)
     if rerecord in ("all", "file"):
         record_file(ckpt_dir, path.name)
+
+
+def save_replacing(obj: Any, path: Path) -> None:
+    """torch.save to a new file renamed over ``path``: load_shard memory-maps the old one, and
+    truncating a mapped file in place would SIGBUS whoever still reads it.
+    """
+    import torch
+
+    tmp = path.with_name(path.name + ".rewrite")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
 def build_once(cache_root: str | os.PathLike[str], name: str, build: Callable[[Path], None]) -> Path:

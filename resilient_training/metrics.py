@@ -281,15 +281,29 @@ def freshness(runs: list[StepRun], commits: list[ev.Event]) -> list[tuple[float,
     return out
 
 
-def segments(events: list[ev.Event]) -> list[dict[str, Any]]:
-    """The run's timeline: one entry per (attempt, iteration) of the training ranks."""
-    spans: dict[tuple[int, int], dict[str, Any]] = {}
+def launches(events: list[ev.Event]) -> list[int]:
+    """Launch index of every event. A new ``train`` invocation on the same run dir restarts the
+    attempt count at 0: a rank starting attempt 0 again opens the next launch.
+    """
+    out, launch, started = [], 0, set()
     for e in events:
+        if e.event == "start" and e.attempt == 0 and e.rank >= 0:
+            if e.rank in started:
+                launch, started = launch + 1, set()
+            started.add(e.rank)
+        out.append(launch)
+    return out
+
+
+def segments(events: list[ev.Event]) -> list[dict[str, Any]]:
+    """The run's timeline: one entry per (launch, attempt, iteration) of the training ranks."""
+    spans: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for e, launch in zip(events, launches(events), strict=True):
         if e.rank < 0:
             continue
-        key = (e.attempt, e.iteration)
-        span = spans.setdefault(key, {"attempt": e.attempt, "iteration": e.iteration, "start": e.ts, "end": e.ts,
-                                      "first_step": None, "last_step": None})
+        key = (launch, e.attempt, e.iteration)
+        span = spans.setdefault(key, {"launch": launch, "attempt": e.attempt, "iteration": e.iteration, "start": e.ts,
+                                      "end": e.ts, "first_step": None, "last_step": None})
         span["end"] = max(span["end"], e.ts)
         if e.event == "step" and e.step is not None:
             span["first_step"] = e.step if span["first_step"] is None else min(span["first_step"], e.step)
@@ -326,6 +340,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     for key in ("young", "daly"):
         secs = interval[f"{key}_seconds"]
         interval[f"{key}_steps"] = round(secs / median_step, 1) if secs and median_step else None
+    launch_at = {e.ts: launch for e, launch in zip(events, launches(events), strict=True) if e.event == "step"}
     ends = [e for e in events if e.event == "end"]
     final = next((e for e in reversed(ends) if e.rank <= 0), ends[-1] if ends else None)
     return {
@@ -379,7 +394,10 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
             **interval,
         },
         "timeline": [{**s, "start": s["start"] - t0, "end": s["end"] - t0} for s in segments(events)],
-        "loss": [[round(r.ts - t0, 3), r.step, r.loss, r.attempt, r.iteration] for r in runs],
+        # [seconds, step, loss, attempt, iteration, launch] of every reference-rank step execution.
+        "loss": [[round(r.ts - t0, 3), r.step, r.loss, r.attempt, r.iteration, launch_at[r.ts]] for r in runs],
+        # [seconds, step restored] of every restore after training had begun (reference rank).
+        "restores": [[round(e.ts - t0, 3), int(e.step or 0)] for e in restores(events) if e.rank == ref],
     }
 
 

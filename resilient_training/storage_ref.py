@@ -64,9 +64,10 @@ class StorageRef:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> StorageRef:
+    def from_json(cls, text: str | dict) -> StorageRef:
+        # kfp.local hands a JSON string output to a ParallelFor body already parsed.
         try:
-            data = json.loads(text)
+            data = text if isinstance(text, dict) else json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"storage ref is not JSON: {exc}") from exc
         if not isinstance(data, dict):

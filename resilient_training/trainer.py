@@ -12,7 +12,6 @@ import contextlib
 import datetime
 import math
 import os
-import socket
 import time
 import uuid
 from typing import Any
@@ -197,11 +196,9 @@ class Trainer:
         if self.on_gpu:
             torch.cuda.set_device(self.local_rank)
             torch.backends.cuda.matmul.allow_tf32 = True
-        # A namespace all ranks of this worker group agree on. Not the restart count: it is per
-        # agent and diverges across nodes (an agent that restarts its workers because a peer
-        # node failed does not count a restart). Each rendezvous round has its own store endpoint.
-        group = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
-        store = torch.distributed.PrefixStore(f"rt/{group}/i{iteration}", self._base_store())
+        # The base store is new with every worker group (see _base_store); inside it, each
+        # in-process restart iteration gets its own namespace.
+        store = torch.distributed.PrefixStore(f"rt/i{iteration}", self._base_store())
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,
             # gloo cannot be interrupted mid-collective: this timeout bounds how long a peer
@@ -228,16 +225,18 @@ class Trainer:
         return self._round
 
     def _base_store(self) -> Any:
-        """One TCP store per process for process-group rendezvous, namespaced per iteration."""
+        """The process-group rendezvous store, hosted by rank 0 next to the launcher's port.
+
+        Hosted by this worker group itself rather than taken from the agent: the agent's store
+        can outlive a restart round (torchrun keeps one endpoint) and its keys then mislead the
+        next round, while the restart count that could namespace them is per agent and differs
+        between nodes. Rank 0's process is new in every round, and so is this store.
+        """
         if self._store is None:
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            port = int(os.environ.get("MASTER_PORT", "29500"))
-            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-                self._store = torch.distributed.TCPStore(host, port, is_master=False,
-                                                         timeout=datetime.timedelta(seconds=60))
-            else:
-                self._store = torch.distributed.TCPStore(host, port + 1, self.world_size, self.rank == 0,
-                                                         timeout=datetime.timedelta(seconds=60), multi_tenant=True)
+            port = int(os.environ.get("MASTER_PORT", "29500")) + 1
+            self._store = torch.distributed.TCPStore(host, port, self.world_size, self.rank == 0,
+                                                     timeout=datetime.timedelta(seconds=60), multi_tenant=True)
         return self._store
 
     def _destroy_process_group(self) -> None:
@@ -344,7 +343,3 @@ def _sigkill_self() -> None:
     import signal
 
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def hostname() -> str:
-    return socket.gethostname()

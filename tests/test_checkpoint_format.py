@@ -6,13 +6,12 @@ import pytest
 import torch
 
 from resilient_training import checkpoint_format as fmt
-from resilient_training.checkpointing import chunk_bounds
 
 
 def _shard(step: int, rank: int, world: int, full: dict[str, torch.Tensor]) -> dict:
     tensors, layout = {}, {}
     for name, tensor in full.items():
-        offset, length = chunk_bounds(tensor.shape[0], world, rank)
+        offset, length = fmt.chunk_bounds(tensor.shape[0], world, rank)
         tensors[name] = tensor[offset : offset + length].clone()
         layout[name] = {"global_shape": list(tensor.shape), "offset": offset}
     meta = {"format_version": 1, "step": step, "rank": rank, "world_size": world, "optimizer_step": step,
@@ -108,6 +107,6 @@ def test_latest_naming_a_missing_or_broken_checkpoint_is_an_error(tmp_path):
 def test_chunk_bounds_match_torch_chunk(dim0, world):
     chunks = torch.chunk(torch.arange(dim0), world) if dim0 else ()
     for rank in range(world):
-        offset, length = chunk_bounds(dim0, world, rank)
+        offset, length = fmt.chunk_bounds(dim0, world, rank)
         expected = chunks[rank].tolist() if rank < len(chunks) else []
         assert list(range(offset, offset + length)) == expected

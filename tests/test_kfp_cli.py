@@ -105,9 +105,8 @@ def test_compile_one_pipeline_to_a_file_and_refuse_unknown_names(cli, tmp_path):
 def test_the_projects_own_pipelines_compile_and_load_back(cli, tmp_path):
     from resilient_training import pipelines
 
-    registry = getattr(pipelines, "PIPELINES", None)
-    if not registry:
-        pytest.skip("resilient_training.pipelines.PIPELINES has not landed yet")
+    registry = pipelines.PIPELINES
+    assert set(registry) == {"resilient-training", "recovery-benchmark"}
     code, out, err = cli("compile", "-o", tmp_path / "out")
     assert code == 0, err
     for key in registry:

@@ -158,3 +158,22 @@ def test_torn_last_line_of_a_killed_writer_is_skipped(tmp_path: Path) -> None:
     with open(ev.events_dir(tmp_path) / "rank1.jsonl", "a") as handle:
         handle.write('{"ts": 1700000009.0, "rank": 1, "attem')
     assert len(episodes(ev.read_events(tmp_path))) == 1
+
+
+def test_a_second_launch_on_the_same_run_is_its_own_segment(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 5, checkpoint_every=5)
+    log.end()
+    log.wait(10.0)
+    log.start()  # `train` again on the same run dir: attempt 0 again
+    log.emit("load_done", 5, path="checkpoints/step_5", seconds=0.1)
+    log.steps(6, 8)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert [(s["launch"], s["attempt"], s["first_step"], s["last_step"]) for s in m["timeline"]] == [
+        (0, 0, 1, 5), (1, 0, 6, 8)]
+    assert [launch for *_, launch in m["loss"]] == [0] * 5 + [1] * 3
+    assert [step for _, step in m["restores"]] == [5]
+    assert m["faults"] == [] and m["steps"]["completed"] == 8

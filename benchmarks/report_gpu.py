@@ -1,0 +1,58 @@
+"""Tables from the GPU suite's event logs (benchmarks/gpu_suite.sh writes them as tarballs).
+
+    python benchmarks/report_gpu.py benchmarks/results/h200/*.tar.gz
+
+Every number is computed by resilient_training.metrics from the runs' event logs; efficiency is
+the no-checkpoint run's training span divided by each run's (first step to last step).
+"""
+
+from __future__ import annotations
+
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from resilient_training import metrics
+
+
+def training_span(run_dir: Path) -> float:
+    runs = metrics.step_runs(metrics.load_events(run_dir))
+    return max(r.ts for r in runs) - min(r.ts - r.seconds for r in runs)
+
+
+def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
+    return "–" if value is None else pattern.format(value)
+
+
+def main(paths: list[str]) -> None:
+    work = Path(tempfile.mkdtemp(prefix="gpu-report-"))
+    for path in paths:
+        label = Path(path).name.removesuffix(".tar.gz")
+        target = work / label
+        with tarfile.open(path) as tar:
+            tar.extractall(target, filter="data")
+        suite_dir = next(p for p in target.iterdir() if p.is_dir())
+        machine = (suite_dir / "machine.txt").read_text().strip().splitlines()
+        print(f"\n### {label}\n\n{machine[0]}; {machine[1]}; {machine[2]}\n")
+        runs = sorted(p for p in suite_dir.iterdir() if (p / "events").is_dir())
+        baseline = next((training_span(p) for p in runs if p.name == "no_ckpt"), None)
+        print("| run | args | status | train goodput | infra goodput | recoveries (layer: s) | rollback steps "
+              "| stall/save s | saves (deferred) | efficiency |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for run in runs:
+            m = metrics.compute_metrics(run)
+            recoveries = ", ".join(f"{f['layer']}: {f['recovery_seconds']:.1f}" for f in m["faults"]
+                                   if f.get("recovery_seconds") is not None) or "–"
+            ck = m["checkpoints"]
+            span = training_span(run)
+            efficiency = f"{baseline / span:.1%}" if baseline else "–"
+            args = (run / "args.txt").read_text().strip() if (run / "args.txt").exists() else ""
+            print(f"| {run.name} | `{args}` | {m['status']} | {m['training_goodput']:.1%} | "
+                  f"{m['infrastructure_goodput']:.1%} | {recoveries} | {fmt(m['rollback_steps']['mean'], '{:.0f}')} | "
+                  f"{fmt(ck['stall_seconds']['mean'])} | {ck['committed']}+{ck.get('committed_local_tier', 0)} local "
+                  f"({ck['deferred']}) | {efficiency} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

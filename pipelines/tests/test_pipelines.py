@@ -1,0 +1,142 @@
+"""Both pipelines compile to IR that loads back, with the DAG, defaults and descriptions a
+Kubeflow user sees; `run` and `bench` run them end to end with real processes and faults."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from kfp import compiler, components
+
+from resilient_training.pipelines import PIPELINES
+
+
+def _compile(name: str, tmp_path: Path) -> dict:
+    path = tmp_path / f"{name}.yaml"
+    compiler.Compiler().compile(PIPELINES[name], str(path))
+    assert components.load_component_from_file(str(path))  # loads back with kfp
+    return yaml.safe_load_all(path.read_text()).__next__()
+
+
+def _tasks(dag: dict) -> dict:
+    return dag["dag"]["tasks"]
+
+
+def test_resilient_training_dag_has_the_exit_handler_gates_and_condition(tmp_path):
+    spec = _compile("resilient-training", tmp_path)
+    root = _tasks(spec["root"])
+    assert set(root) == {"exit-handler-1", "teardown-storage"}
+    assert root["teardown-storage"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    inner = _tasks(spec["components"]["comp-exit-handler-1"])
+    assert {"provision-storage", "launch-training", "validate-checkpoint", "check-convergence",
+            "resilience-report", "condition-2"} <= set(inner)
+    assert inner["condition-2"]["triggerPolicy"]["condition"].endswith("== true")
+    nested = _tasks(spec["components"]["comp-condition-2"])
+    promote_holder = spec["components"][nested["condition-3"]["componentRef"]["name"]]
+    assert set(_tasks(promote_holder)) == {"promote-model"}
+    assert "check-convergence" in inner["resilience-report"]["dependentTasks"]  # the report runs whatever the gates say
+
+
+def test_every_pipeline_parameter_has_a_default_and_a_description(tmp_path):
+    for name in PIPELINES:
+        spec = _compile(name, tmp_path)
+        params = spec["root"]["inputDefinitions"]["parameters"]
+        assert params, name
+        for key, param in params.items():
+            assert "defaultValue" in param or param.get("isOptional"), (name, key)
+            assert len(param.get("description", "")) > 10, (name, key)
+    params = _compile("resilient-training", tmp_path)["root"]["inputDefinitions"]["parameters"]
+    assert params["storage"]["defaultValue"] == "local"
+    assert params["launcher"]["defaultValue"] == "local"
+    assert "pvc" in params["storage"]["description"] and "fsx" in params["storage"]["description"]
+
+
+def test_steps_mount_the_run_claim_on_a_cluster(tmp_path):
+    path = tmp_path / "rt.yaml"
+    compiler.Compiler().compile(PIPELINES["resilient-training"], str(path))
+    platform = list(yaml.safe_load_all(path.read_text()))[1]
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    mounted = {name for name, cfg in executors.items() if cfg.get("pvcMount")}
+    assert {"exec-launch-training", "exec-validate-checkpoint", "exec-check-convergence",
+            "exec-promote-model", "exec-resilience-report"} <= mounted
+
+
+def test_benchmark_dag_runs_strategies_then_compares(tmp_path):
+    spec = _compile("recovery-benchmark", tmp_path)
+    inner = _tasks(spec["components"]["comp-exit-handler-1"])
+    assert set(inner) == {"provision-storage", "run-strategies", "compare-strategies"}
+    strategies = spec["root"]["inputDefinitions"]["parameters"]["strategies"]["defaultValue"]
+    assert [s["name"] for s in strategies] == ["inprocess+async", "ft_launcher+async", "ft_launcher+sync",
+                                              "torchrun+sync"]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "resilient_training.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_run_trains_through_faults_validates_gates_reports_and_promotes(tmp_path):
+    out = tmp_path / "out"
+    proc = _cli("run", "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout
+    assert "validation:         PASSED" in text and "convergence:        PASSED" in text
+    report = Path(text.split("resilience report:")[1].split()[0])
+    assert report.is_file() and "<img" in report.read_text() and "http" not in report.read_text().split("<img")[0]
+    promoted = Path(text.split("promoted model:")[1].split()[0])
+    assert (promoted / "promotion.json").is_file() and (promoted / "manifest.json").is_file()
+    numbers = json.loads(Path(text.split("report numbers:")[1].split()[0]).read_text())
+    assert numbers["steps"]["completed"] == 40 and numbers["recovery_seconds"]["all"]["count"] == 3
+    assert "goodput: training" in text
+    run_dir = Path(text.split("run directory:")[1].split()[0])
+    injected = [json.loads(line)["fault"] for f in (run_dir / "events").glob("*.jsonl")
+                for line in f.read_text().splitlines() if '"fault_injected"' in line]
+    assert sorted(injected) == ["exception@22:0", "hang@33:1", "sigkill@12:1"]
+
+
+@pytest.mark.slow
+def test_a_nan_run_is_refused_promotion_and_says_why(tmp_path):
+    proc = _cli("run", "--output-dir", str(tmp_path / "out"), "--steps", "20", "--faults", "nan@8:0",
+                "--train-overrides", '{"nan_guard": false}')
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "convergence:        FAILED" in proc.stdout
+    assert "non-finite" in proc.stdout
+    assert "promoted model:     none" in proc.stdout
+    assert not any((tmp_path / "out" / "promoted").glob("*/promotion.json"))
+
+
+@pytest.mark.slow
+def test_a_failure_in_the_middle_still_runs_teardown(tmp_path):
+    out = tmp_path / "out"
+    proc = _cli("run", "--output-dir", str(out), "--steps", "12", "--faults", "exception@4:0x99",
+                "--train-overrides", '{"max_inprocess_restarts": 1, "max_restarts": 0}')
+    assert proc.returncode == 1
+    assert "FAILED" in proc.stderr and "launch-training" in proc.stderr
+    assert list((out / "kfp").glob("*/teardown-storage/executor_output.json")), "teardown did not run"
+    assert not list((out / "kfp").glob("*/validate-checkpoint"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--steps", "-1"], "steps must be positive"),
+        (["run", "--faults", "sigkill@3:5"], "rank 5 does not exist (world size 2)"),
+        (["run", "--train-overrides", '{"bogus": 1}'], "unknown trainer setting"),
+        (["run", "--train-overrides", "[1]"], "must be a JSON object"),
+        (["bench", "--strategies", '[{"name": "a b"}]'], "strategy name 'a b'"),
+        (["bench", "--nproc", "0"], "world size must be at least 1"),
+    ],
+)
+def test_bad_input_fails_before_anything_starts(tmp_path, args, message):
+    proc = _cli(*args, "--output-dir", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+    assert not (tmp_path / "out").exists()
