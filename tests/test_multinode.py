@@ -21,7 +21,7 @@ import pytest
 
 from resilient_training import events as ev
 from resilient_training import faults as flt
-from resilient_training import nvrx_adapter
+from resilient_training import metrics, nvrx_adapter
 from resilient_training import simulated_cluster as sim
 
 from .runs import Run, rank0_losses, train
@@ -179,7 +179,7 @@ def test_three_nodes_recover_a_worker_sigkill_and_a_node_loss(run_dir):
     assert run.returncode == 0, run.output[-3000:]
     assert "done: completed: reached step 16" in run.output
     events = run.events
-    check_restored(events, "sigkill@6:2")
+    sigkill_load = check_restored(events, "sigkill@6:2")
     load = check_restored(events, "node-loss@12:1")
     # The simulator killed node 1 (logged before acting), and its replacement joined as a pod restart.
     lost = next(e for e in events if e.event == "fault_injected" and e["fault"] == "node-loss@12:1")
@@ -203,6 +203,10 @@ def test_three_nodes_recover_a_worker_sigkill_and_a_node_loss(run_dir):
     assert {e.get("node") for e in restarts if e.ts < lost.ts} == {0, 1, 2}
     ends = [e for e in events if e.event == "end" and e.get("status") == "completed"]
     assert {e.rank for e in ends if e.step == 16} == {0, 1, 2}
+    # The report's numbers (metrics.compute_metrics) attribute the node loss to the pod layer.
+    found = metrics.compute_metrics(run.run_dir)
+    assert [(f["fault"], f["layer"], f["restored_step"]) for f in found["faults"]] == [
+        ("sigkill@6:2", "launcher", sigkill_load.step), ("node-loss@12:1", "pod", load.step)]
     check_no_leftovers(run)
 
 
