@@ -59,7 +59,7 @@ def check_recovered(run: Run, fault: str, *, layer: str, cause: str | None, step
     assert (load["path"] is None) == (load.step == 0)
     if layer == "inprocess":
         # The process survived: a step still held in its staging buffers is restored from memory.
-        staged = [e.step for e in events if e.event == "ckpt_staged" and e.rank == load.rank and e.ts < fault_event.ts]
+        staged = [e.step for e in events if e.event == "ckpt_staged" and e.rank == load.rank and e.ts < load.ts]
         if staged and staged[-1] == load.step:
             assert load["source"] == "memory", load.fields
     # The loss right after the restore equals the loss logged at that step before the fault.
