@@ -7,7 +7,7 @@ Every process appends JSON lines to ``RUN/events/<writer>.jsonl``. A line is one
 
 - ``ts``: wall-clock seconds (``time.time()``), comparable across processes on one machine
   and, with NTP, across nodes.
-- ``rank``: global rank of the writer (-1 for the launcher).
+- ``rank``: global rank of the writer (-1 for the launcher and the simulated cluster).
 - ``attempt``: launcher restart count (``TORCHELASTIC_RESTART_COUNT``); a pod replacement
   keeps counting from its own agent's view, so ``node`` (when set) tells pods apart.
 - ``iteration``: in-process restart iteration inside this attempt (``CallWrapper.iteration``).
@@ -33,7 +33,9 @@ EVENTS_DIRNAME = "events"
 
 # event name -> the fields it carries (beyond ts/rank/attempt/iteration/event/step).
 EVENT_TYPES: dict[str, tuple[str, ...]] = {
-    "start": ("world_size", "pid", "host", "layers", "nvrx_version", "torch_version"),
+    # node: simulated node (pod index) of the writer, null outside the simulated cluster.
+    # agent: host:pid:start-time of the agent that started the worker (tells its restarts apart).
+    "start": ("world_size", "pid", "host", "layers", "nvrx_version", "torch_version", "node", "agent", "local_rank"),
     "step": ("loss", "seconds"),
     "ckpt_begin": ("mode", "tier"),  # tier: persistent | local
     "ckpt_staged": ("seconds",),  # training blocked this long (staging or the whole sync save)
@@ -42,8 +44,10 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "ckpt_failed": ("reason",),
     "fault_injected": ("fault",),
     "failure_detected": ("cause", "message"),
-    "restart_begin": ("layer", "cause"),
-    "restart_done": ("layer",),  # layer: inprocess | launcher | pod
+    # layer pod: written by the simulated cluster (rank -1) when it kills a node (cause node-loss)
+    # or finds an agent dead; node: the pod index concerned (null for other layers).
+    "restart_begin": ("layer", "cause", "node"),
+    "restart_done": ("layer", "node"),  # layer: inprocess | launcher | pod
     "load_done": ("path", "source", "seconds"),  # step: restored (0 = fresh); source: memory | storage
     "calibrated": ("timeouts",),
     "end": ("status", "reason"),  # status: completed | failed

@@ -1,7 +1,8 @@
 """Deterministic fault injection: a schedule of (type, step, rank) and the code that acts it out.
 
 Spec: ``TYPE@STEP:RANK[xCOUNT]`` comma-separated, e.g. ``sigkill@12:1,exception@20:0``, or
-the path of a YAML file::
+the path of a YAML file. Node faults (``node-loss@STEP:NODE``) name a simulated node (a pod
+of the simulated cluster, ``simulated_cluster``) instead of a rank::
 
     seed: 7                 # optional: random faults below are drawn from it
     faults:
@@ -27,9 +28,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-FAULT_TYPES = ("exception", "sigkill", "hang", "oom", "nan", "ckpt-kill", "writer-kill")
+FAULT_TYPES = ("exception", "sigkill", "hang", "oom", "nan", "ckpt-kill", "writer-kill", "node-loss")
 # Faults that act while a checkpoint is being written, at a checkpoint step.
 CHECKPOINT_FAULTS = ("ckpt-kill", "writer-kill")
+# Faults whose target is a node (pod index), not a rank; they need the simulated cluster.
+NODE_FAULTS = ("node-loss",)
+# How long the worker that announced a node loss waits for the simulated cluster to kill its
+# node before it gives up and fails on its own (the simulator polls every 0.1 s).
+NODE_LOSS_WAIT_SECONDS = 60.0
+# The simulated node (pod index) of this process; set by the simulated cluster on each agent.
+NODE_ENV = "RT_NODE"
 _SPEC = re.compile(r"^(?P<type>[a-z-]+)@(?P<step>\d+):(?P<rank>\d+)(?:x(?P<count>\d+))?$")
 
 
@@ -39,6 +47,10 @@ class FaultSpecError(ValueError):
 
 class InjectedFault(RuntimeError):
     """Raised by the ``exception`` fault."""
+
+
+class NodeLossNotActed(RuntimeError):
+    """A node loss was announced but nothing killed the node in time (no simulated cluster)."""
 
 
 class InjectedOOM(MemoryError):
@@ -55,6 +67,11 @@ class Fault:
     @property
     def key(self) -> str:
         return f"{self.type}@{self.step}:{self.rank}"
+
+    @property
+    def node_fault(self) -> bool:
+        """True when ``rank`` names a node (pod index) rather than a rank."""
+        return self.type in NODE_FAULTS
 
     def __str__(self) -> str:
         return self.key + (f"x{self.count}" if self.count != 1 else "")
@@ -134,10 +151,21 @@ def _parse_yaml(path: Path) -> list[Fault]:
 
 
 def validate(faults: list[Fault], *, world_size: int, steps: int, async_checkpoint: bool,
-             checkpoint_every: int) -> None:
-    """Reject schedules that cannot act as written, before anything starts."""
+             checkpoint_every: int, nodes: int = 0) -> None:
+    """Reject schedules that cannot act as written, before anything starts.
+
+    ``nodes`` is the simulated cluster's node count; 0 means no simulated cluster (the
+    single-agent launcher), where node faults cannot act.
+    """
     for fault in faults:
-        if fault.rank >= world_size:
+        if fault.node_fault:
+            if nodes < 1:
+                raise FaultSpecError(f"fault {fault}: node faults need the simulated cluster (--nodes N)")
+            if fault.rank >= nodes:
+                raise FaultSpecError(f"fault {fault}: node {fault.rank} does not exist ({nodes} nodes)")
+            if fault.count != 1:
+                raise FaultSpecError(f"fault {fault}: a node can be lost only once per fault entry")
+        elif fault.rank >= world_size:
             raise FaultSpecError(f"fault {fault}: rank {fault.rank} does not exist (world size {world_size})")
         if fault.step > steps:
             raise FaultSpecError(f"fault {fault}: step {fault.step} is after the last step ({steps})")
@@ -154,8 +182,9 @@ class Injector:
     """Decides which faults are due for this rank and acts them out, logging first."""
 
     def __init__(self, faults: list[Fault], *, rank: int, already_injected: dict[str, int],
-                 emit: Any, memory_limit_mb: int = 0) -> None:
-        self._mine = [f for f in faults if f.rank == rank]
+                 emit: Any, memory_limit_mb: int = 0, node: int | None = None, local_rank: int = 0) -> None:
+        # A node fault is announced by local rank 0 of that node: one announcement per node.
+        self._mine = [f for f in faults if (f.rank == node and local_rank == 0 if f.node_fault else f.rank == rank)]
         self._fired = dict(already_injected)  # key -> times injected so far (from the event log)
         self._emit = emit
         self._memory_limit_mb = memory_limit_mb
@@ -182,10 +211,15 @@ class Injector:
 
     def maybe_inject_in_step(self, step: int) -> bool:
         """Act out a step fault due now. Returns True when the loss must be poisoned (``nan``)."""
-        fault = self.due(step, ("exception", "sigkill", "hang", "oom", "nan"))
+        fault = self.due(step, ("exception", "sigkill", "hang", "oom", "nan", "node-loss"))
         if fault is None:
             return False
         self.mark(fault, step)
+        if fault.type == "node-loss":
+            # The simulated cluster reads the event just logged and kills this whole node
+            # (agent, workers, monitors, writers); waiting here keeps the loss at this step.
+            self.hanging = True
+            wait_for_node_kill(fault, NODE_LOSS_WAIT_SECONDS)
         if fault.type == "exception":
             raise InjectedFault(f"injected exception at step {step}")
         if fault.type == "sigkill":
@@ -206,6 +240,20 @@ def hang_forever() -> None:
     """
     while True:
         time.sleep(0.05)
+
+
+def this_node() -> int | None:
+    """The simulated node (pod index) this process belongs to, or None outside the simulation."""
+    value = os.environ.get(NODE_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
+def wait_for_node_kill(fault: Fault, seconds: float) -> None:
+    """Sleep until the simulated cluster kills this node; fail if it never does."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    raise NodeLossNotActed(f"{fault}: nothing killed node {fault.rank} within {seconds:.0f} s")
 
 
 def _vm_size_bytes() -> int:
@@ -246,8 +294,11 @@ def allocate_past_limit(limit_mb: int) -> None:
 
 
 def injected_counts(events: Iterable[Any], rank: int) -> dict[str, int]:
+    """Times each fault of ``rank`` was injected, plus every node fault (whoever announced it:
+    a replacement node's ranks can differ from the lost node's).
+    """
     counts: dict[str, int] = {}
     for event in events:
-        if event.event == "fault_injected" and event.rank == rank:
+        if event.event == "fault_injected" and (event.rank == rank or event.get("type") in NODE_FAULTS):
             counts[event["fault"]] = counts.get(event["fault"], 0) + 1
     return counts

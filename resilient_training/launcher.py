@@ -44,14 +44,15 @@ class LaunchResult:
         return self.exit_code == 0
 
 
-def preflight(config: cfg.TrainConfig, *, world_size: int) -> list[flt.Fault]:
+def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> list[flt.Fault]:
     """Everything that can be wrong before a worker starts, as one clear LaunchError."""
     if world_size < 1:
         raise LaunchError(f"world size must be at least 1, got {world_size}")
     try:
         schedule = flt.parse(config.faults)
         flt.validate(schedule, world_size=world_size, steps=config.steps,
-                     async_checkpoint=config.async_checkpoint, checkpoint_every=config.checkpoint_every)
+                     async_checkpoint=config.async_checkpoint, checkpoint_every=config.checkpoint_every,
+                     nodes=nodes)
     except flt.FaultSpecError as exc:
         raise LaunchError(str(exc)) from None
     if config.min_world_size > world_size:
@@ -95,7 +96,7 @@ def run_local(
         log.flush()
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=worker_env,
                                 start_new_session=True)
-        watcher = _ProgressPrinter(run_dir, config.steps, since=started, emit=progress)
+        watcher = ProgressPrinter(run_dir, config.steps, since=started, emit=progress)
         watcher.start()
         try:
             exit_code = proc.wait()
@@ -104,7 +105,7 @@ def run_local(
             raise
         finally:
             watcher.stop()
-    return LaunchResult(exit_code, _outcome(run_dir, config.steps, exit_code, since=started, log=log_path), str(run_dir))
+    return LaunchResult(exit_code, outcome(run_dir, config.steps, exit_code, since=started, log=log_path), str(run_dir))
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -117,7 +118,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def _outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Path) -> str:
+def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Path) -> str:
     events = [e for e in ev.read_events(run_dir) if e.ts >= since]
     if exit_code == 0:
         done = [e for e in events if e.event == "end" and e.get("status") == "completed"]
@@ -141,7 +142,7 @@ def _outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Pa
     return f"launcher exited {exit_code} before any worker reported a failure; log tail: {' | '.join(tail)}"
 
 
-class _ProgressPrinter(threading.Thread):
+class ProgressPrinter(threading.Thread):
     """Prints rank 0's progress and every fault, failure and restart as they are logged."""
 
     def __init__(self, run_dir: Path, steps: int, *, since: float, emit: Callable[[str], None] | None) -> None:
@@ -179,6 +180,10 @@ def describe(event: ev.Event, steps: int) -> str | None:
         return f"  ! fault {event['fault']} injected ({who}, step {event.step})"
     if event.event == "failure_detected" and event.get("cause") != "peer_failure":
         return f"  ! failure on {who}: {event['cause']}"
+    if event.event == "restart_begin" and event.get("layer") == "pod" and event.get("cause") != "node-loss":
+        return f"  ✗ node {event['node']} pod died ({event['cause']}): Kubernetes replaces it"
+    if event.event == "restart_done" and event.get("layer") == "pod":
+        return f"  ↻ node {event['node']} replaced (pod layer): rank {event.rank} rejoined"
     if event.event == "restart_done" and event.rank == 0:
         return f"  ↻ restarted ({event['layer']} layer, attempt {event.attempt}, iteration {event.iteration})"
     if event.event == "load_done" and event.rank == 0:
@@ -200,7 +205,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train", help="train locally under ft_launcher with injected faults",
         description="Run NVRx-wrapped FSDP training on this machine (gloo on CPU) under ft_launcher.",
     )
-    parser.add_argument("--nproc", type=int, default=2, help="worker processes (ranks) on this machine")
+    parser.add_argument("--nproc", type=int, default=2, help="worker processes (ranks) per node")
+    nodes = parser.add_argument_group("simulated cluster (one ft_launcher agent per node, as in a PyTorchJob)")
+    nodes.add_argument("--nodes", type=int, default=None,
+                       help="simulate N worker pods on this machine (node faults need it); default: one agent")
+    nodes.add_argument("--min-nodes", type=int, default=0, help="elastic: fewest nodes to run on (0 = --nodes)")
+    nodes.add_argument("--pod-restart-delay", type=float, default=2.0,
+                       help="seconds before a lost pod's replacement starts (default: 2.0)")
+    nodes.add_argument("--network", choices=("auto", "netns", "loopback"), default="auto",
+                       help="a network namespace per node, or loopback (auto: namespaces when possible)")
+    nodes.add_argument("--rdzv-last-call", type=float, default=5.0,
+                       help="rendezvous wait for more nodes once --min-nodes joined (default: 5)")
     cfg.add_arguments(parser)
     parser.set_defaults(func=_main)
 
@@ -208,7 +223,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     try:
         config = cfg.from_namespace(args)
-        result = run_local(config, nproc=args.nproc)
+        if args.nodes is None:
+            result = run_local(config, nproc=args.nproc)
+        else:
+            from resilient_training import simulated_cluster as sim
+
+            spec = sim.ClusterSpec(nodes=args.nodes, nproc_per_node=args.nproc, min_nodes=args.min_nodes,
+                                   pod_restart_delay=args.pod_restart_delay, network=args.network,
+                                   last_call_timeout=args.rdzv_last_call)
+            result = sim.run_cluster(config, spec)
     except (LaunchError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

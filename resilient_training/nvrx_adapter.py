@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import os
+import re
 import threading
 import time
 import typing
@@ -122,6 +123,34 @@ def worker_command(
             elif value is not None and key != "standalone":
                 head.append(f"--{key.replace('_', '-')}={value}")
     return [*head, "-m", "resilient_training.worker", *config_argv]
+
+
+def rendezvous_env(
+    *,
+    nnodes: str,
+    nproc_per_node: int,
+    rdzv_endpoint: str,
+    rdzv_id: str,
+    rdzv_conf: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The ``PET_*`` environment the Training Operator gives each pod of an elastic PyTorchJob.
+
+    ft_launcher (0.4.1 and 0.7.0) and torchrun read every launcher flag from ``PET_<FLAG>``
+    when the flag is not on the command line, so a command built with ``nnodes``,
+    ``nproc_per_node`` and the rendezvous left None meets its peers through this env, on a
+    cluster and in the simulated one alike. ``rdzv_conf`` becomes ``PET_RDZV_CONF``
+    (``key=value,...``; the operator fills it from the elastic policy's ``rdzvConf``).
+    """
+    env = {
+        "PET_NNODES": nnodes,
+        "PET_NPROC_PER_NODE": str(nproc_per_node),
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": rdzv_endpoint,
+        "PET_RDZV_ID": rdzv_id,
+    }
+    if rdzv_conf:
+        env["PET_RDZV_CONF"] = ",".join(f"{key}={value}" for key, value in rdzv_conf.items())
+    return env
 
 
 def under_ft_launcher() -> bool:
@@ -303,9 +332,31 @@ def inprocess_wrap(
 
 def is_restart_abort(exc: BaseException) -> bool:
     """True when the in-process layer gave up (retry limit, world too small)."""
+    return restart_abort_cause(exc) is not None
+
+
+def restart_abort_cause(exc: BaseException) -> str | None:
+    """Why the in-process layer gave up, if it did: ``retry_limit`` or ``world_too_small``.
+
+    ``world_too_small``: ranks are gone for good (a node was lost), which the in-process
+    layer cannot repair but ft_launcher's re-rendezvous and the pod layer can. The
+    ``RestartAbort`` may be the context of another error: 0.4.1's wrapper shutdown then fails
+    in its termination barrier (``int("b'1'")``) and raises a ValueError over it.
+    """
     from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 
-    return isinstance(exc, RestartAbort)
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, RestartAbort):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    # RetryController's message (0.4.1 and 0.7.0): "state.iteration=1 self.max_iterations=9
+    # state.world_size=2 self.min_world_size=3 state.active_world_size=2 ..."
+    values = dict(re.findall(r"(\w+(?:\.\w+)?)=(\d+|None)", str(seen)))
+    world, needed = values.get("state.world_size"), values.get("self.min_world_size")
+    if world is not None and needed is not None and int(world) < int(needed):
+        return "world_too_small"
+    return "retry_limit"
 
 
 # --------------------------------------------------------------------------- async checkpointing

@@ -13,6 +13,7 @@ import datetime
 import math
 import os
 import time
+import uuid
 from typing import Any
 
 import torch
@@ -56,6 +57,7 @@ class Trainer:
         self.step = 0  # the step being trained (after a restore: the step restored)
         self.iteration = 0  # in-process restart iteration last entered
         self._store: Any = None
+        self._round: str | None = None
 
     # ------------------------------------------------------------------ one iteration
 
@@ -67,6 +69,7 @@ class Trainer:
         self.injector = flt.Injector(
             self.faults, rank=self.rank, emit=self.events.emit, memory_limit_mb=self.config.memory_limit_mb,
             already_injected=flt.injected_counts(ev.read_events(self.config.run_dir), self.rank),
+            node=flt.this_node(), local_rank=self.local_rank,
         )
         self.step = 0
         try:
@@ -75,7 +78,7 @@ class Trainer:
             if self.config.async_checkpoint and not self.writer.started:
                 self.writer.warm_up()
             checkpointer = Checkpointer(
-                self.config, rank=self.rank, world_size=self.world_size, tag=f"a{self.attempt}i{iteration}",
+                self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 atomic=call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext,
                 on_wait=lambda: self._progress(call_wrapper),
@@ -202,6 +205,24 @@ class Trainer:
             # waits for a failed rank before it joins the restart.
             timeout=datetime.timedelta(seconds=self.config.pg_timeout),
         )
+
+    def _round_tag(self) -> str:
+        """A name all ranks of this launcher round agree on, for the checkpoint's temporary directory
+        (every rank writes its shard into it); rank 0 draws it, through the store.
+
+        Not the restart count: with several nodes each agent counts its own restarts (a
+        replacement pod starts at 0; membership changes are not counted), so the ranks of one
+        round can disagree on it, and would write into different directories.
+        """
+        if self._round is None:
+            store = self._base_store()
+            # Fresh per round: each round's rank 0 hosts a new store (and the agent's store, used
+            # only by static rendezvous, serves one fixed world).
+            key = "rt/round"
+            if self.rank == 0:
+                store.set(key, uuid.uuid4().hex[:8])
+            self._round = store.get(key).decode()
+        return self._round
 
     def _base_store(self) -> Any:
         """The process-group rendezvous store, hosted by rank 0 next to the launcher's port.

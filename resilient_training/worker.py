@@ -14,6 +14,7 @@ import sys
 
 from resilient_training import config as cfg
 from resilient_training import events as ev
+from resilient_training import faults as flt
 from resilient_training import nvrx_adapter
 from resilient_training.checkpoint_format import CheckpointError
 
@@ -32,18 +33,30 @@ def main(argv: list[str] | None = None) -> int:
 
     from resilient_training.trainer import Trainer  # torch import after argument errors surface
 
+    failed_for_launcher = False
     heartbeats = nvrx_adapter.Heartbeats(config.ft_launcher)
     trainer = Trainer(config, events=events, heartbeats=heartbeats)
+    node = flt.this_node()
+    agent, local_rank = _agent_identity(), int(os.environ.get("LOCAL_RANK", "0"))
+    # Restarted by its own agent? TORCHELASTIC_RESTART_COUNT alone cannot tell: an agent that
+    # restarts its workers because a node joined (a membership change) does not count it.
+    restarted = attempt > 0 or any(
+        e.event == "start" and e.get("agent") == agent and e.get("local_rank") == local_rank
+        for e in ev.read_events(config.run_dir)
+    )
     events.emit(
-        "start", None, world_size=trainer.world_size, pid=os.getpid(), host=os.uname().nodename,
+        "start", None, world_size=trainer.world_size, pid=os.getpid(), host=os.uname().nodename, node=node,
+        agent=agent, local_rank=local_rank,
         layers={"inprocess": config.inprocess, "async_checkpoint": config.async_checkpoint,
                 "ft_launcher": heartbeats.active},
         nvrx_version=nvrx_adapter.installed_version(), torch_version=torch.__version__,
     )
-    if os.environ.get(POD_RESTART_ENV):
-        events.emit("restart_done", None, layer="pod")
-    elif attempt > 0:
-        events.emit("restart_done", None, layer="launcher")
+    # A replacement pod's first workers report the pod layer; its agent's later restarts of
+    # them are launcher restarts like any other node's.
+    if restarted:
+        events.emit("restart_done", None, layer="launcher", node=node)
+    elif os.environ.get(POD_RESTART_ENV):
+        events.emit("restart_done", None, layer="pod", node=node)
     try:
         if config.inprocess:
             wrapped = nvrx_adapter.inprocess_wrap(
@@ -56,16 +69,18 @@ def main(argv: list[str] | None = None) -> int:
             trainer.run()
         return 0
     except BaseException as exc:  # noqa: BLE001 - every way out is logged with its reason
-        if nvrx_adapter.is_restart_abort(exc):
-            if trainer.iteration >= config.max_inprocess_restarts:
-                reason = (f"in-process restart gave up after {config.max_inprocess_restarts} restarts; "
-                          f"this rank's last failure: {trainer.last_cause}")
-                return _do_not_restart(events, heartbeats, rank, reason)
+        abort = nvrx_adapter.restart_abort_cause(exc)
+        if abort == "retry_limit" and trainer.iteration >= config.max_inprocess_restarts:
+            reason = (f"in-process restart gave up after {config.max_inprocess_restarts} restarts; "
+                      f"this rank's last failure: {trainer.last_cause}")
+            return _do_not_restart(events, heartbeats, rank, reason)
+        if abort is not None:
             # Too few ranks left for the in-process layer (a peer process or node is gone): that
             # is the launcher's job, so fail normally and let it restart the workers.
             reason = f"in-process restart lost a peer rank; handing over to the launcher ({trainer.last_cause})"
             events.emit("end", None, status="failed", reason=reason)
             print(f"resilient-training worker rank {rank}: {reason}", file=sys.stderr)
+            failed_for_launcher = True
             return 1
         if isinstance(exc, CheckpointError) and "different model" in str(exc):
             return _do_not_restart(events, heartbeats, rank, str(exc))
@@ -74,6 +89,27 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         trainer.close()
         events.close()
+        if failed_for_launcher:
+            # Measured on 0.4.1: after this abort the interpreter's shutdown blocked for 20+ s,
+            # and ft_launcher restarts nothing until its worker has exited.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
+
+def _agent_identity() -> str:
+    """The agent (ft_launcher or torchrun) that started this worker: host, pid and start time.
+
+    Workers are the agent's children; the start time keeps a pid reused by a later agent (a
+    recreated pod numbers its processes from 1 again) from passing for the same agent.
+    """
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat") as handle:
+            started = handle.read().rsplit(")", 1)[1].split()[19]  # field 22: start time in ticks
+    except (OSError, IndexError):
+        started = "?"
+    return f"{os.uname().nodename}:{ppid}:{started}"
 
 
 def _do_not_restart(events: ev.EventLog, heartbeats: nvrx_adapter.Heartbeats, rank: int, reason: str) -> int:
