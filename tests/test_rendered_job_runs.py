@@ -48,3 +48,26 @@ def test_two_pods_rendezvous_from_the_operator_env_and_train(tmp_path):
     starts = events.select(events.read_events(run_dir), "start")
     assert sorted(e.rank for e in starts) == [0, 1]
     assert {e.fields["world_size"] for e in starts} == {2}  # one world across the two "pods"
+
+
+@pytest.mark.slow
+def test_a_worker_killed_in_one_pod_is_recovered_by_both_pods(tmp_path):
+    """Rank 1's worker is SIGKILLed: its agent restarts it, the other pod's agent restarts its own
+    worker for the new rendezvous round, and both resume from the last commit. In-process restart
+    stays on: the surviving rank must hand over to the launcher, not stop the job."""
+    job_file = tmp_path / "job.yaml"
+    mount = tmp_path / "mnt"
+    assert cli.main(["render-job", "--name", "rt-kill", "--nodes", "2", "--gpus-per-node", "0", "--procs-per-node", "1",
+                     "--nvrx-version", "0.4.1", "--pvc", "claim", "--mount-path", str(mount), "--steps", "10",
+                     "--checkpoint-every", "2", "--no-async-checkpoint", "--faults", "sigkill@5:1",
+                     "-o", str(job_file)]) == 0
+    job = yaml.safe_load(job_file.read_text())
+    results = pods.run_pods(job, log_dir=tmp_path / "logs", rdzv_port=_free_port(), timeout_s=200, extra_env={
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"})
+    assert [r.exit_code for r in results] == [0, 0], "\n".join(r.log.read_text()[-3000:] for r in results)
+    run_dir = mount / "runs" / "rt-kill"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_10"
+    log = events.read_events(run_dir)
+    assert [e["fault"] for e in events.select(log, "fault_injected")] == ["sigkill@5:1"]
+    loads = [e.step for e in events.select(log, "load_done") if e.step]
+    assert loads and set(loads) == {4}
