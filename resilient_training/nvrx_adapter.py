@@ -330,6 +330,13 @@ def inprocess_wrap(
     return wrapper(entry)
 
 
+def wrapper_store(call_wrapper: Any) -> Any:
+    """The in-process wrapper's TCP store (a torch TCPStore), hosted by rank 0 for this worker
+    group: the process group meets through it too, namespaced per restart iteration.
+    """
+    return call_wrapper.base_store
+
+
 def is_restart_abort(exc: BaseException) -> bool:
     """True when the in-process layer gave up (retry limit, world too small)."""
     return restart_abort_cause(exc) is not None

@@ -74,6 +74,8 @@ class Trainer:
         self.step = 0
         try:
             self._drop_stale_write()
+            if call_wrapper is not None and self._store is None:
+                self._store = nvrx_adapter.wrapper_store(call_wrapper)
             self._init_process_group(iteration)
             if self.config.async_checkpoint and not self.writer.started:
                 self.writer.warm_up()
@@ -225,17 +227,17 @@ class Trainer:
         return self._round
 
     def _base_store(self) -> Any:
-        """The process-group rendezvous store, hosted by rank 0 next to the launcher's port.
+        """The store ranks meet through: new with every worker group, shared by nothing else.
 
-        Hosted by this worker group itself rather than taken from the agent: the agent's store
-        can outlive a restart round (torchrun keeps one endpoint) and its keys then mislead the
-        next round, while the restart count that could namespace them is per agent and differs
-        between nodes. Rank 0's process is new in every round, and so is this store.
+        With in-process restart on, that is the NVRx wrapper's own store (set in :meth:`run`).
+        Otherwise rank 0 hosts one on the port the launcher chose for the workers
+        (:func:`worker_store_port`). Never the launcher agent's store: torchrun keeps it across
+        restart rounds, where its keys mislead the next round, and the restart count that could
+        namespace them is per agent and differs between nodes.
         """
         if self._store is None:
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            port = int(os.environ.get("MASTER_PORT", "29500")) + 1
-            self._store = torch.distributed.TCPStore(host, port, self.world_size, self.rank == 0,
+            self._store = torch.distributed.TCPStore(host, worker_store_port(), self.world_size, self.rank == 0,
                                                      timeout=datetime.timedelta(seconds=60), multi_tenant=True)
         return self._store
 
@@ -343,3 +345,14 @@ def _sigkill_self() -> None:
     import signal
 
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def worker_store_port() -> int:
+    """The port a worker group hosts its store on.
+
+    ft_launcher (like torchrun without an agent store) leaves ``MASTER_PORT`` to the workers: a
+    port it found free. torchrun with ``TORCHELASTIC_USE_AGENT_STORE=True`` serves its own store
+    there, so the workers take the next one (which, unlike ``MASTER_PORT``, nobody checked).
+    """
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    return port + 1 if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else port

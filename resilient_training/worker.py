@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     events = ev.EventLog(config.run_dir, rank=rank, attempt=attempt)
     import torch
 
-    from resilient_training.trainer import Trainer  # torch import after argument errors surface
+    from resilient_training.trainer import Trainer, worker_store_port  # torch import after argument errors surface
 
     failed_for_launcher = False
     heartbeats = nvrx_adapter.Heartbeats(config.ft_launcher)
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.inprocess:
             wrapped = nvrx_adapter.inprocess_wrap(
                 trainer.run, config=config, on_gpu=trainer.on_gpu,
-                store_port=int(os.environ.get("MASTER_PORT", "29500")) + 2,
+                store_port=worker_store_port(),
                 health_check=lambda: None,
             )
             wrapped()
