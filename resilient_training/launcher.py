@@ -9,6 +9,7 @@ from the event log when recovery gave up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import signal
@@ -16,8 +17,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from resilient_training import checkpoint_format as fmt
 from resilient_training import config as cfg
@@ -99,13 +101,37 @@ def run_local(
         watcher = ProgressPrinter(run_dir, config.steps, since=started, emit=progress)
         watcher.start()
         try:
-            exit_code = proc.wait()
+            with _terminate_raises():
+                exit_code = proc.wait()
         except BaseException:
             _kill_group(proc)
             raise
         finally:
             watcher.stop()
     return LaunchResult(exit_code, outcome(run_dir, config.steps, exit_code, since=started, log=log_path), str(run_dir))
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived (a cancelled pipeline step, a pod being deleted)."""
+
+
+@contextlib.contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """Turn SIGTERM into an exception while we wait, so the workers' process group is stopped
+    instead of left running when we are (KFP cancels a step with SIGTERM).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

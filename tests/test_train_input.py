@@ -37,3 +37,32 @@ def test_run_dir_with_another_models_checkpoints_is_refused(tmp_path):
     assert "Use a new --run-dir" in second.output
     assert sorted(p.name for p in (tmp_path / "run" / "events").iterdir()) == events_before
     assert sum(p.stat().st_size for p in (tmp_path / "run" / "events").iterdir()) == size_before
+
+
+def test_sigterm_stops_the_workers_too(tmp_path):
+    """A cancelled step (SIGTERM) must not leave ft_launcher and its workers running."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(run_dir),
+                             "--nproc", "2", "--steps", "400", "--step-seconds", "0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(run_dir.glob("events/rank1.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert list(run_dir.glob("events/rank1.jsonl")), "workers never started"
+
+    def workers() -> list[str]:
+        out = subprocess.run(["pgrep", "-f", "--", f"--run-dir {run_dir} "], capture_output=True, text=True).stdout
+        return [pid for pid in out.split() if int(pid) != proc.pid]
+
+    assert workers()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    deadline = time.monotonic() + 30
+    while workers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert workers() == []
