@@ -407,9 +407,3 @@ def assemble_full(shards: list[Mapping[str, Any]]) -> dict[str, Any]:
             )
         full[name] = tensor
     return full
-
-
-def load_full(ckpt_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(manifest, {flat_name: global tensor}) of a committed checkpoint, on one process."""
-    manifest = read_manifest(ckpt_dir)
-    return manifest, assemble_full(list(iter_shards(ckpt_dir, manifest)))

@@ -105,10 +105,6 @@ class StagingBuffers:
         if self._cuda:
             torch.cuda.current_stream().synchronize()
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
-
 
 PERSISTENT, LOCAL = "persistent", "local"
 

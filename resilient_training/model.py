@@ -62,10 +62,6 @@ def build_model(cfg: ModelConfig, seed: int) -> GPT:
         torch.random.set_rng_state(generator_state)
 
 
-def num_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def batch(cfg: ModelConfig, *, seed: int, position: int, rank: int, batch_size: int) -> torch.Tensor:
     """Token batch number ``position`` of ``rank``: learnable (a noisy repeating pattern)."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + position * 7919 + rank)

@@ -337,11 +337,6 @@ def wrapper_store(call_wrapper: Any) -> Any:
     return call_wrapper.base_store
 
 
-def is_restart_abort(exc: BaseException) -> bool:
-    """True when the in-process layer gave up (retry limit, world too small)."""
-    return restart_abort_cause(exc) is not None
-
-
 def restart_abort_cause(exc: BaseException) -> str | None:
     """Why the in-process layer gave up, if it did: ``retry_limit`` or ``world_too_small``.
 
