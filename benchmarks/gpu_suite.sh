@@ -2,7 +2,9 @@
 # GPU benchmark suite: every strategy on the same model, data and fault schedule, on whatever
 # GPUs the machine has (4 if present, else 2, else 1: the count is printed and recorded).
 #
-#   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]     SUITE: smoke | recovery | efficiency | goodput
+#   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
+#   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | recovery+efficiency | all
+#   (all: recovery, efficiency, then goodput-half; what fits one 10-minute device call on 2 GPUs)
 #
 # Needs NVRx 0.7.0 wheels in .whl/ (../shared/device/nvrx-wheels.sh downloads them) on a machine
 # whose python3 has CUDA PyTorch. Writes each run's event log (the source of every number) to
@@ -12,11 +14,16 @@ suite=${1:?suite: smoke | recovery | efficiency | goodput}
 out=${2:-${OUT:-/tmp/gpu-out}}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
+# The package as installed (pyproject maps components/ and pipelines/ into it), without pip:
+# the training commands run from /tmp so the source tree's partial package does not shadow it.
+rm -rf /tmp/rt && mkdir -p /tmp/rt && cp -r resilient_training /tmp/rt/
+ln -s "$PWD/components" /tmp/rt/resilient_training/components
+ln -s "$PWD/pipelines" /tmp/rt/resilient_training/pipelines
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+  export PYTHONPATH=/tmp/site:/tmp/rt PATH=/tmp/site/bin:$PATH
 else
-  export PYTHONPATH=$PWD
+  export PYTHONPATH=/tmp/rt
 fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
@@ -43,13 +50,21 @@ TIMEOUTS+=(--gpu-reclaim-timeout 10 --gpu-reclaim-tolerance-mb 6144)
 run() {  # run NAME ARGS...: one training run; keep its events and launcher log, drop its checkpoints
   local name=$1; shift
   local dir=$runs/$name start=$SECONDS rc=0
-  python3 -m resilient_training.cli train --nproc "$nproc" --run-dir "$dir" "${MODEL[@]}" "${TIMEOUTS[@]}" "$@" \
+  (cd /tmp && exec python3 -m resilient_training.cli train --nproc "$nproc" --run-dir "$dir" "${MODEL[@]}" "${TIMEOUTS[@]}" "$@") \
     > "$runs/$name.out" 2>&1 || rc=$?
   echo "== $name rc=$rc $((SECONDS - start))s: $(grep -E '^(done|FAILED)' "$runs/$name.out" | tail -1)"
-  [ $rc -eq 0 ] || tail -25 "$dir/logs/launcher.log" || true
-  echo "$*" > "$dir/args.txt"
+  [ $rc -eq 0 ] || tail -25 "$dir/logs/launcher.log" 2>/dev/null || tail -25 "$runs/$name.out" || true
+  mkdir -p "$dir" && echo "$*" > "$dir/args.txt"
   rm -rf "$dir/checkpoints" /dev/shm/resilient-training
   tar czf "$out/events-$suite.tar.gz" -C /tmp/gpu-runs "$suite"  # after every run: a timeout keeps the rest
+}
+
+probe() {  # what start-up and checkpoint I/O cost on this machine: import times, write paths
+  (cd /tmp && python3 -X importtime -c 'import torch, resilient_training.worker, resilient_training.trainer, torch.distributed.fsdp, nvidia_resiliency_ext.fault_tolerance, nvidia_resiliency_ext.inprocess') \
+    2> "$runs/importtime.txt" || true
+  sort -t'|' -k2 -n -r "$runs/importtime.txt" > "$runs/importtime-sorted.txt" || true
+  sed -n 1,25p "$runs/importtime-sorted.txt"
+  python3 benchmarks/probe_io.py --gb 1.6 --dirs /dev/shm /tmp || true
 }
 
 disk() {  # sequential write+fsync and read speed of the disk the checkpoints go to
@@ -63,19 +78,25 @@ case $suite in
   smoke)
     run smoke --steps 60 --checkpoint-every 20 --faults "exception@30:0,sigkill@45:0"
     ;;
-  recovery)  # fault -> first step after restore, per layer, plus a cold relaunch baseline
+  probe)
     disk | tee -a "$runs/machine.txt"
-    run inprocess --steps 300 --checkpoint-every 100 --local-checkpoint-every 20 --faults "exception@150:0"
-    run ft_launcher --steps 300 --checkpoint-every 100 --local-checkpoint-every 20 --no-inprocess --faults "sigkill@150:0"
-    run cold_relaunch --steps 300 --checkpoint-every 100 --no-inprocess --no-ft-launcher --no-async-checkpoint \
+    probe 2>&1 | tee "$runs/probe.txt"
+    tar czf "$out/events-$suite.tar.gz" -C /tmp/gpu-runs "$suite"
+    ;;
+  recovery)  # fault -> first step after restore, per layer, plus a cold relaunch baseline
+    run inprocess --steps 200 --checkpoint-every 100 --local-checkpoint-every 20 --faults "exception@150:0"
+    run ft_launcher --steps 200 --checkpoint-every 100 --local-checkpoint-every 20 --no-inprocess --faults "sigkill@150:0"
+    run cold_relaunch --steps 200 --checkpoint-every 100 --no-inprocess --no-ft-launcher --no-async-checkpoint \
         --faults "sigkill@150:0"
     ;;
   efficiency)  # no faults: wall with checkpoints vs without, sync vs async, roomy vs tight interval
-    run no_ckpt --steps 300 --checkpoint-every 100000
-    run async_roomy --steps 300 --checkpoint-every 100
-    run sync_roomy --steps 300 --checkpoint-every 100 --no-async-checkpoint
-    run async_tight --steps 300 --checkpoint-every 20
-    run sync_tight --steps 300 --checkpoint-every 20 --no-async-checkpoint
+    # roomy: a save every 50 steps (~5 s) against a ~2 s write; tight: every 20 steps (~2 s), about
+    # as long as one write. sync_roomy only with FULL=1 (the 10-minute call limit).
+    run no_ckpt --steps 200 --checkpoint-every 100000
+    run async_roomy --steps 200 --checkpoint-every 50
+    run async_tight --steps 200 --checkpoint-every 20
+    run sync_tight --steps 200 --checkpoint-every 20 --no-async-checkpoint
+    if [ "${FULL:-0}" = 1 ]; then run sync_roomy --steps 200 --checkpoint-every 50 --no-async-checkpoint; fi
     ;;
   goodput)  # the reference schedule shape: 2000 steps, persistent save every 500, 5 faults
     faults="exception@300:0,sigkill@700:0,nan@1100:0,exception@1500:0,sigkill@1800:0"
@@ -95,6 +116,11 @@ case $suite in
     ;;
   recovery+goodput-half)
     "$0" recovery "$out"
+    "$0" goodput-half "$out"
+    ;;
+  all)
+    "$0" recovery "$out"
+    "$0" efficiency "$out"
     "$0" goodput-half "$out"
     ;;
   *) echo "unknown suite $suite" >&2; exit 2 ;;

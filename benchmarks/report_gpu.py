@@ -21,6 +21,53 @@ def training_span(run_dir: Path) -> float:
     return max(r.ts for r in runs) - min(r.ts - r.seconds for r in runs)
 
 
+def restart_profiles(run_dir: Path) -> list[dict[str, object]]:
+    """Where each recovery's time went, on rank 0: fault -> new process (launcher restarts) ->
+    imports -> set-up -> each phase that ``load_done`` reports -> the first step.
+    """
+    every = metrics.load_events(run_dir)
+    events = [e for e in every if e.rank == 0]
+    rows = []
+    for fault in (e for e in every if e.event == "fault_injected"):
+        later = [e for e in events if e.ts > fault.ts]
+        load = next((e for e in later if e.event == "load_done"), None)
+        if load is None:
+            continue
+        first = next((e for e in later if e.event == "step" and e.ts > load.ts), None)
+        start = next((e for e in later if e.event == "start" and e.ts <= load.ts), None)
+        phases = dict(load.get("phases") or {})
+        row: dict[str, object] = {"run": run_dir.name, "fault": fault.get("fault"),
+                                  "layer": "launcher" if start else "inprocess"}
+        setup_begin = fault.ts
+        if start is not None and start.get("process_seconds") is not None:
+            process_start = start.ts - start["process_seconds"]
+            row["to new process"] = process_start - fault.ts
+            row["imports"] = start["process_seconds"]
+            setup_begin = start.ts
+        row["set-up"] = load.ts - sum(phases.values()) - setup_begin
+        row.update(phases)
+        row["first step"] = first.get("seconds") if first else None
+        row["total"] = (first.ts - fault.ts) if first else None
+        rows.append(row)
+    return rows
+
+
+def print_profiles(rows: list[dict[str, object]]) -> None:
+    if not rows:
+        return
+    columns = ["run", "fault", "layer", "to new process", "imports", "set-up"]
+    for row in rows:
+        columns += [k for k in row if k not in columns and k not in ("first step", "total")]
+    columns += ["first step", "total"]
+    print("\nRecovery profile (seconds, rank 0; set-up: from the fault or the start event to the first phase)\n")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        cells = [f"{v:.2f}" if isinstance(v, float) else ("–" if v is None else str(v))
+                 for v in (row.get(c) for c in columns)]
+        print("| " + " | ".join(cells) + " |")
+
+
 def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
     return "–" if value is None else pattern.format(value)
 
@@ -52,6 +99,7 @@ def main(paths: list[str]) -> None:
                   f"{m['infrastructure_goodput']:.1%} | {recoveries} | {fmt(m['rollback_steps']['mean'], '{:.0f}')} | "
                   f"{fmt(ck['stall_seconds']['mean'])} | {ck['committed']}+{ck.get('committed_local_tier', 0)} local "
                   f"({ck['deferred']}) | {efficiency} |")
+        print_profiles([row for run in runs for row in restart_profiles(run)])
 
 
 if __name__ == "__main__":

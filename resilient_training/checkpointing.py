@@ -52,18 +52,28 @@ class StagingBuffers:
 
     The buffers live in shared memory, so handing a shard to NVRx's writer process passes
     handles instead of copying bytes, and on GPU machines they are page-locked
-    (``cudaHostRegister``) so the device-to-host copy runs at full speed and asynchronously.
-    Reuse is safe because a save starts only once the previous one is durable.
+    (``cudaHostRegister``) so the device-to-host copy runs at full speed. On GPUs the copy runs
+    on a side stream while the next step's forward and backward run: training waits only where
+    the next optimizer step would overwrite what is still being copied (:meth:`fence`), and the
+    shard goes to the writer once the copy is done (:meth:`ready`). Reuse is safe because a save
+    starts only once the previous one is durable.
     """
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
-        self._cuda = False
         self._preparing: threading.Thread | None = None
+        self._stream: Any = None  # the side stream of device-to-host copies (GPU only)
+        self._copied: Any = None  # CUDA event: the copies of the save being staged are done
+        self._next_step: int | None = None  # begun, copies not all queued yet
+        self._staging_step: int | None = None  # every copy queued, not known to be done
         self.staged_step: int | None = None  # the step the buffers hold, once fully staged
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return dict(self._buffers)
+
+    @property
+    def prepared(self) -> bool:
+        return bool(self._buffers) or self._preparing is not None
 
     @staticmethod
     def _allocate(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
@@ -79,7 +89,7 @@ class StagingBuffers:
         Allocating gigabytes of shared, pinned memory takes seconds; done ahead, the first
         save then stalls training only for the copy.
         """
-        if self._buffers or self._preparing is not None:
+        if self.prepared:
             return
         specs = [(name, t.shape, t.dtype, t.is_cuda) for name, t in tensors]
 
@@ -90,20 +100,59 @@ class StagingBuffers:
         self._preparing = threading.Thread(target=allocate, name="staging-prepare", daemon=True)
         self._preparing.start()
 
-    def copy_in(self, name: str, source: torch.Tensor) -> torch.Tensor:
+    def begin(self, step: int, on_gpu: bool) -> None:
+        """Start staging ``step``: from here until :meth:`ready` the buffers hold no step."""
         if self._preparing is not None:
             self._preparing.join()
             self._preparing = None
+        self.staged_step, self._staging_step, self._next_step = None, None, step
+        if on_gpu:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream()
+            # Copy what the step just computed: wait for everything queued so far.
+            self._stream.wait_stream(torch.cuda.current_stream())
+
+    def copy_in(self, name: str, source: torch.Tensor) -> torch.Tensor:
         buffer = self._buffers.get(name)
         if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
             buffer = self._buffers[name] = self._allocate(source.shape, source.dtype, source.is_cuda)
-        self._cuda = self._cuda or source.is_cuda
-        buffer.copy_(source, non_blocking=source.is_cuda)
+        if source.is_cuda:
+            with torch.cuda.stream(self._stream):
+                buffer.copy_(source, non_blocking=True)
+        else:
+            buffer.copy_(source)
         return buffer
 
-    def synchronize(self) -> None:
-        if self._cuda:
-            torch.cuda.current_stream().synchronize()
+    def end(self) -> None:
+        """Every copy of the save is queued; on CPU it is already done."""
+        self._staging_step, self._next_step = self._next_step, None
+        if self._stream is not None:
+            self._copied = torch.cuda.Event()
+            self._copied.record(self._stream)
+        self.ready()
+
+    def ready(self) -> bool:
+        """True once the step being staged is fully in host memory (never blocks)."""
+        if self._copied is not None:
+            if not self._copied.query():
+                return False
+            self._copied = None
+        if self._staging_step is not None:
+            self.staged_step, self._staging_step = self._staging_step, None
+        return True
+
+    def wait(self) -> None:
+        """Block until the step being staged is fully in host memory."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        self.ready()
+
+    def fence(self) -> None:
+        """Make the current stream wait (on the GPU, not the host) for copies still running:
+        call before anything overwrites the staged tensors (the optimizer step).
+        """
+        if self._copied is not None:
+            torch.cuda.current_stream().wait_event(self._copied)
 
 
 PERSISTENT, LOCAL = "persistent", "local"
@@ -128,6 +177,8 @@ class _InFlight:
     tmp_dir: Path
     begin_ts: float
     manifest_fields: dict[str, Any]
+    job: tuple[Any, ...] | None = None  # the writer's arguments, until handed over (staging still running)
+    on_submit: Callable[[], None] | None = None
 
 
 class Checkpointer:
@@ -244,13 +295,13 @@ class Checkpointer:
         """Copy this rank's slices to host memory: what the writer will persist."""
         tensors: dict[str, torch.Tensor] = {}
         layout: dict[str, dict[str, Any]] = {}
-        self._staging.staged_step = None  # half-overwritten buffers hold no step
-        for flat, tensor, param in named_state(model, optimizer):
+        named = list(named_state(model, optimizer))
+        self._staging.begin(step, on_gpu=any(_local(t).is_cuda for _, t, _ in named[:1]))
+        for flat, tensor, param in named:
             tensors[flat] = self._staging.copy_in(flat, _local(tensor).detach())
             offset, _ = fmt.chunk_bounds(param.shape[0], self.world_size, self.rank)
             layout[flat] = {"global_shape": list(param.shape), "offset": offset}
-        self._staging.synchronize()
-        self._staging.staged_step = step
+        self._staging.end()  # on GPUs the copies are still running: see local_done()
         opt_steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
         if len(opt_steps) > 1:
             raise RuntimeError(f"optimizer parameters disagree on their step count: {sorted(opt_steps)}")
@@ -282,8 +333,9 @@ class Checkpointer:
              kill_after_submit: Callable[[], None] | None = None) -> None:
         """Start a save of ``step`` (async) or do it whole (sync). Call on every rank.
 
-        Async: returns once staged; the commit happens at a later step through
-        :meth:`maybe_commit`. If the previous save is still being written, this one is skipped
+        Async: returns once the copies to host memory are queued; the shard goes to the writer
+        once they are done and the commit happens at a later step (:meth:`local_done`,
+        :meth:`maybe_commit`). If the previous save is still being written, this one is skipped
         (``ckpt_deferred``), except for the final step, which waits.
         """
         if self.will_defer(step):
@@ -299,21 +351,37 @@ class Checkpointer:
         shard = self.stage(step, model, optimizer)
         manifest_fields = {**manifest_fields, "optimizer_step": shard["meta"]["optimizer_step"],
                            "data_position": shard["meta"]["data_position"]}
-        self._in_flight = _InFlight(step, tier, tmp_dir, begin, manifest_fields)
+        self._in_flight = _InFlight(step, tier, tmp_dir, begin, manifest_fields,
+                                    job=(str(tmp_dir), self.rank, shard, torn_write), on_submit=kill_after_submit)
         if self.config.async_checkpoint:
-            self._writer.submit(write_shard_job, (str(tmp_dir), self.rank, shard, torn_write))
-            self._emit("ckpt_staged", step, seconds=time.time() - begin)
-            if kill_after_submit is not None:
-                kill_after_submit()
+            self._emit("ckpt_staged", step, seconds=time.time() - begin)  # how long training was held
+            self._submit_if_staged()
         else:
+            self._staging.wait()
+            self._in_flight.job = None
             fmt.write_shard(tmp_dir, self.rank, shard, torn_write=torn_write)
             self.finish()
             self._emit("ckpt_staged", step, seconds=time.time() - begin)
+
+    def _submit_if_staged(self) -> bool:
+        """Hand the shard to the writer once its copy to host memory is complete."""
+        in_flight = self._in_flight
+        if in_flight is None or in_flight.job is None:
+            return True
+        if not self._staging.ready():
+            return False
+        job, in_flight.job = in_flight.job, None
+        self._writer.submit(write_shard_job, job)
+        if in_flight.on_submit is not None:
+            in_flight.on_submit()
+        return True
 
     def local_done(self) -> float:
         """1.0 when this rank has no write in flight (or it finished); raises if the writer died."""
         if self._in_flight is None:
             return 1.0
+        if not self._submit_if_staged():
+            return 0.0
         return 1.0 if self._writer.poll() else 0.0
 
     def maybe_commit(self, done_count: float) -> None:

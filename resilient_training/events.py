@@ -35,7 +35,9 @@ EVENTS_DIRNAME = "events"
 EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # node: simulated node (pod index) of the writer, null outside the simulated cluster.
     # agent: host:pid:start-time of the agent that started the worker (tells its restarts apart).
-    "start": ("world_size", "pid", "host", "layers", "nvrx_version", "torch_version", "node", "agent", "local_rank"),
+    # process_seconds: process start -> this event (interpreter start-up and imports).
+    "start": ("world_size", "pid", "host", "layers", "nvrx_version", "torch_version", "node", "agent", "local_rank",
+              "process_seconds"),
     "step": ("loss", "seconds"),
     "ckpt_begin": ("mode", "tier"),  # tier: persistent | local
     "ckpt_staged": ("seconds",),  # training blocked this long (staging or the whole sync save)
@@ -48,7 +50,8 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # or finds an agent dead; node: the pod index concerned (null for other layers).
     "restart_begin": ("layer", "cause", "node"),
     "restart_done": ("layer", "node"),  # layer: inprocess | launcher | pod
-    "load_done": ("path", "source", "seconds"),  # step: restored (0 = fresh); source: memory | storage
+    # step: restored (0 = fresh); source: memory | storage; phases: seconds per start-up phase.
+    "load_done": ("path", "source", "seconds", "phases"),
     "calibrated": ("timeouts",),
     "end": ("status", "reason"),  # status: completed | failed
 }

@@ -62,6 +62,13 @@ def build_model(cfg: ModelConfig, seed: int) -> GPT:
         torch.random.set_rng_state(generator_state)
 
 
+def parameter_count(cfg: ModelConfig) -> int:
+    """Parameters of :class:`GPT` for ``cfg``, without building it."""
+    d = cfg.d_model
+    block = 12 * d * d + 13 * d  # qkv, proj, fc, out (weights and biases) and two layer norms
+    return 2 * cfg.vocab_size * d + cfg.seq_len * d + cfg.n_layers * block + 2 * d
+
+
 def batch(cfg: ModelConfig, *, seed: int, position: int, rank: int, batch_size: int) -> torch.Tensor:
     """Token batch number ``position`` of ``rank``: learnable (a noisy repeating pattern)."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + position * 7919 + rank)

@@ -76,7 +76,7 @@ def ft_launcher_flags(
         flags.append(f"--rdzv-id={rdzv_id}")
     flags += [
         f"--max-restarts={config.max_restarts}",
-        "--monitor-interval=0.5",
+        "--monitor-interval=0.2",  # how often the agent looks at its workers: detection latency
         # 0.6+ leaves these unset (no hang detection at all); 0.4.1 defaults to 3600/2700 s.
         f"--ft-initial-rank-heartbeat-timeout={config.initial_heartbeat_timeout}",
         f"--ft-rank-heartbeat-timeout={config.heartbeat_timeout}",
@@ -113,7 +113,7 @@ def worker_command(
         head += ft_launcher_flags(config, **launcher_kwargs)
     else:
         head = [python, "-m", "torch.distributed.run", f"--max-restarts={config.max_restarts}",
-                "--monitor-interval=0.5"]
+                "--monitor-interval=0.2"]
         for key in ("standalone", "nnodes", "nproc_per_node", "rdzv_endpoint", "rdzv_id"):
             value = launcher_kwargs.get(key)
             if key == "standalone" and value:
@@ -384,9 +384,16 @@ class AsyncWriter:
 
     def _calls(self) -> Any:
         if self._queue is None:
+            import inspect
+
             from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
 
-            self._queue = AsyncCallsQueue(persistent=True)
+            options: dict[str, Any] = {}
+            if "cpu_shm_mode" in inspect.signature(AsyncCallsQueue.__init__).parameters:
+                # 0.7+: shards arrive in shared host memory, so the writer needs no CUDA context
+                # (which would cost GPU memory and compete with the trainer's own CUDA start-up).
+                options["cpu_shm_mode"] = True
+            self._queue = AsyncCallsQueue(persistent=True, **options)
         return self._queue
 
     @property

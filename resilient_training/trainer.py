@@ -24,7 +24,7 @@ from resilient_training import faults as flt
 from resilient_training import nvrx_adapter
 from resilient_training.checkpointing import Checkpointer, StagingBuffers, named_state
 from resilient_training.config import TrainConfig
-from resilient_training.model import GPT, batch, build_model, loss_fn
+from resilient_training.model import GPT, batch, build_model, loss_fn, parameter_count
 
 # Calibrated heartbeat timeouts never go below this: observed gaps on a quiet machine can be
 # milliseconds, and a loaded one must not be mistaken for a hang.
@@ -72,13 +72,17 @@ class Trainer:
             node=flt.this_node(), local_rank=self.local_rank,
         )
         self.step = 0
+        laps = _Laps()  # where the time to the first step goes, logged with load_done
         try:
             self._drop_stale_write()
             if call_wrapper is not None and self._store is None:
                 self._store = nvrx_adapter.wrapper_store(call_wrapper)
+            if self.on_gpu and iteration == 0:
+                torch.cuda.set_device(self.local_rank)
+                torch.empty(1, device=self.device)  # create the CUDA context now: its own phase
+                laps.lap("cuda_context")
             self._init_process_group(iteration)
-            if self.config.async_checkpoint and not self.writer.started:
-                self.writer.warm_up()
+            laps.lap("process_group")
             checkpointer = Checkpointer(
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
@@ -87,8 +91,14 @@ class Trainer:
             )
             started = time.time()
             path, manifest = checkpointer.find_restorable()
+            laps.lap("find_checkpoint")
             model, optimizer = self._build(materialize=path is None)
-            self._restore(checkpointer, path, manifest, model, optimizer, started)
+            laps.lap("build_model")
+            self._restore(checkpointer, path, manifest, model, optimizer, started, laps)
+            if self.config.async_checkpoint and not self.writer.started:
+                # Started after the restore, so its own start-up (a process importing torch)
+                # competes with training steps, not with the restore; well before the first save.
+                self.writer.warm_up()
             self._train(model, optimizer, checkpointer, call_wrapper)
             checkpointer.finish()
             checkpointer.drop_local_tier()
@@ -96,9 +106,9 @@ class Trainer:
             self.completed = True
         except BaseException as exc:
             self._on_failure(exc, self.step)
+            self._release_process_group_after_failure()
             raise
-        finally:
-            self._destroy_process_group()
+        self._destroy_process_group()
 
     def _train(self, model: Any, optimizer: Any, checkpointer: Checkpointer, call_wrapper: Any) -> None:
         step = self.step
@@ -107,34 +117,47 @@ class Trainer:
             step = self.step = step + 1
             started = time.perf_counter()
             poison = self.injector.maybe_inject_in_step(step)
-            tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
-                           batch_size=self.config.batch_size).to(self.device)
+            tokens = self._tokens(step)
             with self._autocast():
                 loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
             if poison:
                 loss = loss * float("nan")
-            # One all-reduce per step carries the loss for logging and the checkpoint flag.
-            stats = torch.stack([loss.detach().float(), torch.tensor(checkpointer.local_done(), device=self.device)])
+            # One all-reduce per step carries the loss for logging and the checkpoint flag
+            # (torch.full: no host-to-device copy, which would wait for the GPU).
+            flag = torch.full((), checkpointer.local_done(), device=self.device)
+            stats = torch.stack([loss.detach().float(), flag])
             torch.distributed.all_reduce(stats)
-            global_loss = stats[0].item() / self.world_size
+            loss.backward()
+            # Read the loss only now: the backward pass is already queued, so the GPU keeps
+            # working while the host waits (the step's one synchronisation).
+            total_loss, done_count = stats.tolist()
+            global_loss = total_loss / self.world_size
             if self.config.nan_guard and not math.isfinite(global_loss):
                 raise NonFiniteLoss(f"non-finite loss {global_loss} at step {step}")
-            loss.backward()
+            self.staging.fence()  # a save's copies may still be reading these tensors
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            self.staging.prepare([(name, t.to_local() if hasattr(t, "to_local") else t)
-                                  for name, t, _ in named_state(model, optimizer)])
+            if not self.staging.prepared:
+                self.staging.prepare([(name, t.to_local() if hasattr(t, "to_local") else t)
+                                      for name, t, _ in named_state(model, optimizer)])
             self._pad_step(started)
             self.events.emit("step", step, loss=global_loss, seconds=time.perf_counter() - started)
             self._progress(call_wrapper)
             self.heartbeats.cover(0)
-            checkpointer.maybe_commit(stats[1].item())
+            checkpointer.maybe_commit(done_count)
             if checkpointer.tier_for(step):
                 self._save(step, model, optimizer, checkpointer)
             if step == calibrate_at:
                 timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor())
                 if timeouts:
                     self.events.emit("calibrated", step, timeouts=timeouts)
+
+    def _tokens(self, step: int) -> torch.Tensor:
+        tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
+                       batch_size=self.config.batch_size)
+        if self.on_gpu:  # through page-locked memory: the copy does not wait for the GPU
+            return tokens.pin_memory().to(self.device, non_blocking=True)
+        return tokens
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 compute on GPUs (weights, optimizer and checkpoints stay fp32); fp32 on CPU."""
@@ -241,6 +264,23 @@ class Trainer:
                                                      timeout=datetime.timedelta(seconds=60), multi_tenant=True)
         return self._store
 
+    def _release_process_group_after_failure(self) -> None:
+        """After a failure, never wait for peers: on NCCL, destroying the group from this thread
+        blocks while a peer still has collectives queued (seen on 2 H200s: both ranks stuck
+        until the NCCL watchdog fired). With in-process restart on, the wrapper's
+        ``AbortTorchDistributed`` aborts every group for all ranks; without it the group is
+        aborted here and the process exits for ft_launcher to restart.
+        """
+        if not torch.distributed.is_initialized():
+            return
+        if not self.on_gpu:
+            self._destroy_process_group()
+        elif not self.config.inprocess:
+            abort = getattr(torch.distributed.distributed_c10d, "_abort_process_group", None)
+            if abort is not None:
+                with contextlib.suppress(Exception):
+                    abort()
+
     def _destroy_process_group(self) -> None:
         # On gloo this does not close the sockets of an FSDP2 process group (DTensor caches keep
         # it alive, torch 2.13), so peers blocked on a failed rank are released by the
@@ -252,30 +292,42 @@ class Trainer:
     def _build(self, *, materialize: bool) -> tuple[Any, Any]:
         """A fresh sharded model and optimizer: FSDP binds to the process group it was built with.
 
-        Without ``materialize`` (a checkpoint will overwrite every weight) the model is built
-        on the meta device and only allocated, never initialized: seconds saved per restart.
+        On a GPU with room for the whole unsharded model, it is built there directly (its
+        initialization is a few kernels; the same seed gives every rank the same weights).
+        Otherwise, without ``materialize`` (a checkpoint will overwrite every weight), it is
+        built on the meta device and only allocated; with it, on the CPU and moved.
         """
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        if materialize:
+        allocate_only = False
+        if self.on_gpu and self._fits_unsharded():
+            with torch.device(self.device):
+                model = build_model(self.config.model, self.config.seed)
+        elif materialize:
             model = build_model(self.config.model, self.config.seed).to(self.device)
         else:
             with torch.device("meta"):
                 model = GPT(self.config.model)
+            allocate_only = True
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        if not materialize:
+        if allocate_only:
             model.to_empty(device=self.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr)
         return model, optimizer
 
+    def _fits_unsharded(self) -> bool:
+        """The unsharded fp32 weights take under a quarter of this GPU's memory."""
+        return 4 * parameter_count(self.config.model) < torch.cuda.get_device_properties(self.device).total_memory / 4
+
     def _restore(self, checkpointer: Checkpointer, path: Any, manifest: dict[str, Any], model: Any,
-                 optimizer: Any, started: float) -> None:
+                 optimizer: Any, started: float, laps: _Laps) -> None:
         step = manifest.get("step", 0)
         source = checkpointer.load(path, manifest, model, optimizer) if path is not None else None
+        laps.lap("load_checkpoint")
         # Every rank must restore the same step; a disagreement would silently mix states.
         agreed = torch.tensor([step, -step], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
@@ -283,8 +335,9 @@ class Trainer:
             raise fmt.CheckpointError(f"ranks restored different steps (max {int(agreed[0])}, min {int(-agreed[1])})")
         if manifest.get("ft_state"):
             self.heartbeats.load_state_dict(manifest["ft_state"])
+        laps.lap("agree_step")
         self.events.emit("load_done", step, path=str(path) if path else None, source=source,
-                         seconds=time.time() - started)
+                         seconds=time.time() - started, phases=laps.phases)
         self.heartbeats.beat()
         self.step = step
 
@@ -339,6 +392,19 @@ class Trainer:
             else:
                 self.writer.abandon()
         self.heartbeats.close()
+
+
+class _Laps:
+    """Seconds spent in each named phase, in order (the restart profile in ``load_done``)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self._mark, 3)
+        self._mark = now
 
 
 def _sigkill_self() -> None:

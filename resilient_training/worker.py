@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         layers={"inprocess": config.inprocess, "async_checkpoint": config.async_checkpoint,
                 "ft_launcher": heartbeats.active},
         nvrx_version=nvrx_adapter.installed_version(), torch_version=torch.__version__,
+        process_seconds=_process_age(),
     )
     # A replacement pod's first workers report the pod layer; its agent's later restarts of
     # them are launcher restarts like any other node's.
@@ -95,6 +96,18 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started: interpreter start-up and imports, before any work."""
+    try:
+        with open("/proc/self/stat") as handle:
+            started_ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as handle:
+            uptime = float(handle.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return round(uptime - started_ticks / os.sysconf("SC_CLK_TCK"), 3)
 
 
 def _agent_identity() -> str:

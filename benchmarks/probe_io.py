@@ -1,0 +1,81 @@
+"""How fast can one rank's shard reach storage? Times the pieces of a checkpoint write.
+
+    python benchmarks/probe_io.py [--gb 1.6] [--dirs /dev/shm /tmp]
+
+For each directory: the trainer's own write (``checkpoint_format.write_shard``: torch.save
+streamed through the checksum, fsync, rename), a plain ``torch.save`` to a path, and a raw
+write of the same bytes; plus the checksum rate in memory and the read-back rate. Prints one
+table (GB/s). Used by benchmarks/gpu_suite.sh to explain the checkpoint rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import xxhash
+
+from resilient_training import checkpoint_format as fmt
+
+
+def shard_of(gb: float) -> dict[str, object]:
+    """A shard like the trainer's: many fp32 tensors in shared memory."""
+    n_tensors = 96
+    per = int(gb * 1e9 / 4 / n_tensors)
+    tensors = {f"t{i}": torch.rand(per).share_memory_() for i in range(n_tensors)}
+    return {"meta": {"step": 1, "layout": {}}, "tensors": tensors}
+
+
+def timed(fn) -> float:  # noqa: ANN001 - any callable
+    begin = time.perf_counter()
+    fn()
+    return time.perf_counter() - begin
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=1.6)
+    parser.add_argument("--dirs", nargs="+", default=["/dev/shm", tempfile.gettempdir()])
+    args = parser.parse_args()
+    shard = shard_of(args.gb)
+    size = sum(t.numel() * 4 for t in shard["tensors"].values())
+    gb = size / 1e9
+    hashed = timed(lambda: [xxhash.xxh3_128(t.numpy()).digest() for t in shard["tensors"].values()])
+    print(f"| what | GB/s ({gb:.2f} GB) |\n|---|---|\n| xxh3_128 over the tensors in memory | {gb / hashed:.2f} |")
+    for base in args.dirs:
+        work = Path(tempfile.mkdtemp(dir=base, prefix="probe-io-"))
+        try:
+            t = timed(lambda: fmt.write_shard(work, 0, shard))  # noqa: B023
+            print(f"| {base}: write_shard (save + checksum + fsync + rename) | {gb / t:.2f} |")
+
+            def plain(work: Path = work) -> None:
+                with open(work / "plain.pt", "wb") as handle:
+                    torch.save(dict(shard), handle)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+
+            print(f"| {base}: torch.save to a file + fsync | {gb / timed(plain):.2f} |")
+
+            def raw(work: Path = work) -> None:
+                with open(work / "raw.bin", "wb") as handle:
+                    for tensor in shard["tensors"].values():
+                        handle.write(memoryview(tensor.numpy()).cast("B"))
+                    handle.flush()
+                    os.fsync(handle.fileno())
+
+            print(f"| {base}: raw bytes + fsync | {gb / timed(raw):.2f} |")
+            t = timed(lambda: fmt.load_shard(work / fmt.shard_name(0))["tensors"]["t0"].sum())  # noqa: B023
+            print(f"| {base}: load_shard (mmap, first tensor touched) | {gb / t:.2f} |")
+            t = timed(lambda: [v.sum() for v in fmt.load_shard(work / fmt.shard_name(0))["tensors"].values()])  # noqa: B023
+            print(f"| {base}: load_shard, every tensor read (page cache) | {gb / t:.2f} |")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
