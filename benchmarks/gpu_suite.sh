@@ -107,8 +107,10 @@ case $suite in
   goodput-half)  # the same shape at half length (device-time budget): 1000 steps, save every 250
     faults="exception@150:0,sigkill@350:0,nan@550:0,exception@750:0,sigkill@900:0"
     run product --steps 1000 --checkpoint-every 250 --local-checkpoint-every 25 --faults "$faults"
-    run baseline_sync_launcher --steps 1000 --checkpoint-every 250 --no-async-checkpoint --no-inprocess \
-        --faults "$faults"
+    if [ "${PRODUCT_ONLY:-0}" != 1 ]; then  # PRODUCT_ONLY=1: the device call had room for one strategy
+      run baseline_sync_launcher --steps 1000 --checkpoint-every 250 --no-async-checkpoint --no-inprocess \
+          --faults "$faults"
+    fi
     ;;
   recovery+efficiency)
     "$0" recovery "$out"
