@@ -276,6 +276,33 @@ def commit(
     return final
 
 
+RUN_UID_FILENAME = "run_uid"
+
+
+def run_uid(run_dir: str | os.PathLike[str]) -> str:
+    """The identity of this run directory's lineage, made once by whichever process asks first.
+
+    A run directory deleted and created again gets a new one, so state kept outside it (the
+    node-local tier in /dev/shm, which outlives the processes and the run directory) is never
+    mistaken for this run's. Hard-linking a finished temporary file publishes it atomically and
+    never overwrites, also on shared file systems, so every rank and node reads the same value.
+    """
+    import uuid
+
+    path = Path(run_dir) / RUN_UID_FILENAME
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{TMP_PREFIX}{RUN_UID_FILENAME}.{uuid.uuid4().hex}")
+        tmp.write_text(uuid.uuid4().hex)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another rank published it first: use theirs
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path.read_text().strip()
+
+
 def iteration_file(run_dir: str | os.PathLike[str]) -> str:
     """The file ft_launcher 0.6+ reads (``--ft-checkpoint-iteration-file``) to stop restart loops
     that make no progress: the last persistently committed step.

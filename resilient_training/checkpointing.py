@@ -159,9 +159,14 @@ PERSISTENT, LOCAL = "persistent", "local"
 
 
 def local_tier_root(config: TrainConfig, rank: int) -> Path:
-    """The rank's directory of the node-local tier (one per rank: commits need no peer)."""
-    base = config.local_checkpoint_dir or str(Path("/dev/shm") / "resilient-training" / run_key(config.run_dir))
-    return Path(base) / f"rank_{rank}"
+    """The rank's directory of the node-local tier (one per rank: commits need no peer).
+
+    Keyed by the run directory's path and its lineage (:func:`checkpoint_format.run_uid`): a
+    node-local step left by an earlier run that used the same path is never restored.
+    """
+    lineage = f"{run_key(config.run_dir)}-{fmt.run_uid(config.run_dir)[:12]}"
+    base = Path(config.local_checkpoint_dir) if config.local_checkpoint_dir else Path("/dev/shm") / "resilient-training"
+    return base / lineage / f"rank_{rank}"
 
 
 def run_key(run_dir: str) -> str:

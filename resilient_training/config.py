@@ -43,7 +43,8 @@ class TrainConfig:
     local_checkpoint_every: int = field(
         default=0, metadata={"help": "also save to the node-local tier every N steps (0 = off)"})
     local_checkpoint_dir: str = field(
-        default="", metadata={"help": "node-local tier directory (default /dev/shm/resilient-training/<run>)"})
+        default="", metadata={"help": "node-local tier directory (default /dev/shm/resilient-training); "
+                                      "each run keeps its own folder inside"})
     async_checkpoint: bool = field(default=True, metadata={"help": "write checkpoints in NVRx's background process"})
     inprocess: bool = field(default=True, metadata={"help": "NVRx in-process restart (inprocess.Wrapper)"})
     ft_launcher: bool = field(default=True, metadata={"help": "NVRx ft_launcher heartbeats and restarts"})

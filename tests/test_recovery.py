@@ -83,3 +83,36 @@ def test_repeated_failure_without_inprocess_exhausts_launcher_restarts(tmp_path)
     assert run.returncode == 1
     assert "recovery gave up after 2 launcher restart(s)" in run.output
     assert "rank 1 at step 6: exception" in run.output
+
+
+def test_node_local_tier_shortens_the_rollback_after_a_process_restart(tmp_path):
+    local = tmp_path / "local"
+    # Steps padded to 0.25 s so the writer (a process of its own, started after the restore) is
+    # up well before the fault.
+    run = train(tmp_path / "run", "--nproc", "2", "--steps", "16", "--checkpoint-every", "20",
+                "--local-checkpoint-every", "2", "--local-checkpoint-dir", str(local), "--step-seconds", "0.25",
+                "--faults", "sigkill@13:1")
+    found = check_recovered(run, "sigkill@13:1", layer="launcher", cause=None)
+    # No persistent checkpoint exists before step 16: the new processes restored a node-local one.
+    assert 6 <= found["restored"] < 13, found["restored"]
+    load = next(e for e in found["events"] if e.event == "load_done" and e.attempt == 1 and e.rank == 0)
+    assert load["path"].startswith(str(local)), load["path"]
+
+
+def test_a_new_run_in_a_reused_directory_ignores_the_old_node_local_tier(tmp_path):
+    """The node-local tier outlives the run directory (it is in /dev/shm by default): a run
+    started again in a recreated directory of the same path must not restore its steps.
+    """
+    import shutil
+
+    local = tmp_path / "local"
+    args = ["--nproc", "2", "--steps", "12", "--checkpoint-every", "100", "--local-checkpoint-every", "2",
+            "--local-checkpoint-dir", str(local)]
+    first = train(tmp_path / "run", *args, "--faults", "exception@7:0x99", "--max-inprocess-restarts", "2")
+    assert first.returncode == 1, first.output[-2000:]
+    assert list(local.rglob("step_*")), "the failed run should have left node-local steps behind"
+    shutil.rmtree(tmp_path / "run")
+    second = train(tmp_path / "run", *args)
+    assert second.returncode == 0, second.output[-2000:]
+    loads = [e for e in second.events if e.event == "load_done"]
+    assert loads and {e.step for e in loads} == {0}
