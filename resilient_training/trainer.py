@@ -83,6 +83,11 @@ class Trainer:
                 laps.lap("cuda_context")
             self._init_process_group(iteration)
             laps.lap("process_group")
+            if self.config.async_checkpoint and not self.writer.started:
+                # Started before the restore so the first save finds it ready (it imports torch
+                # in a process of its own: seconds); NVRx 0.7's runs without a CUDA context.
+                self.writer.warm_up()
+                laps.lap("writer_start")
             checkpointer = Checkpointer(
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
@@ -95,10 +100,6 @@ class Trainer:
             model, optimizer = self._build(materialize=path is None)
             laps.lap("build_model")
             self._restore(checkpointer, path, manifest, model, optimizer, started, laps)
-            if self.config.async_checkpoint and not self.writer.started:
-                # Started after the restore, so its own start-up (a process importing torch)
-                # competes with training steps, not with the restore; well before the first save.
-                self.writer.warm_up()
             self._train(model, optimizer, checkpointer, call_wrapper)
             checkpointer.finish()
             checkpointer.drop_local_tier()
