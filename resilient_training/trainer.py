@@ -73,6 +73,7 @@ class Trainer:
         )
         self.step = 0
         laps = _Laps()  # where the time to the first step goes, logged with load_done
+        succeeded = False
         try:
             self._drop_stale_write()
             if call_wrapper is not None and self._store is None:
@@ -104,12 +105,17 @@ class Trainer:
             checkpointer.finish()
             checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
-            self.completed = True
+            self.completed = succeeded = True
         except BaseException as exc:
             self._on_failure(exc, self.step)
-            self._release_process_group_after_failure()
             raise
-        self._destroy_process_group()
+        finally:
+            # In `finally`: the in-process wrapper may interrupt the handler above with an
+            # exception of its own, and a group left behind fails the next iteration's init.
+            if succeeded:
+                self._destroy_process_group()
+            else:
+                self._release_process_group_after_failure()
 
     def _train(self, model: Any, optimizer: Any, checkpointer: Checkpointer, call_wrapper: Any) -> None:
         step = self.step
@@ -218,6 +224,9 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
 
     def _init_process_group(self, iteration: int) -> None:
+        if torch.distributed.is_initialized():  # left by an interrupted iteration: never reuse it
+            self._abort_process_group()
+            self._destroy_process_group()
         backend = "nccl" if self.on_gpu else "gloo"
         if self.on_gpu:
             torch.cuda.set_device(self.local_rank)
@@ -277,10 +286,14 @@ class Trainer:
         if not self.on_gpu:
             self._destroy_process_group()
         elif not self.config.inprocess:
-            abort = getattr(torch.distributed.distributed_c10d, "_abort_process_group", None)
-            if abort is not None:
-                with contextlib.suppress(Exception):
-                    abort()
+            self._abort_process_group()
+
+    def _abort_process_group(self) -> None:
+        """Abort (NCCL: ncclCommAbort) rather than wait for peers; a no-op where unsupported."""
+        abort = getattr(torch.distributed.distributed_c10d, "_abort_process_group", None)
+        if abort is not None and self.on_gpu:
+            with contextlib.suppress(Exception):
+                abort()
 
     def _destroy_process_group(self) -> None:
         # On gloo this does not close the sockets of an FSDP2 process group (DTensor caches keep
