@@ -64,7 +64,6 @@ class StagingBuffers:
         self._preparing: threading.Thread | None = None
         self._stream: Any = None  # the side stream of device-to-host copies (GPU only)
         self._copied: Any = None  # CUDA event: the copies of the save being staged are done
-        self._next_step: int | None = None  # begun, copies not all queued yet
         self._staging_step: int | None = None  # every copy queued, not known to be done
         self.staged_step: int | None = None  # the step the buffers hold, once fully staged
 
@@ -100,12 +99,12 @@ class StagingBuffers:
         self._preparing = threading.Thread(target=allocate, name="staging-prepare", daemon=True)
         self._preparing.start()
 
-    def begin(self, step: int, on_gpu: bool) -> None:
-        """Start staging ``step``: from here until :meth:`ready` the buffers hold no step."""
+    def begin(self, on_gpu: bool) -> None:
+        """Start overwriting the buffers: from here until :meth:`ready` they hold no step."""
         if self._preparing is not None:
             self._preparing.join()
             self._preparing = None
-        self.staged_step, self._staging_step, self._next_step = None, None, step
+        self.staged_step = self._staging_step = None
         if on_gpu:
             if self._stream is None:
                 self._stream = torch.cuda.Stream()
@@ -123,9 +122,9 @@ class StagingBuffers:
             buffer.copy_(source)
         return buffer
 
-    def end(self) -> None:
-        """Every copy of the save is queued; on CPU it is already done."""
-        self._staging_step, self._next_step = self._next_step, None
+    def end(self, step: int) -> None:
+        """Every copy of ``step`` is queued; on CPU it is already done."""
+        self._staging_step = step
         if self._stream is not None:
             self._copied = torch.cuda.Event()
             self._copied.record(self._stream)
@@ -301,12 +300,12 @@ class Checkpointer:
         tensors: dict[str, torch.Tensor] = {}
         layout: dict[str, dict[str, Any]] = {}
         named = list(named_state(model, optimizer))
-        self._staging.begin(step, on_gpu=any(_local(t).is_cuda for _, t, _ in named[:1]))
+        self._staging.begin(on_gpu=bool(named) and _local(named[0][1]).is_cuda)
         for flat, tensor, param in named:
             tensors[flat] = self._staging.copy_in(flat, _local(tensor).detach())
             offset, _ = fmt.chunk_bounds(param.shape[0], self.world_size, self.rank)
             layout[flat] = {"global_shape": list(param.shape), "offset": offset}
-        self._staging.end()  # on GPUs the copies are still running: see local_done()
+        self._staging.end(step)  # on GPUs the copies are still running: see local_done()
         opt_steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
         if len(opt_steps) > 1:
             raise RuntimeError(f"optimizer parameters disagree on their step count: {sorted(opt_steps)}")

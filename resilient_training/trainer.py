@@ -73,7 +73,6 @@ class Trainer:
         )
         self.step = 0
         laps = _Laps()  # where the time to the first step goes, logged with load_done
-        succeeded = False
         try:
             self._drop_stale_write()
             if call_wrapper is not None and self._store is None:
@@ -105,14 +104,14 @@ class Trainer:
             checkpointer.finish()
             checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
-            self.completed = succeeded = True
+            self.completed = True
         except BaseException as exc:
             self._on_failure(exc, self.step)
             raise
         finally:
             # In `finally`: the in-process wrapper may interrupt the handler above with an
             # exception of its own, and a group left behind fails the next iteration's init.
-            if succeeded:
+            if self.completed:
                 self._destroy_process_group()
             else:
                 self._release_process_group_after_failure()

@@ -98,11 +98,16 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(1)
 
 
+def _start_ticks(pid: int | str) -> str:
+    """A process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[19]
+
+
 def _process_age() -> float | None:
     """Seconds since this process started: interpreter start-up and imports, before any work."""
     try:
-        with open("/proc/self/stat") as handle:
-            started_ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
+        started_ticks = int(_start_ticks("self"))
         with open("/proc/uptime") as handle:
             uptime = float(handle.read().split()[0])
     except (OSError, IndexError, ValueError):
@@ -118,8 +123,7 @@ def _agent_identity() -> str:
     """
     ppid = os.getppid()
     try:
-        with open(f"/proc/{ppid}/stat") as handle:
-            started = handle.read().rsplit(")", 1)[1].split()[19]  # field 22: start time in ticks
+        started = _start_ticks(ppid)
     except (OSError, IndexError):
         started = "?"
     return f"{os.uname().nodename}:{ppid}:{started}"
