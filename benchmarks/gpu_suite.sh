@@ -60,7 +60,7 @@ run() {  # run NAME ARGS...: one training run; keep its events and launcher log,
 }
 
 probe() {  # what start-up and checkpoint I/O cost on this machine: import times, write paths
-  (cd /tmp && python3 -X importtime -c 'import torch, resilient_training.worker, resilient_training.trainer, torch.distributed.fsdp, nvidia_resiliency_ext.fault_tolerance, nvidia_resiliency_ext.inprocess') \
+  (cd /tmp && python3 -X importtime -c 'import torch, resilient_training.runtime.worker, resilient_training.runtime.trainer, torch.distributed.fsdp, nvidia_resiliency_ext.fault_tolerance, nvidia_resiliency_ext.inprocess') \
     2> "$runs/importtime.txt" || true
   sort -t'|' -k2 -n -r "$runs/importtime.txt" > "$runs/importtime-sorted.txt" || true
   sed -n 1,25p "$runs/importtime-sorted.txt"

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import xxhash
 
-from resilient_training import checkpoint_format as fmt
+from resilient_training.run import checkpoint_format as fmt
 
 
 def shard_of(gb: float) -> dict[str, object]:

@@ -3,7 +3,7 @@ checkpoint stall per save for sync vs async, on this machine (2 gloo workers und
 
     python benchmarks/recovery_cpu.py [--out DIR] [--repeat N]
 
-Prints Markdown tables. Every number comes from resilient_training.metrics over the runs'
+Prints Markdown tables. Every number comes from resilient_training.gates.metrics over the runs'
 event logs. Not a test: timings depend on the machine and its load (say which when you quote).
 """
 
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from resilient_training import metrics
+from resilient_training.gates import metrics
 
 BASE = ["--nproc", "2", "--steps", "40", "--checkpoint-every", "5"]
 SLOW_COLLECTIVES = ["--pg-timeout", "30", "--soft-timeout", "31", "--hard-timeout", "32", "--heartbeat-timeout", "35"]

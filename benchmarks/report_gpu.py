@@ -2,7 +2,7 @@
 
     python benchmarks/report_gpu.py benchmarks/results/h200/*.tar.gz
 
-Every number is computed by resilient_training.metrics from the runs' event logs; efficiency is
+Every number is computed by resilient_training.gates.metrics from the runs' event logs; efficiency is
 the no-checkpoint run's training span divided by each run's (first step to last step).
 """
 
@@ -13,7 +13,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from resilient_training import metrics
+from resilient_training.gates import metrics
 
 
 def training_span(run_dir: Path) -> float:

@@ -25,10 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from resilient_training import checkpoint_format as cf
-from resilient_training.components.validate_checkpoint.validate import hash_files, validate_checkpoint_dir
-from resilient_training.config import ModelConfig
-from resilient_training.gates_testing import write_checkpoint
+from resilient_training.gates.validate import hash_files, validate_checkpoint_dir
+from resilient_training.run import checkpoint_format as cf
+from resilient_training.run.config import ModelConfig
+from tests.support.gates import write_checkpoint
 
 SIZES = {
     "small": ModelConfig(vocab_size=8192, d_model=512, n_layers=2, n_heads=8, seq_len=16),

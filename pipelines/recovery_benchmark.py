@@ -13,10 +13,10 @@ exit handler: teardown_storage
 
 from kfp import dsl
 
+from resilient_training.bench.strategy import DEFAULT_STRATEGIES
 from resilient_training.components.compare_strategies import compare_strategies
 from resilient_training.components.provision_storage import provision_storage
 from resilient_training.components.run_strategies import run_strategies
-from resilient_training.components.run_strategies.strategy import DEFAULT_STRATEGIES
 from resilient_training.components.teardown_storage import teardown_storage
 
 from .defaults import BENCH_CHECKPOINT_EVERY, BENCH_FAULTS, BENCH_STEPS

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from resilient_training import checkpoint_format as fmt
+from resilient_training.run import checkpoint_format as fmt
 
 
 def _shard(step: int, rank: int, world: int, full: dict[str, torch.Tensor]) -> dict:

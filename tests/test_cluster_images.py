@@ -22,10 +22,9 @@ def test_wheel_contains_the_cluster_components(tmp_path):
     assert out.returncode == 0, out.stderr
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("components/provision_storage/provision.py", "components/provision_storage/fsx.py",
-                   "components/provision_storage/volumes.py", "components/launch_training/launch.py",
-                   "components/launch_training/backends.py", "components/teardown_storage/teardown.py",
-                   "pytorchjob.py", "storage_ref.py", "render_job.py", "kube_client.py"):
+    for module in ("storage/provision.py", "storage/fsx.py", "storage/volumes.py", "launch/watch.py",
+                   "launch/backends.py", "storage/teardown.py", "components/launch_training/component.py",
+                   "launch/pytorchjob.py", "run/storage_ref.py", "cli/render.py", "launch/kube_client.py"):
         assert f"resilient_training/{module}" in names, module
 
 

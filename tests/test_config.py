@@ -1,11 +1,11 @@
 import pytest
 
-from resilient_training import config as cfg
+from resilient_training.run import config as cfg
 
 
 def test_argv_round_trip_is_exact():
-    config = cfg.TrainConfig(run_dir="/tmp/x", steps=7, async_checkpoint=False, faults="sigkill@3:1",
-                             model=cfg.ModelConfig(d_model=32, n_heads=2))
+    config = cfg.TrainConfig(run_dir="/tmp/x", steps=7, checkpoint=cfg.CheckpointConfig(async_save=False),
+                             faults="sigkill@3:1", model=cfg.ModelConfig(d_model=32, n_heads=2))
     assert cfg.from_argv(cfg.to_argv(config)) == config
     assert cfg.from_dict(config.to_dict()) == config
 
@@ -22,7 +22,7 @@ def test_argv_round_trip_is_exact():
 )
 def test_bad_values_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        cfg.TrainConfig(run_dir="/tmp/x", **kwargs)
+        cfg.from_dict({"run_dir": "/tmp/x", **kwargs})
 
 
 def test_model_heads_must_divide_width():

@@ -1,6 +1,6 @@
 import pytest
 
-from resilient_training import faults as flt
+from resilient_training.run import faults as flt
 
 
 def test_parse_compact_spec_sorted_by_step():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training.cli import main
-from resilient_training.gates_testing import ScriptedLog, write_checkpoint
+from resilient_training.cli.main import main
+from tests.support.gates import ScriptedLog, write_checkpoint
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """compile / upload / submit / schedule / runs / schedules: the real CLI and the real kfp.Client
-against a small stateful KFP v2beta1 API server (tests/kfp_api_server.py)."""
+against a small stateful KFP v2beta1 API server (tests/support/kfp_api_server.py)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ import pytest
 import yaml
 from kfp import components
 
-from resilient_training.cli import main
-from resilient_training.kfp_compile import compile_pipeline
-
-from .kfp_api_server import API, FakeKfpServer
-from .kfp_fixture_pipelines import PIPELINES, PIPELINES_CHANGED
+from resilient_training.cli.main import main
+from resilient_training.kfp.compile import compile_pipeline
+from tests.support.kfp_api_server import API, FakeKfpServer
+from tests.support.kfp_fixture_pipelines import PIPELINES, PIPELINES_CHANGED
 
 REPO = Path(__file__).resolve().parent.parent
-REGISTRY = "tests.kfp_fixture_pipelines:PIPELINES"
-CHANGED = "tests.kfp_fixture_pipelines:PIPELINES_CHANGED"
+REGISTRY = "tests.support.kfp_fixture_pipelines:PIPELINES"
+CHANGED = "tests.support.kfp_fixture_pipelines:PIPELINES_CHANGED"
 VERSION_NAME = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{12}$")
 
 
@@ -98,8 +97,9 @@ def test_compile_one_pipeline_to_a_file_and_refuse_unknown_names(cli, tmp_path):
     code, out, err = cli("compile", "--registry", REGISTRY, "--pipeline", "nope", "-o", tmp_path / "x")
     assert (code, err) == (2, "error: unknown pipeline 'nope'; known pipelines: tiny-train, tiny-bench\n")
 
-    code, out, err = cli("compile", "--registry", "tests.kfp_fixture_pipelines:NOTHING", "-o", tmp_path / "x")
-    assert (code, err) == (2, "error: no pipelines registered: tests.kfp_fixture_pipelines.NOTHING is missing or empty\n")
+    code, out, err = cli("compile", "--registry", "tests.support.kfp_fixture_pipelines:NOTHING", "-o", tmp_path / "x")
+    assert (code, err) == (
+        2, "error: no pipelines registered: tests.support.kfp_fixture_pipelines.NOTHING is missing or empty\n")
 
 
 def test_the_projects_own_pipelines_compile_and_load_back(cli, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resilient_training.kfp_cron import CronError, validate_cron
+from resilient_training.kfp.cron import CronError, validate_cron
 
 
 @pytest.mark.parametrize(

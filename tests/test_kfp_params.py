@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from resilient_training.kfp_compile import compile_pipeline
-from resilient_training.kfp_params import ParamError, parse_params
-
-from .kfp_fixture_pipelines import PIPELINES
+from resilient_training.kfp.compile import compile_pipeline
+from resilient_training.kfp.params import ParamError, parse_params
+from tests.support.kfp_fixture_pipelines import PIPELINES
 
 
 @pytest.fixture(scope="module")

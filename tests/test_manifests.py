@@ -17,13 +17,14 @@ from botocore.stub import Stubber
 from kubeflow.training import TrainingClient
 from kubernetes import client as k8s
 
-from resilient_training import config, pytorchjob
-from resilient_training.components.launch_training import launch
-from resilient_training.components.provision_storage import fsx, volumes
-from resilient_training.components.provision_storage.provision import provision_storage
-from resilient_training.components.teardown_storage.teardown import teardown
-from resilient_training.testing import kube_api
-from resilient_training.testing.kube_api import Phase
+from resilient_training.launch import pytorchjob
+from resilient_training.launch import watch as launch
+from resilient_training.run import config
+from resilient_training.storage import fsx, volumes
+from resilient_training.storage.provision import provision_storage
+from resilient_training.storage.teardown import teardown
+from tests.support import kube_api
+from tests.support.kube_api import Phase
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "manifests"
@@ -62,7 +63,7 @@ def test_generated_pv_pvc_and_the_jobs_pod_template_pass_strict_validation():
     kubernetes_validate.validate(volumes.pvc_manifest(
         name="rt-x-data", namespace="team-a", volume="rt-x-pv", capacity_gib=2400, labels=labels),
         K8S_VERSION, strict=True)
-    from resilient_training.storage_ref import StorageRef
+    from resilient_training.run.storage_ref import StorageRef
 
     ref = StorageRef(backend="pvc", run_dir="/mnt/run/runs/x", mount_path="/mnt/run", namespace="team-a",
                      pvc_name="rt-x-data")
@@ -138,7 +139,7 @@ def test_rbac_grants_exactly_the_verbs_the_components_use():
 
 
 def test_iam_policy_allows_every_fsx_call_the_code_makes():
-    source = (ROOT / "components" / "provision_storage" / "fsx.py").read_text()
+    source = (ROOT / "resilient_training" / "storage" / "fsx.py").read_text()
     calls = set(re.findall(r"client\.([a-z_]+)\(", source)) | set(re.findall(r'get_paginator\("([a-z_]+)"\)', source))
     calls -= {"get_paginator"}
     actions = {"fsx:" + "".join(part.title() for part in call.split("_")) for call in calls}

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training import events as ev
-from resilient_training.gates_testing import ScriptedLog
-from resilient_training.metrics import RunError, compute_metrics, episodes, percentiles, young_daly
+from resilient_training.gates.metrics import RunError, compute_metrics, episodes, percentiles, young_daly
+from resilient_training.run import events as ev
+from resilient_training.run import layout
+from tests.support.gates import ScriptedLog
 
 
 def faulted_run(run: Path, *, layer: str = "inprocess") -> ScriptedLog:
@@ -148,14 +149,14 @@ def test_not_a_run(tmp_path: Path, make: str) -> None:
     if make != "missing":
         run.mkdir()
     if make == "empty-events":
-        ev.events_dir(run).mkdir()
+        layout.events_dir(run).mkdir()
     with pytest.raises(RunError, match="run"):
         compute_metrics(run)
 
 
 def test_torn_last_line_of_a_killed_writer_is_skipped(tmp_path: Path) -> None:
     faulted_run(tmp_path)
-    with open(ev.events_dir(tmp_path) / "rank1.jsonl", "a") as handle:
+    with open(layout.events_dir(tmp_path) / "rank1.jsonl", "a") as handle:
         handle.write('{"ts": 1700000009.0, "rank": 1, "attem')
     assert len(episodes(ev.read_events(tmp_path))) == 1
 

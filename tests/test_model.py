@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from resilient_training.config import ModelConfig
-from resilient_training.model import GPT, parameter_count
+from resilient_training.run.config import ModelConfig
+from resilient_training.runtime.model import GPT, parameter_count
 
 
 @pytest.mark.parametrize(

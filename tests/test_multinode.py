@@ -19,12 +19,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from resilient_training import events as ev
-from resilient_training import faults as flt
-from resilient_training import metrics, nvrx_adapter
-from resilient_training import simulated_cluster as sim
-
-from .runs import Run, rank0_losses, train
+from resilient_training.gates import metrics
+from resilient_training.launch import simulated_cluster as sim
+from resilient_training.run import events as ev
+from resilient_training.run import faults as flt
+from resilient_training.runtime import nvrx_adapter
+from tests.support.runs import Run, rank0_losses, train
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_cluster_spec_rejects_bad_values(kwargs, message):
 
 
 def test_agents_get_the_operators_pet_env_and_nothing_on_the_command_line(tmp_path):
-    from resilient_training import config as cfg
+    from resilient_training.run import config as cfg
 
     spec = sim.ClusterSpec(nodes=4, min_nodes=3, nproc_per_node=2)
     env = nvrx_adapter.rendezvous_env(nnodes=spec.nnodes, nproc_per_node=2, rdzv_endpoint="rt-worker-0:29400",

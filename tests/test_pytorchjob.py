@@ -8,9 +8,10 @@ import functools
 import pytest
 import yaml
 
-from resilient_training import config, pytorchjob
-from resilient_training.storage_ref import StorageRef
-from resilient_training.testing import crd_schema
+from resilient_training.launch import pytorchjob
+from resilient_training.run import config
+from resilient_training.run.storage_ref import StorageRef
+from tests.support import crd_schema
 
 MOUNT = "/mnt/run"
 
@@ -94,7 +95,7 @@ def test_container_runs_ft_launcher_with_operator_env_and_nvrx_switches():
     args = container["args"]
     split = args.index("-m")
     launcher_flags, module, trainer_args = args[:split], args[split + 1], args[split + 2:]
-    assert module == "resilient_training.worker"
+    assert module == "resilient_training.runtime.worker"
     # Rendezvous and sizes come from the operator's PET_* env, for any node count.
     assert not [f for f in launcher_flags if f.startswith(("--nnodes", "--nproc-per-node", "--rdzv", "--standalone"))]
     assert "--ft-rank-heartbeat-timeout=10.0" in launcher_flags
@@ -104,7 +105,7 @@ def test_container_runs_ft_launcher_with_operator_env_and_nvrx_switches():
     assert job["spec"]["nprocPerNode"] == "8" and "nProcPerNode" not in job["spec"]["elasticPolicy"]
     assert job["spec"]["elasticPolicy"]["rdzvBackend"] == "c10d"
     assert job["spec"]["elasticPolicy"]["rdzvId"] == spec.run_id
-    assert job["spec"]["elasticPolicy"]["maxRestarts"] == spec.train.max_restarts
+    assert job["spec"]["elasticPolicy"]["maxRestarts"] == spec.train.restart.max_restarts
     assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 29400, "protocol": "TCP"}]
     assert worker["restartPolicy"] == "ExitCode"
     assert job["spec"]["runPolicy"] == {"backoffLimit": 3, "activeDeadlineSeconds": 86400,
@@ -137,8 +138,8 @@ def test_nvrx_version_selects_launcher_flags_and_switches_reach_the_worker():
     assert "FI_PROVIDER" not in {e["name"] for e in container["env"]}
 
     spec = make_spec()
-    spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, ft_launcher=False, inprocess=False,
-                                                               async_checkpoint=False))
+    train = config.from_dict({**spec.train.to_dict(), "ft_launcher": False, "inprocess": False, "async_checkpoint": False})
+    spec = dataclasses.replace(spec, train=train)
     job = pytorchjob.to_dict(pytorchjob.build_job(spec))
     (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     assert container["command"] == ["python"] and container["args"][:2] == ["-m", "torch.distributed.run"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from resilient_training import checkpoint_format as fmt
-
-from .runs import FAST, check_recovered, train
+from resilient_training.run import checkpoint_format as fmt
+from resilient_training.run import layout
+from tests.support.runs import FAST, check_recovered, train
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_each_fault_alone_recovers_to_the_last_commit(tmp_path, fault, layer, ca
     if fault.startswith(("ckpt-kill", "writer-kill")):
         # The save being written at the fault never became visible; `latest` loads.
         assert found["restored"] < 8
-        latest = fmt.read_latest(fmt.checkpoints_dir(run.run_dir))
+        latest = fmt.read_latest(layout.checkpoints_dir(run.run_dir))
         assert fmt.read_manifest(latest)["step"] == 16
 
 

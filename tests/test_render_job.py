@@ -8,8 +8,8 @@ import sys
 import pytest
 import yaml
 
-from resilient_training import cli
-from resilient_training.testing import crd_schema
+from resilient_training.cli import main as cli
+from tests.support import crd_schema
 
 
 def test_render_job_writes_a_valid_job(tmp_path, shared_schemas):

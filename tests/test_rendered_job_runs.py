@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resilient_training import cli, events
-from resilient_training.testing import pods
+from resilient_training.cli import main as cli
+from resilient_training.run import events
+from tests.support import pods
 
 
 def _free_port() -> int:

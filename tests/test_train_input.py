@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .runs import train
+from tests.support.runs import train
 
 
 @pytest.mark.parametrize(

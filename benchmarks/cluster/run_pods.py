@@ -2,7 +2,7 @@
 
     python3 benchmarks/cluster/run_pods.py JOB.json [JOB.json ...] --out DIR
 
-Each job (JSON from ``resilient-training render-job``) runs with resilient_training.testing.pods:
+Each job (JSON from ``resilient-training render-job``) runs with tests.support.pods:
 the container command as rendered, the operator's PET_* env, CUDA_VISIBLE_DEVICES=<pod index>.
 Prints one summary line per job (exit codes, last committed step, world size, restarts, wall time)
 and writes it to DIR/summary.jsonl; the pods' logs go to DIR/<job>/.
@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from resilient_training import events
-from resilient_training.testing import pods
+# The pod simulator is a test double (tests/support), not part of the installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from resilient_training.run import events  # noqa: E402
+from tests.support import pods  # noqa: E402
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 # No `from __future__ import annotations` here: KFP reads the real annotation objects.
 from kfp import dsl
 
-from resilient_training.images import COMPONENTS_IMAGE
+from resilient_training.launch.images import COMPONENTS_IMAGE
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
@@ -48,7 +48,7 @@ def check_convergence(
     """
     import json
 
-    from resilient_training.components.check_convergence.convergence import (
+    from resilient_training.gates.convergence import (
         ConvergenceConfig,
         check_convergence,
         write_convergence_record,

@@ -4,7 +4,7 @@
 
 from kfp import dsl
 
-from resilient_training import images
+from resilient_training.launch import images
 
 
 @dsl.component(base_image=images.COMPONENTS_IMAGE, install_kfp_package=False)
@@ -28,7 +28,7 @@ def compare_strategies(
     """
     import json
 
-    from resilient_training.components.compare_strategies.compare import compare, markdown_table, render_html, text_table
+    from resilient_training.bench.compare import compare, markdown_table, render_html, text_table
 
     found = compare(run_dirs)
     with open(comparison.path, "w", encoding="utf-8") as handle:

@@ -4,7 +4,7 @@ from typing import NamedTuple, Optional
 
 from kfp import dsl
 
-from resilient_training import images
+from resilient_training.launch import images
 
 
 @dsl.component(base_image=images.COMPONENTS_IMAGE, install_kfp_package=False)
@@ -72,8 +72,8 @@ def launch_training(
     """
     from collections import namedtuple
 
-    from resilient_training.components.launch_training.backends import launch_training as launch
-    from resilient_training.storage_ref import StorageRef
+    from resilient_training.launch.backends import launch_training as launch
+    from resilient_training.run.storage_ref import StorageRef
 
     train = dict(train_overrides or {})
     train.update(steps=steps, checkpoint_every=checkpoint_every, faults=faults, async_checkpoint=async_checkpoint,

@@ -3,7 +3,7 @@
 # No `from __future__ import annotations` here: KFP reads the real annotation objects.
 from kfp import dsl
 
-from resilient_training.images import COMPONENTS_IMAGE
+from resilient_training.launch.images import COMPONENTS_IMAGE
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
@@ -33,7 +33,7 @@ def promote_model(
     """
     import json
 
-    from resilient_training.components.promote_model.promote import promote, read_promotion
+    from resilient_training.gates.promote import promote, read_promotion
 
     outcome = promote(checkpoint, dest)
     record = read_promotion(dest)

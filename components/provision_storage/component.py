@@ -4,7 +4,7 @@ from typing import NamedTuple, Optional
 
 from kfp import dsl
 
-from resilient_training import images
+from resilient_training.launch import images
 
 
 @dsl.component(base_image=images.COMPONENTS_IMAGE, install_kfp_package=False)
@@ -60,7 +60,7 @@ def provision_storage(
         fsx_poll_seconds: Seconds between status polls while the file system is created.
 
     Returns:
-        storage_ref: The storage reference as JSON (``resilient_training.storage_ref.StorageRef``)
+        storage_ref: The storage reference as JSON (``resilient_training.run.storage_ref.StorageRef``)
             for ``launch_training``.
         pvc_name: The claim to mount into later steps (``kubernetes.mount_pvc`` at ``mount_path``);
             empty for ``local``.
@@ -69,7 +69,7 @@ def provision_storage(
     """
     from collections import namedtuple
 
-    from resilient_training.components.provision_storage.provision import provision_storage as provision
+    from resilient_training.storage.provision import provision_storage as provision
 
     ref = provision(
         backend=storage, run_id=run_id, namespace=namespace, mount_path=mount_path, run_subdir=run_subdir,

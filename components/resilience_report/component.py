@@ -1,9 +1,9 @@
-"""KFP component: the resilience report (a thin wrapper over report.py and resilient_training.metrics)."""
+"""KFP component: the resilience report (a thin wrapper over report.py and resilient_training.gates.metrics)."""
 
 # No `from __future__ import annotations` here: KFP reads the real annotation objects.
 from kfp import dsl
 
-from resilient_training.images import COMPONENTS_IMAGE
+from resilient_training.launch.images import COMPONENTS_IMAGE
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
@@ -32,8 +32,8 @@ def resilience_report(
     """
     import json
 
-    from resilient_training.components.resilience_report.report import write_report
-    from resilient_training.metrics import compute_metrics
+    from resilient_training.gates.metrics import compute_metrics
+    from resilient_training.gates.report import write_report
 
     m = compute_metrics(run_dir)
     write_report(run_dir, report.path, metrics=m)

@@ -4,7 +4,7 @@
 
 from kfp import dsl
 
-from resilient_training import images
+from resilient_training.launch import images
 
 
 @dsl.component(base_image=images.COMPONENTS_IMAGE, install_kfp_package=False)
@@ -46,7 +46,7 @@ def run_strategies(
         The strategies' run directories, in order (their event logs are what the comparison reads).
 
     """
-    from resilient_training.components.run_strategies.strategy import run_strategies as run
+    from resilient_training.bench.strategy import run_strategies as run
 
     shared = {**train_overrides, "steps": steps, "checkpoint_every": checkpoint_every, "faults": faults}
     return run(storage_ref=storage_ref, run_id=run_id, strategies=strategies, launcher=launcher, train=shared,

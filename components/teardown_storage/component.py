@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from resilient_training import images
+from resilient_training.launch import images
 
 
 @dsl.component(base_image=images.COMPONENTS_IMAGE, install_kfp_package=False)
@@ -46,7 +46,7 @@ def teardown_storage(
     """
     import json
 
-    from resilient_training.components.teardown_storage.teardown import teardown_storage as teardown
+    from resilient_training.storage.teardown import teardown_storage as teardown
 
     done = teardown(run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
                     fsx_file_system_id=fsx_file_system_id, region=region, storage_ref=storage_ref,

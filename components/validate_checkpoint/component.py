@@ -3,7 +3,7 @@
 # No `from __future__ import annotations` here: KFP reads the real annotation objects.
 from kfp import dsl
 
-from resilient_training.images import COMPONENTS_IMAGE
+from resilient_training.launch.images import COMPONENTS_IMAGE
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
@@ -39,8 +39,7 @@ def validate_checkpoint(
     """
     import json
 
-    from resilient_training.components.validate_checkpoint.validate import validate, write_validation_record
-    from resilient_training.gates_cli import format_validation
+    from resilient_training.gates.validate import format_validation, validate, write_validation_record
 
     report = validate(run_dir, all_checkpoints=all_checkpoints, load=load)
     write_validation_record(run_dir, report)

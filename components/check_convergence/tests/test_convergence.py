@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training import gate_records
-from resilient_training.components.check_convergence.convergence import (
+from resilient_training.gates.convergence import (
     ConvergenceConfig,
     RunError,
     check_convergence,
     write_convergence_record,
 )
-from resilient_training.gates_testing import ScriptedLog, scripted_loss, write_checkpoint
+from resilient_training.run import gate_records
+from tests.support.gates import ScriptedLog, scripted_loss, write_checkpoint
 
 GATE = ConvergenceConfig(max_final_loss=2.0)
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training.components.check_convergence.convergence import check_convergence
+from resilient_training.gates.convergence import check_convergence
 
 
 @pytest.mark.parametrize("name", ["faulted", "killed-mid-save"])

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from resilient_training.components.compare_strategies.compare import compare, markdown_table, render_html, text_table
+from resilient_training.bench.compare import compare, markdown_table, render_html, text_table
 
 
 @pytest.fixture(scope="module")

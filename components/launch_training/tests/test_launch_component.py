@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from resilient_training.components.launch_training import launch_training
-from resilient_training.pytorchjob import job_name_for_run
-from resilient_training.storage_ref import StorageRef
-from resilient_training.testing import kube_api
-from resilient_training.testing.kube_api import Phase
+from resilient_training.launch.pytorchjob import job_name_for_run
+from resilient_training.run.storage_ref import StorageRef
+from tests.support import kube_api
+from tests.support.kube_api import Phase
 
 REF = StorageRef(backend="fsx", run_dir="/mnt/run/runs/run-7", mount_path="/mnt/run", namespace="team-a",
                  pvc_name="rt-run-7-data", pv_name="rt-run-7-pv", fsx_id="fs-0123456789abcdef0", created_fsx=True,

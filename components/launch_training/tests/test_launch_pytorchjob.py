@@ -8,19 +8,22 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from kubeflow.training import TrainingClient
 from kubernetes import client as k8s
 
-from resilient_training import config, pytorchjob
-from resilient_training.components.launch_training import launch
-from resilient_training.components.launch_training.backends import launch_training
-from resilient_training.pytorchjob import job_name_for_run
-from resilient_training.storage_ref import StorageRef
-from resilient_training.testing import kube_api
-from resilient_training.testing.kube_api import Phase
+from resilient_training.launch import pytorchjob
+from resilient_training.launch import watch as launch
+from resilient_training.launch.backends import launch_training
+from resilient_training.launch.pytorchjob import job_name_for_run
+from resilient_training.run import config
+from resilient_training.run.storage_ref import StorageRef
+from tests.support import kube_api
+from tests.support.kube_api import Phase
 
+REPO = Path(__file__).resolve().parents[3]  # tests.support lives at the repo root
 REF = StorageRef(backend="pvc", run_dir="/mnt/run/runs/run-1", mount_path="/mnt/run", namespace="team-a",
                  pvc_name="shared")
 
@@ -173,17 +176,18 @@ def test_sigterm_deletes_the_job_and_exits_143(tmp_path):
         script = tmp_path / "step.py"
         script.write_text(textwrap.dedent(f"""
             from kubeflow.training import TrainingClient
-            from resilient_training.testing.kube_api import KubeApiServer
+            from tests.support.kube_api import KubeApiServer
             from kubernetes import client
-            from resilient_training.components.launch_training import launch
+            from resilient_training.launch import watch as launch
             from tests_launch_spec import make_spec
             cfg = client.Configuration(); cfg.host = {server.url!r}
             training = TrainingClient(client_configuration=cfg, namespace="team-a")
             launch.launch(make_spec(), training_client=training, timeout_s=60, poll_s=0.05, stream_logs="none")
         """))
         (tmp_path / "tests_launch_spec.py").write_text(textwrap.dedent("""
-            from resilient_training import config, pytorchjob
-            from resilient_training.storage_ref import StorageRef
+            from resilient_training.run import config
+            from resilient_training.launch import pytorchjob
+            from resilient_training.run.storage_ref import StorageRef
             REF = StorageRef(backend="pvc", run_dir="/mnt/run/runs/run-1", mount_path="/mnt/run",
                              namespace="team-a", pvc_name="shared")
             def make_spec():
@@ -191,7 +195,8 @@ def test_sigterm_deletes_the_job_and_exits_143(tmp_path):
                                           train=config.TrainConfig(run_dir=REF.run_dir), nodes=2)
         """))
         proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                                stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join((str(tmp_path), str(REPO)))})
         deadline = time.monotonic() + 30
         while server.get("pytorchjobs", "rt-run-1", "team-a") is None or server.state.job_progress.get(
                 ("team-a", "rt-run-1"), -1) < 1:

@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training.components.check_convergence.convergence import check_convergence, write_convergence_record
-from resilient_training.components.validate_checkpoint.validate import validate, write_validation_record
-from resilient_training.gates_testing import ScriptedLog, build_once, build_trainer_runs, copy_run, write_checkpoint
+from resilient_training.gates.convergence import check_convergence, write_convergence_record
+from resilient_training.gates.validate import validate, write_validation_record
+from tests.support.gates import ScriptedLog, build_once, build_trainer_runs, copy_run, write_checkpoint
 
 
 def _gated(path: Path) -> None:

@@ -13,16 +13,16 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from resilient_training import checkpoint_format as cf
-from resilient_training import gate_records
-from resilient_training.components.promote_model.promote import (
+from resilient_training.gates.promote import (
     PROMOTION_NAME,
     PromotionRefused,
     PromotionUsageError,
     promote,
     read_promotion,
 )
-from resilient_training.components.validate_checkpoint.validate import validate, write_validation_record
+from resilient_training.gates.validate import validate, write_validation_record
+from resilient_training.run import checkpoint_format as cf
+from resilient_training.run import gate_records
 
 CKPT = "checkpoints/step_4"
 
@@ -120,8 +120,8 @@ def test_a_failure_midway_leaves_nothing(gated_run: Path, tmp_path: Path) -> Non
 @pytest.fixture(scope="module")
 def big_gated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A gated run with ~70 MB shards: copying it takes long enough to be killed midway."""
-    from resilient_training.config import ModelConfig
-    from resilient_training.gates_testing import ScriptedLog, write_checkpoint
+    from resilient_training.run.config import ModelConfig
+    from tests.support.gates import ScriptedLog, write_checkpoint
 
     run = tmp_path_factory.mktemp("big") / "run"
     write_checkpoint(run, step=1, cfg=ModelConfig(vocab_size=8192, d_model=512, n_layers=1, n_heads=8, seq_len=16))
@@ -130,7 +130,7 @@ def big_gated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     log.end()
     log.close()
     write_validation_record(run, validate(run))
-    from resilient_training.components.check_convergence.convergence import check_convergence, write_convergence_record
+    from resilient_training.gates.convergence import check_convergence, write_convergence_record
 
     write_convergence_record(run, check_convergence(run))
     return run

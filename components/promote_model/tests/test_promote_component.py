@@ -7,14 +7,14 @@ import pytest
 from kfp import dsl
 
 from resilient_training.components.check_convergence import check_convergence
-from resilient_training.components.check_convergence.convergence import check_convergence as check_fn
-from resilient_training.components.check_convergence.convergence import write_convergence_record
 from resilient_training.components.promote_model import promote_model
-from resilient_training.components.promote_model.promote import read_promotion
 from resilient_training.components.resilience_report import resilience_report
 from resilient_training.components.validate_checkpoint import validate_checkpoint
-from resilient_training.components.validate_checkpoint.validate import validate, write_validation_record
-from resilient_training.gates_testing import copy_run
+from resilient_training.gates.convergence import check_convergence as check_fn
+from resilient_training.gates.convergence import write_convergence_record
+from resilient_training.gates.promote import read_promotion
+from resilient_training.gates.validate import validate, write_validation_record
+from tests.support.gates import copy_run
 
 
 def test_component_promotes_a_gated_trainer_checkpoint(kfp_local: Path, trainer_runs: Path, tmp_path: Path) -> None:

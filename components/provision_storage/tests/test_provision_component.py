@@ -8,8 +8,8 @@ import pytest
 from kubernetes import client as k8s
 
 from resilient_training.components.provision_storage import provision_storage
-from resilient_training.storage_ref import StorageRef
-from resilient_training.testing import kube_api
+from resilient_training.run.storage_ref import StorageRef
+from tests.support import kube_api
 
 
 def test_local_storage_through_the_local_runner(kfp_local, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from resilient_training.components.provision_storage import fsx
+from resilient_training.storage import fsx
 
 SUBNET = "subnet-0123456789abcdef0"
 SG = "sg-0123456789abcdef0"

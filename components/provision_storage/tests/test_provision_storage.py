@@ -10,11 +10,11 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from moto import mock_aws
 
-from resilient_training.components.provision_storage import fsx
-from resilient_training.components.provision_storage.provision import provision_storage
-from resilient_training.components.teardown_storage.teardown import teardown
-from resilient_training.storage_ref import StorageRef
-from resilient_training.testing import kube_api
+from resilient_training.run.storage_ref import StorageRef
+from resilient_training.storage import fsx
+from resilient_training.storage.provision import provision_storage
+from resilient_training.storage.teardown import teardown
+from tests.support import kube_api
 
 FS_ID = "fs-0123456789abcdef0"
 SUBNET = "subnet-0123456789abcdef0"

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training.gates_testing import build_once, build_trainer_runs
+from tests.support.gates import build_once, build_trainer_runs
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training.components.resilience_report.report import write_report
-from resilient_training.gates_testing import ScriptedLog
-from resilient_training.metrics import compute_metrics
+from resilient_training.gates.metrics import compute_metrics
+from resilient_training.gates.report import write_report
+from tests.support.gates import ScriptedLog
 
 
 @pytest.mark.parametrize(("name", "layer", "restored"), [("faulted", "inprocess", 10), ("killed-mid-save", "launcher", 5)])
@@ -47,7 +47,7 @@ def test_report_of_a_run_without_faults(tmp_path: Path) -> None:
 
 
 def test_cli_writes_html_and_json(trainer_runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from resilient_training.cli import main
+    from resilient_training.cli.main import main
 
     assert main(["report", str(trainer_runs / "faulted"), "-o", str(tmp_path / "r.html"),
                  "--json", str(tmp_path / "m.json")]) == 0
@@ -60,7 +60,7 @@ def test_cli_writes_html_and_json(trainer_runs: Path, tmp_path: Path, capsys: py
 
 @pytest.mark.parametrize("argv", [["report", "{tmp}/missing", "--json"], ["report", "{tmp}", "--json"], ["report", "{tmp}"]])
 def test_cli_usage_errors(tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    from resilient_training.cli import main
+    from resilient_training.cli.main import main
 
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     assert capsys.readouterr().err.startswith("error: ")

@@ -1,7 +1,7 @@
 import pytest
 
-from resilient_training.components.run_strategies.strategy import DEFAULT_STRATEGIES, parse_strategy, run_strategies
-from resilient_training.storage_ref import StorageRef
+from resilient_training.bench.strategy import DEFAULT_STRATEGIES, parse_strategy, run_strategies
+from resilient_training.run.storage_ref import StorageRef
 
 
 def test_default_strategies_parse_and_name_distinct_directories():

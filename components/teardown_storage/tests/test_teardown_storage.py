@@ -10,14 +10,14 @@ from kubeflow.training import TrainingClient
 from kubernetes import client as k8s
 from moto import mock_aws
 
-from resilient_training.components.provision_storage import fsx
-from resilient_training.components.provision_storage.provision import volume_names
 from resilient_training.components.teardown_storage import teardown_storage
-from resilient_training.components.teardown_storage.teardown import teardown
-from resilient_training.components.teardown_storage.teardown import teardown_storage as teardown_storage_fn
-from resilient_training.pytorchjob import job_name_for_run
-from resilient_training.storage_ref import StorageRef
-from resilient_training.testing import kube_api
+from resilient_training.launch.pytorchjob import job_name_for_run
+from resilient_training.run.storage_ref import StorageRef
+from resilient_training.storage import fsx
+from resilient_training.storage.provision import volume_names
+from resilient_training.storage.teardown import teardown
+from resilient_training.storage.teardown import teardown_storage as teardown_storage_fn
+from tests.support import kube_api
 
 
 def fsx_ref(fs_id="fs-0123456789abcdef0", created_fsx=True):

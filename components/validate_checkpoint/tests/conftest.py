@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training.gates_testing import build_once, build_trainer_runs, copy_run, write_checkpoint
+from tests.support.gates import build_once, build_trainer_runs, copy_run, write_checkpoint
 
 
 def _two_checkpoints(path: Path) -> None:

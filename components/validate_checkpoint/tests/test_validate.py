@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training import checkpoint_format as cf
-from resilient_training import gate_records
-from resilient_training.components.validate_checkpoint.validate import UsageError, validate
-from resilient_training.gates_testing import copy_run, record_file, rewrite_manifest, rewrite_shard, save_replacing
+from resilient_training.gates.validate import UsageError, validate
+from resilient_training.run import checkpoint_format as cf
+from resilient_training.run import gate_records
+from tests.support.gates import copy_run, record_file, rewrite_manifest, rewrite_shard, save_replacing
 
 STEP4 = Path("checkpoints/step_4")
 
@@ -252,7 +252,7 @@ def test_bad_paths_are_usage_errors(tmp_path: Path, make: str) -> None:
 
 
 def test_validation_record_names_the_checkpoint(run_copy: Path) -> None:
-    from resilient_training.components.validate_checkpoint.validate import write_validation_record
+    from resilient_training.gates.validate import write_validation_record
 
     report = validate(run_copy)
     write_validation_record(run_copy, report)

@@ -3,9 +3,9 @@
 import json
 from pathlib import Path
 
-from resilient_training import gate_records
 from resilient_training.components.validate_checkpoint import validate_checkpoint
-from resilient_training.gates_testing import copy_run
+from resilient_training.run import gate_records
+from tests.support.gates import copy_run
 
 
 def test_component_validates_and_records(kfp_local: Path, trainer_runs: Path, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training.components.validate_checkpoint.validate import validate
+from resilient_training.gates.validate import validate
 
 HEALTHY = ["faulted", "killed-mid-save", "no-learning", "tampered-restore"]
 

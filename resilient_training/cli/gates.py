@@ -1,0 +1,171 @@
+"""Subcommands of the gates: validate-checkpoint, check-convergence, promote, report.
+
+Exit codes, shared by all four: 0 the check passed (or the work was done), 1 the check ran
+and failed (invalid checkpoint, gate failed, promotion refused), 2 the input could not be
+used (missing path, not a run, bad flag, destination not writable); nothing is written on 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "validate-checkpoint",
+        help="prove a run's latest checkpoint (or one step_N directory) is complete, intact and loadable",
+        description="Re-read every byte of a committed checkpoint and prove it whole: checksums, steps, "
+        "finite tensors, loads into a fresh model. Exit 0 valid, 1 invalid, 2 usage error.",
+    )
+    p.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="run directory or checkpoints/step_N directory")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--all", action="store_true", help="validate every committed checkpoint, not only latest")
+    p.add_argument("--no-load", dest="load", action="store_false", help="skip loading into a fresh model")
+    p.add_argument("--threads", type=int, default=None, help="parallel file readers (default: CPU count)")
+    p.add_argument("--no-record", dest="record", action="store_false",
+                   help="do not write RUN/gates/validation.json (promotion needs it)")
+    p.set_defaults(func=validate_main)
+
+    p = subparsers.add_parser(
+        "check-convergence",
+        help="gate a run on its loss curve: finite, learned, continuous across every recovery",
+        description="Judge a run from its event log: loss finite, final loss below a threshold, relative "
+        "improvement, loss continuity across every restore, optionally a reference run. Exit 0 passed, 1 failed.",
+    )
+    p.add_argument("run_dir", metavar="RUN", help="run directory (holds events/)")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    p.add_argument("--max-final-loss", type=float, default=None,
+                   help="final-window mean loss must be below this (default: 0.8 x ln(vocab_size) when known)")
+    p.add_argument("--min-improvement", type=float, default=0.1,
+                   help="relative loss improvement of the final window over the first (default: 0.1)")
+    p.add_argument("--window", type=int, default=5, help="steps per first/final window (default: 5)")
+    p.add_argument("--continuity-rtol", type=float, default=1e-3,
+                   help="relative tolerance of a replayed step's loss after a restore (default: 1e-3)")
+    p.add_argument("--jump-rtol", type=float, default=0.15,
+                   help="tolerance when only the restored step's own loss is known (default: 0.15)")
+    p.add_argument("--reference", metavar="RUN", default=None, help="a reference run whose loss curve to match")
+    p.add_argument("--reference-rtol", type=float, default=0.05, help="relative tolerance against the reference")
+    p.add_argument("--no-record", dest="record", action="store_false",
+                   help="do not write RUN/gates/convergence.json (promotion needs it)")
+    p.set_defaults(func=convergence_main)
+
+    p = subparsers.add_parser(
+        "promote",
+        help="copy a validated and gated checkpoint to a directory or s3://bucket/prefix",
+        description="Copy a checkpoint that passed validate-checkpoint and check-convergence in its run, with its "
+        "manifest and a record of both gates. Atomic and idempotent. Exit 0 promoted (or already), 1 refused.",
+    )
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="RUN/checkpoints/step_N, or a run (its latest)")
+    p.add_argument("dest", metavar="DEST", help="destination directory or s3://bucket/prefix")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=promote_main)
+
+    p = subparsers.add_parser(
+        "report",
+        help="write the resilience report (goodput, recoveries, checkpoints) of a run",
+        description="Compute goodput, recovery times, rollback, checkpoint freshness and cost, restart causes "
+        "and a Young/Daly checkpoint interval from the event log; write HTML and/or JSON.",
+    )
+    p.add_argument("run_dir", metavar="RUN", help="run directory (holds events/)")
+    p.add_argument("-o", "--output", default=None, help="write the HTML report here")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="write the metrics as JSON to FILE (or stdout)")
+    p.set_defaults(func=report_main)
+
+
+def _fail_usage(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=1, sort_keys=True, allow_nan=True, default=str))
+
+
+def validate_main(args: argparse.Namespace) -> int:
+    from resilient_training.gates.validate import UsageError, format_validation, validate, write_validation_record
+
+    try:
+        report = validate(args.path, all_checkpoints=args.all, load=args.load, threads=args.threads)
+    except UsageError as exc:
+        return _fail_usage(str(exc))
+    if args.record:
+        write_validation_record(args.path, report)
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(format_validation(report))
+    return EXIT_OK if report.valid else EXIT_FAILED
+
+
+def convergence_main(args: argparse.Namespace) -> int:
+    from resilient_training.gates.convergence import (
+        ConvergenceConfig,
+        RunError,
+        check_convergence,
+        write_convergence_record,
+    )
+
+    try:
+        config = ConvergenceConfig(
+            max_final_loss=args.max_final_loss,
+            min_improvement=args.min_improvement,
+            window=args.window,
+            continuity_rtol=args.continuity_rtol,
+            jump_rtol=args.jump_rtol,
+            reference_rtol=args.reference_rtol,
+        )
+        verdict = check_convergence(args.run_dir, config, reference_dir=args.reference)
+    except (RunError, ValueError) as exc:
+        return _fail_usage(str(exc))
+    if args.record:
+        write_convergence_record(args.run_dir, verdict)
+    if args.json:
+        _print_json(verdict.to_dict())
+    else:
+        print(verdict.format())
+    return EXIT_OK if verdict.passed else EXIT_FAILED
+
+
+def promote_main(args: argparse.Namespace) -> int:
+    from resilient_training.gates.promote import PromotionRefused, PromotionUsageError, promote
+
+    try:
+        outcome = promote(args.checkpoint, args.dest)
+    except PromotionUsageError as exc:
+        return _fail_usage(str(exc))
+    except PromotionRefused as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        _print_json(outcome)
+    else:
+        state = "already promoted (no-op)" if outcome["already_promoted"] else "promoted"
+        print(f"{state}: step {outcome['step']} -> {outcome['dest']} ({outcome['bytes']} bytes)")
+    return EXIT_OK
+
+
+def report_main(args: argparse.Namespace) -> int:
+    from resilient_training.gates.metrics import RunError, compute_metrics
+    from resilient_training.gates.report import write_report
+
+    if args.output is None and args.json is None:
+        return _fail_usage("give -o report.html and/or --json [FILE]")
+    try:
+        metrics = compute_metrics(args.run_dir)
+    except RunError as exc:
+        return _fail_usage(str(exc))
+    if args.output:
+        write_report(args.run_dir, args.output, metrics=metrics)
+        print(f"wrote {args.output}", file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json == "-":
+        _print_json(metrics)
+    elif args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(metrics, indent=1, sort_keys=True, allow_nan=True, default=str))
+    return EXIT_OK

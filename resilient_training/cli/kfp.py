@@ -1,0 +1,315 @@
+"""``resilient-training compile | upload | submit | schedule | runs | schedules``.
+
+Everything that can be checked locally (pipeline name, ``--param`` values against the
+compiled pipeline's inputs, cron, max concurrency, credentials, host URL) is checked before the
+first request, and fails with exit code 2. Server problems exit 1 with one line naming the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+# These modules import only the standard library at the top (kfp is imported inside their
+# functions), so `resilient-training --help` stays instant.
+from resilient_training.kfp import client as kfp_client
+from resilient_training.kfp import compile as kfp_compile
+from resilient_training.kfp import params as kfp_params
+from resilient_training.kfp.client import AUTH_MODES, TOKEN_ENV, Auth, AuthError, Connection, KfpError, RunSource
+from resilient_training.kfp.compile import DEFAULT_REGISTRY, CompiledPipeline, CompileError
+from resilient_training.kfp.cron import CronError, validate_cron
+from resilient_training.kfp.params import ParamError
+
+DEFAULT_EXPERIMENT = "resilient-training"
+DEFAULT_COMPILE_DIR = "compiled"
+MAX_CONCURRENCY_LIMIT = 10  # the KFP API server refuses recurring runs outside 1-10
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the compile and KFP server subcommands."""
+    p = subparsers.add_parser(
+        "compile", help="compile the pipelines to KFP IR YAML",
+        description="Compile the registered pipelines to KFP IR YAML and check each file loads back with kfp.",
+    )
+    p.add_argument("-o", "--output", default=DEFAULT_COMPILE_DIR, metavar="DIR_OR_FILE",
+                   help=f"a directory (one NAME.yaml per pipeline; default {DEFAULT_COMPILE_DIR}/) "
+                   "or a .yaml file (one pipeline)")
+    _add_pipeline_args(p)
+    p.set_defaults(func=_compile)
+
+    p = subparsers.add_parser(
+        "upload", help="upload a pipeline to a KFP server, or add a version",
+        description="Upload a pipeline to Kubeflow Pipelines, or add a version when a pipeline of that name exists. "
+        "Content already uploaded is not uploaded again.",
+    )
+    _add_pipeline_args(p)
+    p.add_argument("--name", help="pipeline name on the server (default: the pipeline's own name)")
+    p.add_argument("--version",
+                   help="version name (default: UTC timestamp + content hash, e.g. 20261129-154100-3f2a9c1b0d4e)")
+    p.add_argument("--package", type=Path, metavar="FILE", help="upload this compiled YAML instead of compiling --pipeline")
+    _add_server_args(p)
+    p.set_defaults(func=_upload)
+
+    p = subparsers.add_parser(
+        "submit", help="create a run on a KFP server",
+        description="Create a run in an experiment (created when missing) from the uploaded pipeline "
+        "(newest version, or --version) or from the package itself (--package).",
+    )
+    _add_run_args(p)
+    p.add_argument("--run-name", help="run name (default: PIPELINE-YYYYmmdd-HHMMSS, UTC)")
+    p.set_defaults(func=_submit)
+
+    p = subparsers.add_parser(
+        "schedule", help="create a recurring run (6-field cron) on a KFP server",
+        description="Create a recurring run. KFP cron has 6 fields, seconds first: "
+        "second minute hour day-of-month month day-of-week; '0 0 2 * * *' is 02:00:00 every day (UTC on the server).",
+    )
+    p.add_argument("--cron", required=True, help="6-field cron, seconds first, e.g. '0 0 2 * * *'")
+    p.add_argument("--max-concurrency", type=int, default=1, metavar="N",
+                   help=f"runs of this schedule allowed at once, 1-{MAX_CONCURRENCY_LIMIT} (default 1)")
+    p.add_argument("--no-catchup", action="store_true",
+                   help="after a pause, start only the latest missed run instead of every missed one")
+    p.add_argument("--job-name", help="recurring run name (default: PIPELINE-schedule)")
+    _add_run_args(p)
+    p.set_defaults(func=_schedule)
+
+    p = subparsers.add_parser("runs", help="list runs on a KFP server", description="List the newest runs.")
+    p.add_argument("--experiment", help="only runs of this experiment")
+    p.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    _add_server_args(p)
+    p.set_defaults(func=_runs)
+
+    p = subparsers.add_parser("schedules", help="list recurring runs on a KFP server", description="List recurring runs.")
+    p.add_argument("--experiment", help="only recurring runs of this experiment")
+    p.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    _add_server_args(p)
+    p.set_defaults(func=_schedules)
+
+
+def _add_pipeline_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pipeline", metavar="NAME", help="registered pipeline (default: all for compile, else the first)")
+    parser.add_argument("--registry", default=DEFAULT_REGISTRY, metavar="MODULE:ATTR",
+                        help=f"pipeline registry, a dict of name -> @dsl.pipeline (default {DEFAULT_REGISTRY})")
+
+
+def _add_server_args(parser: argparse.ArgumentParser) -> None:
+    server = parser.add_argument_group("server and credentials")
+    server.add_argument("--host", default=os.environ.get("KF_PIPELINES_ENDPOINT"), metavar="URL",
+                        help="KFP API endpoint, e.g. http://localhost:8080 (default $KF_PIPELINES_ENDPOINT)")
+    server.add_argument("--token", help=f"bearer token (default ${TOKEN_ENV})")
+    server.add_argument("--auth", choices=AUTH_MODES, default="auto",
+                        help="auto (default): --token, $KF_PIPELINES_TOKEN, the kubeconfig when --kubeconfig/--context "
+                        "is given, the in-cluster token file, else none")
+    server.add_argument("--kubeconfig", metavar="FILE", help="send this kubeconfig user's bearer token")
+    server.add_argument("--context", help="kubeconfig context (default: current)")
+    server.add_argument("--namespace", help="Kubernetes namespace of experiments and runs (multi-user deployments)")
+    server.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="seconds to wait for the host to answer the health check (default 10)")
+
+
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
+    _add_pipeline_args(parser)
+    parser.add_argument("--name", help="pipeline name on the server (default: the pipeline's own name)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--version", help="run this uploaded version (default: the newest)")
+    source.add_argument("--package", nargs="?", const="", type=str, metavar="FILE",
+                        help="send the pipeline itself with the run, no upload needed: FILE, or --pipeline compiled now")
+    parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                        help=f"experiment (default {DEFAULT_EXPERIMENT}; created when missing)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="pipeline parameter, repeatable; typed by the pipeline's inputs (JSON for lists and dicts)")
+    _add_server_args(parser)
+
+
+class _InputError(ValueError):
+    """Bad input found before any request: exit code 2."""
+
+
+def _run(body: Callable[[], int]) -> int:
+    """Run a command body; print errors on one line; 2 for bad input, 1 for server problems."""
+    try:
+        return body()
+    except (_InputError, AuthError, CompileError, CronError, ParamError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KfpError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _compile(args: argparse.Namespace) -> int:
+    def body() -> int:
+        registry = kfp_compile.load_registry(args.registry)
+        selected = kfp_compile.select(registry, args.pipeline)
+        paths = kfp_compile.output_paths(list(selected), Path(args.output))
+        for key, pipeline in selected.items():
+            compiled = kfp_compile.compile_pipeline(key, pipeline, paths[key])
+            print(f"{key}: {compiled.path} (pipeline {compiled.name!r}, {compiled.num_tasks} top-level task(s), "
+                  f"{len(compiled.inputs)} parameter(s), sha256 {compiled.content_hash[:12]})")
+        return 0
+
+    return _run(body)
+
+
+def _local_pipeline(args: argparse.Namespace, workdir: Path, package: str | Path | None) -> CompiledPipeline:
+    """The CompiledPipeline a server command works on: a given package file, or --pipeline compiled now."""
+    if package:
+        return kfp_compile.load_package(Path(package))
+    key, pipeline = kfp_compile.default_pipeline(kfp_compile.load_registry(args.registry), args.pipeline)
+    return kfp_compile.compile_pipeline(key, pipeline, workdir / f"{key}.yaml")
+
+
+def _auth(args: argparse.Namespace) -> Auth:
+    if not args.host:
+        raise _InputError("--host URL is required (or set KF_PIPELINES_ENDPOINT)")
+    if args.timeout <= 0:
+        raise _InputError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    kfp_client.check_host(args.host)
+    return kfp_client.resolve_auth(args.auth, token=args.token, kubeconfig=args.kubeconfig, context=args.context)
+
+
+def _connect(args: argparse.Namespace, auth: Auth) -> Connection:
+    return kfp_client.connect(args.host, auth, namespace=args.namespace, timeout=args.timeout)
+
+
+def _upload(args: argparse.Namespace) -> int:
+    def body() -> int:
+        with tempfile.TemporaryDirectory(prefix="rt-upload-") as tmp:
+            compiled = _local_pipeline(args, Path(tmp), args.package)
+            auth = _auth(args)
+            conn = _connect(args, auth)
+            result = kfp_client.upload(conn, compiled, name=args.name, version=args.version)
+        if result.created_pipeline:
+            print(f"created pipeline {result.pipeline_name!r} (id {result.pipeline_id})")
+        if result.created_version:
+            print(f"uploaded version {result.version_name!r} of {result.pipeline_name!r} (id {result.version_id}, "
+                  f"sha256 {compiled.content_hash[:12]})")
+        else:
+            print(f"unchanged: version {result.version_name!r} of {result.pipeline_name!r} already holds this content "
+                  f"(id {result.version_id}, sha256 {compiled.content_hash[:12]})")
+        print(f"{conn.host}/#/pipelines/details/{result.pipeline_id}/version/{result.version_id}")
+        return 0
+
+    return _run(body)
+
+
+def _prepare_run(args: argparse.Namespace, workdir: Path) -> tuple[CompiledPipeline, dict[str, Any], Auth]:
+    """Local checks shared by submit and schedule: the pipeline, typed params, credentials."""
+    compiled = _local_pipeline(args, workdir, args.package)
+    params = kfp_params.parse_params(args.param, compiled.inputs)
+    return compiled, params, _auth(args)
+
+
+def _source(args: argparse.Namespace, conn: Connection, compiled: CompiledPipeline) -> RunSource:
+    if args.package is not None:
+        return RunSource(label=f"package {compiled.path.name} (sent with the run)", package_path=compiled.path)
+    return kfp_client.resolve_version(conn, args.name or compiled.name, args.version)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    def body() -> int:
+        with tempfile.TemporaryDirectory(prefix="rt-submit-") as tmp:
+            compiled, params, auth = _prepare_run(args, Path(tmp))
+            run_name = args.run_name or f"{compiled.name}-{datetime.datetime.now(datetime.UTC):%Y%m%d-%H%M%S}"
+            conn = _connect(args, auth)
+            source = _source(args, conn, compiled)
+            experiment_id, created = kfp_client.ensure_experiment(conn, args.experiment)
+            run = kfp_client.submit(conn, experiment_id=experiment_id, run_name=run_name, source=source, params=params)
+        print(f"{'created' if created else 'using'} experiment {args.experiment!r} (id {experiment_id})")
+        print(f"run {run_name!r} created (id {run.run_id}) from {source.label}")
+        print(f"parameters: {_format_params(params)}")
+        print(kfp_client.ui_link(conn, "runs", run.run_id))
+        return 0
+
+    return _run(body)
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    def body() -> int:
+        cron = validate_cron(args.cron)
+        if not 1 <= args.max_concurrency <= MAX_CONCURRENCY_LIMIT:
+            raise _InputError(
+                f"--max-concurrency must be 1-{MAX_CONCURRENCY_LIMIT} (the KFP API's range), got {args.max_concurrency}"
+            )
+        with tempfile.TemporaryDirectory(prefix="rt-schedule-") as tmp:
+            compiled, params, auth = _prepare_run(args, Path(tmp))
+            job_name = args.job_name or f"{compiled.name}-schedule"
+            conn = _connect(args, auth)
+            source = _source(args, conn, compiled)
+            experiment_id, created = kfp_client.ensure_experiment(conn, args.experiment)
+            job = kfp_client.schedule(
+                conn, experiment_id=experiment_id, job_name=job_name, cron=cron, max_concurrency=args.max_concurrency,
+                no_catchup=args.no_catchup, source=source, params=params,
+            )
+        print(f"{'created' if created else 'using'} experiment {args.experiment!r} (id {experiment_id})")
+        print(f"recurring run {job_name!r} created (id {job.recurring_run_id}) from {source.label}")
+        print(f"cron {cron!r}, max concurrency {args.max_concurrency}, catchup {'off' if args.no_catchup else 'on'}")
+        print(f"parameters: {_format_params(params)}")
+        print(kfp_client.ui_link(conn, "recurringrun", job.recurring_run_id))
+        return 0
+
+    return _run(body)
+
+
+def _runs(args: argparse.Namespace) -> int:
+    def body() -> int:
+        if args.limit < 1:
+            raise _InputError(f"--limit must be at least 1, got {args.limit}")
+        conn = _connect(args, _auth(args))
+        experiment_id = kfp_client.find_experiment(conn, args.experiment) if args.experiment else None
+        runs = kfp_client.list_runs(conn, experiment_id=experiment_id, limit=args.limit)
+        rows = [[r.run_id, r.display_name, r.state or "", _when(r.created_at), _when(r.finished_at)] for r in runs]
+        print(format_table(["RUN ID", "NAME", "STATE", "CREATED", "FINISHED"], rows) if rows else "no runs")
+        return 0
+
+    return _run(body)
+
+
+def _schedules(args: argparse.Namespace) -> int:
+    def body() -> int:
+        if args.limit < 1:
+            raise _InputError(f"--limit must be at least 1, got {args.limit}")
+        conn = _connect(args, _auth(args))
+        experiment_id = kfp_client.find_experiment(conn, args.experiment) if args.experiment else None
+        jobs = kfp_client.list_recurring_runs(conn, experiment_id=experiment_id, limit=args.limit)
+        rows = [
+            [j.recurring_run_id, j.display_name, _trigger(j), j.mode or "", str(j.max_concurrency or ""),
+             "off" if j.no_catchup else "on", _when(j.created_at)]
+            for j in jobs
+        ]
+        headers = ["RECURRING RUN ID", "NAME", "SCHEDULE", "MODE", "MAX CONC", "CATCHUP", "CREATED"]
+        print(format_table(headers, rows) if rows else "no recurring runs")
+        return 0
+
+    return _run(body)
+
+
+def _trigger(job: Any) -> str:
+    trigger = job.trigger
+    if trigger is not None and trigger.cron_schedule is not None:
+        return f"cron {trigger.cron_schedule.cron}"
+    if trigger is not None and trigger.periodic_schedule is not None:
+        return f"every {trigger.periodic_schedule.interval_second}s"
+    return ""
+
+
+def _when(value: datetime.datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
+
+
+def _format_params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in params.items()) or "(pipeline defaults)"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns, two spaces apart, header first."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+             for row in (headers, *rows)]
+    return "\n".join(lines)

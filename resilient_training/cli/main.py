@@ -1,0 +1,42 @@
+"""The `resilient-training` command line: one subcommand per module, registered below.
+
+Each module in COMMANDS defines `register(subparsers)`, which adds its subparser and sets
+`func` (taking the parsed args, returning an exit code). Heavy imports stay inside `func`
+so `resilient-training --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Add one line per subcommand module; order is the order shown in --help.
+COMMANDS: tuple[str, ...] = (
+    "resilient_training.cli.local",  # run, bench
+    "resilient_training.cli.train",  # train
+    "resilient_training.cli.render",  # render-job
+    "resilient_training.cli.kfp",  # compile, upload, submit, schedule, runs, schedules
+    "resilient_training.cli.gates",  # validate-checkpoint, check-convergence, promote, report
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="resilient-training",
+        description="Resilient FSDP training with NVIDIA Resiliency Extension, on a laptop or on Kubeflow.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in COMMANDS:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""``resilient-training train``: NVRx-wrapped FSDP training on this machine (one agent or simulated nodes)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from resilient_training.launch.local import LaunchError, run_local
+from resilient_training.run import config as cfg
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train", help="train locally under ft_launcher with injected faults",
+        description="Run NVRx-wrapped FSDP training on this machine (gloo on CPU) under ft_launcher.",
+    )
+    parser.add_argument("--nproc", type=int, default=2, help="worker processes (ranks) per node")
+    nodes = parser.add_argument_group("simulated cluster (one ft_launcher agent per node, as in a PyTorchJob)")
+    nodes.add_argument("--nodes", type=int, default=None,
+                       help="simulate N worker pods on this machine (node faults need it); default: one agent")
+    nodes.add_argument("--min-nodes", type=int, default=0, help="elastic: fewest nodes to run on (0 = --nodes)")
+    nodes.add_argument("--pod-restart-delay", type=float, default=2.0,
+                       help="seconds before a lost pod's replacement starts (default: 2.0)")
+    nodes.add_argument("--network", choices=("auto", "netns", "loopback"), default="auto",
+                       help="a network namespace per node, or loopback (auto: namespaces when possible)")
+    nodes.add_argument("--rdzv-last-call", type=float, default=5.0,
+                       help="rendezvous wait for more nodes once --min-nodes joined (default: 5)")
+    cfg.add_arguments(parser)
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
+        config = cfg.from_namespace(args)
+        if args.nodes is None:
+            result = run_local(config, nproc=args.nproc)
+        else:
+            from resilient_training.launch import simulated_cluster as sim
+
+            spec = sim.ClusterSpec(nodes=args.nodes, nproc_per_node=args.nproc, min_nodes=args.min_nodes,
+                                   pod_restart_delay=args.pod_restart_delay, network=args.network,
+                                   last_call_timeout=args.rdzv_last_call)
+            result = sim.run_cluster(config, spec)
+    except (LaunchError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    stream = sys.stdout if result.ok else sys.stderr
+    print(("done: " if result.ok else "FAILED: ") + result.reason, file=stream)
+    print(f"run directory: {result.run_dir}", file=stream)
+    return 0 if result.ok else 1

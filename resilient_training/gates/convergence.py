@@ -1,0 +1,287 @@
+"""The convergence gate: judge a run from its event log, with stated tolerances.
+
+Checks (each reports its numbers and why it passed or failed):
+
+- ``finite``: the surviving loss curve (each step's last execution) is finite. Non-finite
+  losses that were rolled back and replayed finite are reported, not failed: the model that
+  ships never trained on them.
+- ``completed``: the run ended with status ``completed``.
+- ``final_loss``: the mean loss of the final window is below ``max_final_loss``.
+- ``improvement``: (first-window mean − final-window mean) / first-window mean ≥ ``min_improvement``.
+- ``continuity``: after every restore, the first step resumes right after the restored step
+  and its loss matches the loss logged for that same step before the fault (relative
+  tolerance ``continuity_rtol``: data and state are deterministic, so a correct restore
+  replays the step almost exactly). When the step had not been logged before the fault,
+  the restored step's own pre-fault loss is the basis, with the looser ``jump_rtol``.
+  A restore that silently loaded the wrong state fails here.
+- ``reference`` (optional): at every step both runs logged, the loss is within
+  ``reference_rtol`` of the reference run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from resilient_training.gates import metrics
+from resilient_training.gates.metrics import RunError
+from resilient_training.run import layout
+
+__all__ = ["ConvergenceConfig", "RunError", "Verdict", "check_convergence", "write_convergence_record"]
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ConvergenceConfig:
+    """Thresholds and tolerances of the gate."""
+
+    max_final_loss: float | None = None
+    """Final-window mean loss must be below this; None: 0.8 x ln(vocab_size) from the run's manifest."""
+    min_improvement: float = 0.1
+    """Relative improvement of the final window over the first."""
+    window: int = 5
+    """Steps in the first and the final window."""
+    continuity_rtol: float = 1e-3
+    """Relative tolerance of a replayed step's loss after a restore."""
+    continuity_atol: float = 1e-5
+    """Absolute tolerance added to continuity_rtol (losses near zero)."""
+    jump_rtol: float = 0.15
+    """Relative tolerance when only the restored step's own pre-fault loss is known."""
+    reference_rtol: float = 0.05
+    """Relative tolerance against a reference run's curve."""
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"window must be at least 1 step, got {self.window}")
+        for name in ("continuity_rtol", "continuity_atol", "jump_rtol", "reference_rtol"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_final_loss is not None and not math.isfinite(self.max_final_loss):
+            raise ValueError(f"max_final_loss must be finite, got {self.max_final_loss}")
+
+
+@dataclasses.dataclass(slots=True)
+class Check:
+    name: str
+    passed: bool
+    reason: str
+    values: dict[str, Any] = dataclasses.field(default_factory=dict)
+    skipped: bool = False
+
+
+@dataclasses.dataclass(slots=True)
+class Verdict:
+    run_dir: str
+    checks: list[Check]
+    recoveries: list[dict[str, Any]]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def check(self, name: str) -> Check:
+        return next(c for c in self.checks if c.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_dir": self.run_dir, "passed": self.passed, "checks": [dataclasses.asdict(c) for c in self.checks],
+                "recoveries": self.recoveries}
+
+    def format(self) -> str:
+        lines = [f"{'PASSED' if self.passed else 'FAILED'} convergence gate: {self.run_dir}"]
+        for c in self.checks:
+            mark = "skip" if c.skipped else ("ok  " if c.passed else "FAIL")
+            lines.append(f"  {mark} {c.name}: {c.reason}")
+        return "\n".join(lines)
+
+
+def _default_threshold(run_dir: Path) -> float | None:
+    """0.8 x ln(vocab): well below the loss of uniform guessing, from the newest manifest."""
+    from resilient_training.run import checkpoint_format as cf
+
+    for step in reversed(cf.committed_steps(layout.checkpoints_dir(run_dir))):
+        try:
+            vocab = cf.read_manifest(layout.checkpoints_dir(run_dir) / cf.step_dirname(step))["model_config"]["vocab_size"]
+            return 0.8 * math.log(vocab)
+        except (cf.CheckpointError, KeyError, TypeError, ValueError):
+            continue
+    return None
+
+
+def _close(a: float, b: float, rtol: float, atol: float = 0.0) -> bool:
+    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= atol + rtol * abs(b)
+
+
+def check_convergence(
+    run_dir: str | os.PathLike[str],
+    config: ConvergenceConfig | None = None,
+    *,
+    reference_dir: str | os.PathLike[str] | None = None,
+) -> Verdict:
+    """Run every check on the run's event log; RunError when it is not a run."""
+    config = config or ConvergenceConfig()
+    run_dir = Path(run_dir)
+    events = metrics.load_events(run_dir)
+    ref = metrics.reference_rank(events)
+    runs = metrics.step_runs(events, ref)
+    if not runs:
+        raise RunError(f"{run_dir} logged no training step: nothing to judge")
+    survivors = metrics.surviving(runs)
+    curve = [(step, run.loss) for step, run in survivors.items()]
+    checks = [_finite(runs, curve), _completed(events)]
+    checks += _learning(run_dir, curve, config)
+    continuity, recoveries = _continuity(events, config)
+    checks.append(continuity)
+    if reference_dir is not None:
+        checks.append(_reference(curve, Path(reference_dir), config))
+    return Verdict(run_dir=str(run_dir), checks=checks, recoveries=recoveries)
+
+
+def _finite(runs: list[metrics.StepRun], curve: list[tuple[int, float]]) -> Check:
+    bad = [(s, v) for s, v in curve if not math.isfinite(v)]
+    logged = sum(1 for r in runs if not math.isfinite(r.loss))
+    values = {"steps": len(curve), "non_finite_in_curve": len(bad), "non_finite_logged": logged,
+              "first_bad_step": bad[0][0] if bad else None}
+    if bad:
+        return Check("finite", False, f"{len(bad)} of {len(curve)} steps end non-finite, first at step {bad[0][0]} "
+                     f"(loss {bad[0][1]})", values)
+    if logged:
+        return Check("finite", True, f"all {len(curve)} steps finite; {logged} non-finite loss(es) were rolled "
+                     "back and replayed finite", values)
+    return Check("finite", True, f"all {len(curve)} logged losses are finite", values)
+
+
+def _completed(events: list[Any]) -> Check:
+    ends = [e for e in events if e.event == "end"]
+    final = next((e for e in reversed(ends) if e.rank <= 0), ends[-1] if ends else None)
+    if final is None:
+        return Check("completed", False, "the run logged no end event (still running, or killed)", {"status": None})
+    status, reason = final.get("status"), final.get("reason")
+    return Check("completed", status == "completed", f"run ended {status}" + (f" ({reason})" if reason else ""),
+                 {"status": status, "reason": reason})
+
+
+def _learning(run_dir: Path, curve: list[tuple[int, float]], config: ConvergenceConfig) -> list[Check]:
+    window = min(config.window, max(1, len(curve) // 2))
+    first = [v for _, v in curve[:window]]
+    final = [v for _, v in curve[-window:]]
+    first_mean = statistics.fmean(first) if first else math.nan
+    final_mean = statistics.fmean(final) if final else math.nan
+    threshold = config.max_final_loss if config.max_final_loss is not None else _default_threshold(run_dir)
+    values = {"window": window, "first_mean": first_mean, "final_mean": final_mean, "threshold": threshold}
+    if threshold is None:
+        final_check = Check("final_loss", True, "skipped: no --max-final-loss and no manifest to derive one from",
+                            values, skipped=True)
+    elif not math.isfinite(final_mean):
+        final_check = Check("final_loss", False, f"final-window mean is {final_mean}", values)
+    else:
+        ok = final_mean < threshold
+        final_check = Check("final_loss", ok, f"final-window mean {final_mean:.4f} {'<' if ok else '>='} "
+                            f"threshold {threshold:.4f}", values)
+    improvement = (first_mean - final_mean) / abs(first_mean) if first_mean and math.isfinite(first_mean) \
+        and math.isfinite(final_mean) else math.nan
+    ivalues = {**values, "improvement": improvement, "min_improvement": config.min_improvement}
+    if len(curve) < 2:
+        imp = Check("improvement", False, f"only {len(curve)} step logged: cannot show learning", ivalues)
+    elif not math.isfinite(improvement):
+        imp = Check("improvement", False, f"improvement is {improvement} (non-finite losses)", ivalues)
+    else:
+        ok = improvement >= config.min_improvement
+        imp = Check("improvement", ok, f"loss fell {improvement:.1%} from first window {first_mean:.4f} to final "
+                    f"{final_mean:.4f} ({'>=' if ok else '<'} {config.min_improvement:.1%} required)", ivalues)
+    return [final_check, imp]
+
+
+def _continuity(events: list[Any], config: ConvergenceConfig) -> tuple[Check, list[dict[str, Any]]]:
+    recoveries: list[dict[str, Any]] = []
+    for load in metrics.restores(events):
+        rank = load.rank
+        before = [e for e in events if e.event == "step" and e.rank == rank and e.ts < load.ts]
+        after = next((e for e in events if e.event == "step" and e.rank == rank and e.ts > load.ts), None)
+        entry: dict[str, Any] = {"rank": rank, "attempt": load.attempt, "iteration": load.iteration,
+                                 "restored_step": load.step, "first_step": None, "loss": None, "basis": None,
+                                 "expected": None, "deviation": None, "passed": True, "reason": ""}
+        recoveries.append(entry)
+        if after is None:
+            entry["reason"] = "no step after this restore (the run ended or failed again first)"
+            entry["basis"] = "none"
+            continue
+        restored = int(load.step or 0)
+        loss = float(after.get("loss", math.nan))
+        entry.update(first_step=after.step, loss=loss)
+        if after.step != restored + 1:
+            entry.update(passed=False, reason=f"resumed at step {after.step}, expected {restored + 1} after restoring "
+                         f"step {restored}")
+            continue
+        same = [e for e in before if e.step == after.step]
+        prior = [e for e in before if e.step == restored]
+        if same:
+            expected = float(same[-1].get("loss", math.nan))
+            entry.update(basis="replayed step", expected=expected)
+            ok = _close(loss, expected, config.continuity_rtol, config.continuity_atol)
+            tol = f"rtol {config.continuity_rtol:g}"
+        elif prior:
+            expected = float(prior[-1].get("loss", math.nan))
+            entry.update(basis="restored step", expected=expected)
+            ok = _close(loss, expected, config.jump_rtol)
+            tol = f"jump rtol {config.jump_rtol:g}"
+        else:
+            entry.update(basis="none", reason=f"no loss logged before the fault at step {after.step} or {restored}: "
+                         "unchecked")
+            continue
+        if not math.isfinite(expected):
+            entry.update(basis="none", reason=f"the pre-fault loss at step {same[-1].step if same else restored} was "
+                         "not finite (the fault itself): unchecked")
+            continue
+        entry["deviation"] = abs(loss - expected) / abs(expected) if expected else abs(loss - expected)
+        entry["passed"] = ok
+        entry["reason"] = (f"rank {rank} step {after.step}: loss {loss:.6g} vs {expected:.6g} before the fault "
+                           f"({entry['basis']}), relative deviation {entry['deviation']:.3g} "
+                           f"{'within' if ok else 'exceeds'} {tol}")
+    failed = [r for r in recoveries if not r["passed"]]
+    checked = [r for r in recoveries if r["basis"] not in (None, "none")]
+    values = {"restores": len(recoveries), "checked": len(checked), "failed": len(failed),
+              "max_deviation": max((r["deviation"] for r in checked if r["deviation"] is not None), default=None)}
+    if failed:
+        return Check("continuity", False, f"{len(failed)} of {len(recoveries)} restores broke the loss curve; first: "
+                     f"{failed[0]['reason']}", values), recoveries
+    if not recoveries:
+        return Check("continuity", True, "no restore in this run: nothing to compare", values, skipped=True), recoveries
+    return Check("continuity", True, f"all {len(checked)} checked restores continue the loss curve (max relative "
+                 f"deviation {values['max_deviation'] or 0:.3g}); {len(recoveries) - len(checked)} unchecked",
+                 values), recoveries
+
+
+def _reference(curve: list[tuple[int, float]], reference_dir: Path, config: ConvergenceConfig) -> Check:
+    ref_events = metrics.load_events(reference_dir)
+    ref_curve = dict((s, r.loss) for s, r in metrics.surviving(
+        metrics.step_runs(ref_events, metrics.reference_rank(ref_events))).items())
+    common = [(s, v, ref_curve[s]) for s, v in curve if s in ref_curve]
+    if not common:
+        return Check("reference", False, f"no step in common with the reference run {reference_dir}",
+                     {"common_steps": 0})
+    deviations = [(abs(v - r) / abs(r) if r else abs(v - r), s) for s, v, r in common]
+    worst, at = max(deviations, key=lambda d: (not math.isfinite(d[0]), d[0]))
+    ok = all(_close(v, r, config.reference_rtol) for _, v, r in common)
+    return Check("reference", ok, f"{len(common)} common steps, worst relative deviation {worst:.3g} at step {at} "
+                 f"({'within' if ok else 'exceeds'} rtol {config.reference_rtol:g})",
+                 {"common_steps": len(common), "max_deviation": worst, "at_step": at,
+                  "reference": str(reference_dir)})
+
+
+def write_convergence_record(run_dir: str | os.PathLike[str], verdict: Verdict) -> Path:
+    """Record the verdict in ``RUN/gates/convergence.json``, naming the run's latest checkpoint."""
+    from resilient_training.run import checkpoint_format as cf
+    from resilient_training.run import gate_records
+
+    record: dict[str, Any] = {"passed": verdict.passed,
+                              "checks": {c.name: {"passed": c.passed, "reason": c.reason} for c in verdict.checks}}
+    try:
+        latest = cf.read_latest(layout.checkpoints_dir(run_dir))
+    except cf.CheckpointError:
+        latest = None
+    if latest is not None:
+        record.update(gate_records.checkpoint_identity(run_dir, latest))
+    return gate_records.write_record(run_dir, gate_records.CONVERGENCE, record)

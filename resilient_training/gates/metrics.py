@@ -1,0 +1,418 @@
+"""The goodput maths: every number the report, the gates and the benchmarks show, from the event log.
+
+Definitions (reference: the NVRx/ML Goodput benchmarks):
+
+- **wall**: first event to last event of the run (every process, every attempt).
+- **steps completed**: distinct steps the surviving trajectory holds; a step executed again
+  after a rollback counts once, its earlier executions are *replayed* work.
+- **training goodput** = productive step time / wall, where productive step time is the
+  ``step.seconds`` of each step's last (surviving) execution.
+- **fault episode**: opens at a ``fault_injected``, ``failure_detected`` or ``restart_begin``
+  outside an open episode; closes at the first completed step after the first ``load_done``
+  that follows it (triggers inside an open episode join it). Its **recovery seconds** run
+  from the opening event to that step; its **layer** is the outermost ``restart_done`` layer
+  inside it (pod > launcher > inprocess), else inferred from the attempt/iteration change;
+  its **rollback distance** is the last step completed before the restore minus the step
+  restored. A trigger after which training went on in the same attempt and iteration with
+  no restore is a fault absorbed without restart (layer ``none``, 0 s).
+- **infrastructure goodput** = (wall − downtime) / wall, downtime = union of episode spans
+  (an episode never closed runs to the end of the log).
+- **checkpoint freshness** at a step = that step minus the newest step committed before it
+  (either tier: the persistent one and the node-local one both restore).
+- **checkpoint stall** per save = ``ckpt_staged.seconds`` (training blocked by the save).
+- **suggested interval** (Young/Daly): C = mean stall per save, M = wall / episodes that
+  restarted; Young ``sqrt(2CM)``, Daly ``sqrt(2CM)(1 + sqrt(C/2M)/3 + (C/2M)/9) − C`` (C < 2M),
+  in seconds and in steps of the median productive step time.
+
+Losses and steps are read from one *reference rank*: the lowest rank that logged steps
+(training steps are collective, so every rank logs the same step numbers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from resilient_training.run import events as ev
+from resilient_training.run import layout
+
+TRIGGERS = ("fault_injected", "failure_detected", "restart_begin")
+LAYER_ORDER = {"none": 0, "reload": 1, "inprocess": 2, "launcher": 3, "pod": 4}
+
+
+class RunError(ValueError):
+    """The directory is not a run with an event log (a usage error for the commands)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepRun:
+    """One execution of one step on one rank."""
+
+    ts: float
+    rank: int
+    attempt: int
+    iteration: int
+    step: int
+    loss: float
+    seconds: float
+
+
+@dataclasses.dataclass(slots=True)
+class Episode:
+    """One fault and the recovery from it."""
+
+    start: float
+    end: float | None = None
+    fault: str | None = None
+    cause: str | None = None
+    layer: str = "none"
+    restored_step: int | None = None
+    last_step_before: int | None = None
+    fault_step: int | None = None
+    context: tuple[int, int] | None = None
+    triggers: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def recovered(self) -> bool:
+        return self.end is not None
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.end is None else self.end - self.start
+
+    @property
+    def rollback(self) -> int | None:
+        if self.restored_step is None or self.last_step_before is None:
+            return None
+        return max(0, self.last_step_before - self.restored_step)
+
+
+def load_events(run_dir: str | os.PathLike[str]) -> list[ev.Event]:
+    """The run's events; RunError when there is no run or no event log."""
+    path = Path(run_dir)
+    if not path.exists():
+        raise RunError(f"{path} does not exist")
+    if not path.is_dir():
+        raise RunError(f"{path} is not a directory")
+    if not layout.events_dir(path).is_dir():
+        raise RunError(f"{path} is not a run: it has no {layout.EVENTS_DIRNAME}/ directory")
+    events = ev.read_events(path)
+    if not events:
+        raise RunError(f"{path}/{layout.EVENTS_DIRNAME}/ holds no events")
+    return events
+
+
+def reference_rank(events: Iterable[ev.Event]) -> int | None:
+    ranks = sorted({e.rank for e in events if e.event == "step" and e.rank >= 0})
+    return ranks[0] if ranks else None
+
+
+def step_runs(events: Iterable[ev.Event], rank: int | None = None) -> list[StepRun]:
+    """Every step execution (of one rank, or all), in time order."""
+    out = []
+    for e in events:
+        if e.event == "step" and e.step is not None and (rank is None or e.rank == rank):
+            out.append(StepRun(e.ts, e.rank, e.attempt, e.iteration, int(e.step), float(e.get("loss", math.nan)),
+                               float(e.get("seconds", 0.0) or 0.0)))
+    return out
+
+
+def surviving(runs: Iterable[StepRun]) -> dict[int, StepRun]:
+    """Each step's last execution: the trajectory the final model actually went through."""
+    last: dict[int, StepRun] = {}
+    for run in runs:
+        last[run.step] = run
+    return dict(sorted(last.items()))
+
+
+def restores(events: Iterable[ev.Event]) -> list[ev.Event]:
+    """``load_done`` events that recovered a rank which had already trained (not its first start)."""
+    trained: set[int] = set()
+    out = []
+    for e in events:
+        if e.event == "step":
+            trained.add(e.rank)
+        elif e.event == "load_done" and e.rank in trained:
+            out.append(e)
+    return out
+
+
+def episodes(events: list[ev.Event]) -> list[Episode]:
+    """Group triggers into fault episodes and measure each (see the module docstring)."""
+    ref = reference_rank(events)
+    found: list[Episode] = []
+    current: Episode | None = None
+    context: tuple[int, int] | None = None  # (attempt, iteration) of the reference rank's last step
+    last_step: int | None = None
+    for e in events:
+        if e.event in TRIGGERS:
+            if current is None:
+                current = Episode(start=e.ts, fault_step=e.step, context=context)
+                found.append(current)
+            current.triggers.append(e.event)
+            if e.event == "fault_injected" and current.fault is None:
+                current.fault = e.get("fault")
+            if e.event in ("failure_detected", "restart_begin") and current.cause is None:
+                current.cause = e.get("cause")
+            continue
+        if current is not None and e.rank == ref:
+            if e.event == "load_done" and current.restored_step is None:
+                current.restored_step = int(e.step or 0)
+                current.last_step_before = last_step
+            elif e.event == "step" and e.step is not None:
+                if current.restored_step is not None:
+                    current.end = e.ts
+                elif _absorbed(current, e):
+                    current.end = current.start
+                if current.end is not None:
+                    current = None
+        if e.event == "step" and e.rank == ref and e.step is not None:
+            last_step, context = int(e.step), (e.attempt, e.iteration)
+    for episode in found:
+        _classify(episode, events, ref)
+    return found
+
+
+def _absorbed(episode: Episode, step_event: ev.Event) -> bool:
+    """Training went on past the injected fault in the same attempt and iteration: no restart."""
+    return (
+        set(episode.triggers) == {"fault_injected"}
+        and episode.fault_step is not None
+        and step_event.step is not None
+        and step_event.step >= episode.fault_step
+        and (step_event.attempt, step_event.iteration) == episode.context
+    )
+
+
+def _classify(episode: Episode, events: list[ev.Event], ref: int | None) -> None:
+    """Layer: the outermost restart_done inside the episode, else what changed on the reference rank."""
+    end = episode.end if episode.end is not None else math.inf
+    layers = [e.get("layer") for e in events if e.event == "restart_done" and episode.start <= e.ts <= end]
+    layers = [layer for layer in layers if layer in LAYER_ORDER]
+    if layers:
+        episode.layer = max(layers, key=LAYER_ORDER.__getitem__)
+    elif episode.restored_step is not None:
+        after = next((e for e in events if e.event == "step" and e.rank == ref and e.ts >= end), None)
+        if after is None or episode.context is None:
+            episode.layer = "reload"
+        elif after.attempt != episode.context[0]:
+            episode.layer = "launcher"
+        elif after.iteration != episode.context[1]:
+            episode.layer = "inprocess"
+        else:
+            episode.layer = "reload"  # rolled back in place (e.g. the NaN guard) without a restart
+    elif episode.end is None:
+        episode.layer = "unrecovered"  # the log ends inside it: the run died of this fault
+    if episode.cause is None:
+        episode.cause = episode.fault or "unknown"
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """count, mean, p50, p95, max (linear interpolation between order statistics)."""
+    if not values:
+        return {"count": 0, "mean": None, "p50": None, "p95": None, "max": None}
+    ordered = sorted(values)
+
+    def q(frac: float) -> float:
+        pos = frac * (len(ordered) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    return {"count": len(ordered), "mean": statistics.fmean(ordered), "p50": q(0.5), "p95": q(0.95),
+            "max": ordered[-1]}
+
+
+def _union_seconds(spans: list[tuple[float, float]]) -> float:
+    total, cursor = 0.0, -math.inf
+    for start, end in sorted(spans):
+        start = max(start, cursor)
+        if end > start:
+            total += end - start
+            cursor = end
+    return total
+
+
+def young_daly(cost: float | None, mtbf: float | None) -> dict[str, float | None]:
+    """Optimal checkpoint interval in seconds for save cost C and mean time between failures M."""
+    if not cost or not mtbf or not math.isfinite(mtbf):
+        return {"young_seconds": None, "daly_seconds": None}
+    young = math.sqrt(2 * cost * mtbf)
+    if cost < 2 * mtbf:
+        ratio = cost / (2 * mtbf)
+        daly = young * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost
+    else:
+        daly = mtbf
+    return {"young_seconds": young, "daly_seconds": daly}
+
+
+def checkpoint_commits(events: Iterable[ev.Event], tier: str | None = "persistent") -> list[ev.Event]:
+    """One ``ckpt_committed`` per committed step and tier (the first writer to report it).
+
+    ``tier``: "persistent" (shared storage; events without a tier are persistent), "local"
+    (the node-local tier), or None for both.
+    """
+    seen: set[tuple[str, int | None]] = set()
+    out = []
+    for e in events:
+        if e.event != "ckpt_committed":
+            continue
+        this = e.get("tier") or "persistent"
+        if (tier is None or this == tier) and (this, e.step) not in seen:
+            seen.add((this, e.step))
+            out.append(e)
+    return out
+
+
+def freshness(runs: list[StepRun], commits: list[ev.Event]) -> list[tuple[float, int, int]]:
+    """(ts, step, steps since the newest committed checkpoint) at every reference-rank step."""
+    out = []
+    ordered = sorted(commits, key=lambda e: e.ts)
+    newest, i = 0, 0
+    for run in runs:
+        while i < len(ordered) and ordered[i].ts <= run.ts:
+            newest = max(newest, int(ordered[i].step or 0))
+            i += 1
+        out.append((run.ts, run.step, max(0, run.step - newest)))
+    return out
+
+
+def launches(events: list[ev.Event]) -> list[int]:
+    """Launch index of every event. A new ``train`` invocation on the same run dir restarts the
+    attempt count at 0: a rank starting attempt 0 again opens the next launch.
+    """
+    out, launch, started = [], 0, set()
+    for e in events:
+        if e.event == "start" and e.attempt == 0 and e.rank >= 0:
+            if e.rank in started:
+                launch, started = launch + 1, set()
+            started.add(e.rank)
+        out.append(launch)
+    return out
+
+
+def segments(events: list[ev.Event]) -> list[dict[str, Any]]:
+    """The run's timeline: one entry per (launch, attempt, iteration) of the training ranks."""
+    spans: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for e, launch in zip(events, launches(events), strict=True):
+        if e.rank < 0:
+            continue
+        key = (launch, e.attempt, e.iteration)
+        span = spans.setdefault(key, {"launch": launch, "attempt": e.attempt, "iteration": e.iteration, "start": e.ts,
+                                      "end": e.ts, "first_step": None, "last_step": None})
+        span["end"] = max(span["end"], e.ts)
+        if e.event == "step" and e.step is not None:
+            span["first_step"] = e.step if span["first_step"] is None else min(span["first_step"], e.step)
+            span["last_step"] = e.step if span["last_step"] is None else max(span["last_step"], e.step)
+    return sorted(spans.values(), key=lambda s: s["start"])
+
+
+def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | None = None) -> dict[str, Any]:
+    """Every number of the resilience report, as plain JSON-able values."""
+    events = load_events(run_dir) if events is None else events
+    t0, t1 = events[0].ts, events[-1].ts
+    wall = t1 - t0
+    ref = reference_rank(events)
+    runs = step_runs(events, ref)
+    survivors = surviving(runs)
+    productive = sum(r.seconds for r in survivors.values())
+    found = episodes(events)
+    restarted = [p for p in found if p.layer != "none"]
+    downtime = _union_seconds([(p.start, p.end if p.end is not None else t1) for p in restarted])
+    by_layer: dict[str, list[float]] = {}
+    for p in restarted:
+        if p.seconds is not None:
+            by_layer.setdefault(p.layer, []).append(p.seconds)
+    commits = checkpoint_commits(events)
+    stalls = [float(e.get("seconds", 0.0)) for e in events if e.event == "ckpt_staged" and e.rank == ref]
+    fresh = freshness(runs, checkpoint_commits(events, tier=None))  # either tier can be restored
+    steps_per_save = [b - a for a, b in zip(sorted({int(c.step or 0) for c in commits}),
+                                            sorted({int(c.step or 0) for c in commits})[1:], strict=False)]
+    step_seconds = [r.seconds for r in survivors.values() if r.seconds > 0]
+    mtbf = wall / len(restarted) if restarted else None
+    cost = statistics.fmean(stalls) if stalls else None
+    interval = young_daly(cost, mtbf)
+    median_step = statistics.median(step_seconds) if step_seconds else None
+    for key in ("young", "daly"):
+        secs = interval[f"{key}_seconds"]
+        interval[f"{key}_steps"] = round(secs / median_step, 1) if secs and median_step else None
+    launch_at = {e.ts: launch for e, launch in zip(events, launches(events), strict=True) if e.event == "step"}
+    ends = [e for e in events if e.event == "end"]
+    final = next((e for e in reversed(ends) if e.rank <= 0), ends[-1] if ends else None)
+    return {
+        "run_dir": str(run_dir),
+        "reference_rank": ref,
+        "wall_seconds": wall,
+        "status": final.get("status") if final else "unknown",
+        "end_reason": final.get("reason") if final else None,
+        "world_size": next((e.get("world_size") for e in events if e.event == "start"), None),
+        "attempts": len({e.attempt for e in events}),
+        "steps": {
+            "completed": len(survivors),
+            "last": max(survivors) if survivors else None,
+            "executed": len(runs),
+            "replayed": len(runs) - len(survivors),
+        },
+        "productive_step_seconds": productive,
+        "downtime_seconds": downtime,
+        "training_goodput": productive / wall if wall > 0 else None,
+        "infrastructure_goodput": (wall - downtime) / wall if wall > 0 else None,
+        "faults": [_episode_dict(p, t0) for p in found],
+        "recovery_seconds": {
+            "all": percentiles([p.seconds for p in restarted if p.seconds is not None]),
+            "by_layer": {layer: percentiles(v) for layer, v in sorted(by_layer.items())},
+        },
+        "unrecovered_faults": sum(1 for p in restarted if not p.recovered),
+        "rollback_steps": percentiles([float(p.rollback) for p in restarted if p.rollback is not None]),
+        "restart_causes": dict(Counter(p.cause for p in restarted)),
+        "faults_injected": dict(Counter(e.get("fault") for e in events if e.event == "fault_injected")),
+        "restarts_by_layer": dict(Counter(p.layer for p in restarted)),
+        "checkpoints": {
+            "committed": len(commits),
+            "committed_local_tier": len(checkpoint_commits(events, tier="local")),
+            "steps": [int(c.step or 0) for c in commits],
+            "failed": sum(1 for e in events if e.event == "ckpt_failed"),
+            "deferred": sum(1 for e in events if e.event == "ckpt_deferred" and e.rank == ref),
+            "stall_seconds": percentiles(stalls),
+            "stall_total_seconds": sum(stalls),
+            "commit_seconds": percentiles([float(c.get("seconds", 0.0)) for c in commits]),
+            "bytes": percentiles([float(c.get("bytes", 0)) for c in commits]),
+            "interval_steps": statistics.median(steps_per_save) if steps_per_save else None,
+        },
+        "freshness_steps": {
+            **percentiles([float(f) for _, _, f in fresh]),
+            "series": [[round(ts - t0, 3), step, f] for ts, step, f in fresh],
+        },
+        "step_seconds": percentiles(step_seconds),
+        "suggested_checkpoint_interval": {
+            "save_cost_seconds": cost,
+            "mtbf_seconds": mtbf,
+            **interval,
+        },
+        "timeline": [{**s, "start": s["start"] - t0, "end": s["end"] - t0} for s in segments(events)],
+        # [seconds, step, loss, attempt, iteration, launch] of every reference-rank step execution.
+        "loss": [[round(r.ts - t0, 3), r.step, r.loss, r.attempt, r.iteration, launch_at[r.ts]] for r in runs],
+        # [seconds, step restored] of every restore after training had begun (reference rank).
+        "restores": [[round(e.ts - t0, 3), int(e.step or 0)] for e in restores(events) if e.rank == ref],
+    }
+
+
+def _episode_dict(p: Episode, t0: float) -> dict[str, Any]:
+    return {
+        "start": p.start - t0,
+        "end": None if p.end is None else p.end - t0,
+        "fault": p.fault,
+        "cause": p.cause,
+        "layer": p.layer,
+        "fault_step": p.fault_step,
+        "restored_step": p.restored_step,
+        "last_step_before": p.last_step_before,
+        "rollback_steps": p.rollback,
+        "recovery_seconds": p.seconds,
+        "recovered": p.recovered,
+    }

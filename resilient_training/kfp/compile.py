@@ -1,0 +1,185 @@
+"""The project's pipelines compiled to KFP IR YAML, loaded back, and fingerprinted.
+
+Pipelines are found through a registry: a ``dict[str, Callable]`` of ``@dsl.pipeline``
+functions, by default ``resilient_training.pipelines.PIPELINES``. The first entry is the
+default pipeline of ``upload``/``submit``/``schedule``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from resilient_training.kfp.params import PipelineInput, pipeline_inputs
+
+DEFAULT_REGISTRY = "resilient_training.pipelines:PIPELINES"
+
+
+class CompileError(ValueError):
+    """No such pipeline, no registry, or a pipeline that does not compile or load back."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompiledPipeline:
+    """One pipeline compiled to a file, with what the server commands need from it."""
+
+    key: str
+    """Name in the registry (what ``--pipeline`` takes)."""
+    path: Path
+    name: str
+    """``pipelineInfo.name`` of the IR: the pipeline's name on the KFP server by default."""
+    description: str
+    content_hash: str
+    """sha256 of the compiled file: the same source compiles to the same bytes."""
+    spec: dict[str, Any]
+    """The PipelineSpec (first YAML document)."""
+    num_tasks: int
+
+    @property
+    def inputs(self) -> dict[str, PipelineInput]:
+        return pipeline_inputs(self.spec)
+
+
+def load_registry(reference: str = DEFAULT_REGISTRY) -> dict[str, Callable[..., Any]]:
+    """Import a pipeline registry.
+
+    Args:
+        reference: ``module:attribute`` naming a dict of pipeline name -> ``@dsl.pipeline``.
+
+    Returns:
+        The registry (insertion order kept: the first entry is the default pipeline).
+
+    Raises:
+        CompileError: the module or attribute is missing, or the registry is empty.
+
+    """
+    module_name, _, attribute = reference.partition(":")
+    attribute = attribute or "PIPELINES"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CompileError(f"cannot import pipeline registry module {module_name!r}: {exc}") from None
+    registry = getattr(module, attribute, None)
+    if not isinstance(registry, Mapping) or not registry:
+        raise CompileError(f"no pipelines registered: {module_name}.{attribute} is missing or empty")
+    return dict(registry)
+
+
+def select(registry: Mapping[str, Callable[..., Any]], name: str | None) -> dict[str, Callable[..., Any]]:
+    """The pipelines a command works on: all of them, or the one named.
+
+    Raises:
+        CompileError: ``name`` is not in the registry (the message lists the known names).
+
+    """
+    if name is None:
+        return dict(registry)
+    if name not in registry:
+        raise CompileError(f"unknown pipeline {name!r}; known pipelines: {', '.join(registry)}")
+    return {name: registry[name]}
+
+
+def default_pipeline(registry: Mapping[str, Callable[..., Any]], name: str | None) -> tuple[str, Callable[..., Any]]:
+    """The one pipeline ``upload``/``submit``/``schedule`` act on: ``name``, else the first registered."""
+    key = name if name is not None else next(iter(registry))
+    return key, select(registry, key)[key]
+
+
+def output_paths(keys: list[str], output: Path) -> dict[str, Path]:
+    """Where each pipeline's YAML goes: ``output`` itself when it names a .yaml file, else ``output/<key>.yaml``.
+
+    Raises:
+        CompileError: a single file was asked for several pipelines.
+
+    """
+    if output.suffix in (".yaml", ".yml"):
+        if len(keys) != 1:
+            raise CompileError(
+                f"-o {output} is one file but {len(keys)} pipelines are selected ({', '.join(keys)}); "
+                "give a directory or --pipeline NAME"
+            )
+        return {keys[0]: output}
+    return {key: output / f"{key}.yaml" for key in keys}
+
+
+def compile_pipeline(key: str, pipeline: Callable[..., Any], path: Path) -> CompiledPipeline:
+    """Compile one pipeline to IR YAML and prove the file loads back with kfp.
+
+    Args:
+        key: the pipeline's registry name.
+        pipeline: the ``@dsl.pipeline`` function.
+        path: the YAML file to write (parents are created).
+
+    Returns:
+        The compiled pipeline.
+
+    Raises:
+        CompileError: the pipeline does not compile, or the file does not load back as the
+            same pipeline.
+
+    """
+    import yaml
+    from kfp import compiler, components
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        compiler.Compiler().compile(pipeline_func=pipeline, package_path=str(path))
+    except Exception as exc:  # kfp raises many types for user errors; all mean "does not compile"
+        raise CompileError(f"pipeline {key!r} does not compile: {type(exc).__name__}: {exc}") from None
+    data = path.read_bytes()
+    documents = list(yaml.safe_load_all(data))
+    spec = documents[0]
+    name = spec.get("pipelineInfo", {}).get("name", "")
+    loaded = components.load_component_from_file(str(path))
+    if loaded.name != name or not spec.get("root", {}).get("dag", {}).get("tasks"):
+        raise CompileError(f"{path} does not load back as pipeline {name!r} with a DAG")
+    return CompiledPipeline(
+        key=key,
+        path=path,
+        name=name,
+        description=spec.get("pipelineInfo", {}).get("description", ""),
+        content_hash=hashlib.sha256(data).hexdigest(),
+        spec=spec,
+        num_tasks=len(spec["root"]["dag"]["tasks"]),
+    )
+
+
+def load_package(path: Path) -> CompiledPipeline:
+    """Read an already compiled pipeline file (``--package FILE``).
+
+    Raises:
+        CompileError: the file is missing or is not a KFP pipeline.
+
+    """
+    import yaml
+
+    try:
+        data = path.read_bytes()
+        spec = next(iter(yaml.safe_load_all(data)), None)
+    except (OSError, yaml.YAMLError) as exc:
+        raise CompileError(f"cannot read pipeline package {path}: {exc}") from None
+    if not isinstance(spec, dict) or "pipelineInfo" not in spec or "root" not in spec:
+        raise CompileError(f"{path} is not a compiled KFP pipeline (no pipelineInfo/root)")
+    return CompiledPipeline(
+        key=path.stem,
+        path=path,
+        name=spec["pipelineInfo"].get("name", path.stem),
+        description=spec["pipelineInfo"].get("description", ""),
+        content_hash=hashlib.sha256(data).hexdigest(),
+        spec=spec,
+        num_tasks=len(spec["root"].get("dag", {}).get("tasks", {})),
+    )
+
+
+def default_version_name(content_hash: str, now: datetime.datetime | None = None) -> str:
+    """A pipeline version name: UTC timestamp, then the first 12 hex digits of the content hash.
+
+    Sorting by name sorts by upload time; the hash says which build it is without git.
+    """
+    now = now or datetime.datetime.now(datetime.UTC)
+    return f"{now.strftime('%Y%m%d-%H%M%S')}-{content_hash[:12]}"

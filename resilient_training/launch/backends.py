@@ -1,0 +1,85 @@
+"""``launch_training``'s two backends behind one call: ``local`` (ft_launcher on this machine) or
+``pytorchjob`` (a Kubeflow PyTorchJob, ft_launcher on every node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from resilient_training.launch import images, pytorchjob
+from resilient_training.run import config as train_config
+from resilient_training.run.storage_ref import StorageRef
+
+LAUNCHERS = ("local", "pytorchjob")
+
+
+def train_config_for(ref: StorageRef, overrides: dict[str, Any]) -> train_config.TrainConfig:
+    """The trainer config: ``overrides`` (flat setting names or groups, ``model`` as a dict) on the defaults."""
+    if "run_dir" in overrides:
+        raise ValueError("run_dir comes from the storage ref; do not override it")
+    return train_config.from_dict({**overrides, "run_dir": ref.run_dir})
+
+
+def launch_training(
+    *,
+    storage_ref: str,
+    run_id: str,
+    launcher: str = "local",
+    train: dict[str, Any] | None = None,
+    nodes: int = 1,
+    min_nodes: int = 0,
+    gpus_per_node: int = 8,
+    procs_per_node: int = 0,
+    image: str = "",
+    efa_per_node: int = 0,
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+    service_account: str = "",
+    nvrx_version: str = pytorchjob.DEFAULT_NVRX_VERSION,
+    backoff_limit: int = 3,
+    timeout_s: float = 24 * 3600.0,
+    poll_s: float = 15.0,
+    stream_logs: str = "worker-0",
+    training_client: Any = None,
+    progress: Callable[[str], None] = print,
+) -> str:
+    """Run training to completion; returns the PyTorchJob name ('' for local). Raises on failure."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    ref = StorageRef.from_json(storage_ref)
+    config = train_config_for(ref, train or {})
+    if launcher == "local":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise ValueError("launcher 'local' trains in this process's environment, which has no torch "
+                             "(the components image): on a cluster use launcher='pytorchjob'")
+        from resilient_training.launch.local import run_local
+
+        result = run_local(config, nproc=procs_per_node or 2, progress=progress)
+        if not result.ok:
+            raise RuntimeError(f"local training failed (exit code {result.exit_code}): {result.reason}")
+        return ""
+    if not ref.shared:
+        raise ValueError(f"launcher 'pytorchjob' needs storage every pod can mount (pvc or fsx), got {ref.backend!r}")
+    spec = pytorchjob.JobSpec(
+        name=pytorchjob.job_name_for_run(run_id), namespace=ref.namespace, train=config, storage=ref,
+        image=image or images.TRAINER_IMAGE, nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node,
+        procs_per_node=procs_per_node,
+        efa_per_node=efa_per_node, node_selector=dict(node_selector or {}), tolerations=list(tolerations or []),
+        service_account=service_account, run_id=run_id, nvrx_version=nvrx_version, backoff_limit=backoff_limit,
+    )
+    from resilient_training.launch import watch as launch
+
+    if stream_logs not in launch.LOG_MODES:
+        raise ValueError(f"stream_logs must be one of {', '.join(launch.LOG_MODES)}, got {stream_logs!r}")
+    if training_client is None:
+        from kubeflow.training import TrainingClient
+
+        from resilient_training.launch import kube_client
+
+        training_client = TrainingClient(client_configuration=kube_client.configuration(), namespace=ref.namespace)
+    outcome = launch.launch(spec, training_client=training_client, timeout_s=timeout_s, poll_s=poll_s,
+                            stream_logs=stream_logs, progress=progress)
+    return outcome.job_name

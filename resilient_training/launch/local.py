@@ -1,0 +1,198 @@
+"""The local launcher: ``resilient-training train`` starts ft_launcher with gloo workers here.
+
+Checks everything it can before starting (fault schedule, run directory), writes the run's
+config, runs ft_launcher (or torchrun with ``--no-ft-launcher``) in its own process group,
+prints progress from the event log while it runs, and exits non-zero with the cause taken
+from the event log when recovery gave up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from resilient_training.launch import cancel
+from resilient_training.run import checkpoint_format as fmt
+from resilient_training.run import config as cfg
+from resilient_training.run import events as ev
+from resilient_training.run import faults as flt
+from resilient_training.run import layout
+
+# Causes a rank reports when a peer failed or a restart was requested of it: never a root cause.
+SECONDARY_CAUSES = ("peer_failure", "restart_requested")
+
+
+class LaunchError(ValueError):
+    """Bad input found before anything started."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaunchResult:
+    exit_code: int
+    reason: str
+    run_dir: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> list[flt.Fault]:
+    """Everything that can be wrong before a worker starts, as one clear LaunchError."""
+    if world_size < 1:
+        raise LaunchError(f"world size must be at least 1, got {world_size}")
+    try:
+        schedule = flt.parse(config.faults)
+        flt.validate(schedule, world_size=world_size, steps=config.steps,
+                     async_checkpoint=config.checkpoint.async_save, checkpoint_every=config.checkpoint.every,
+                     nodes=nodes)
+    except flt.FaultSpecError as exc:
+        raise LaunchError(str(exc)) from None
+    if config.restart.min_world_size > world_size:
+        raise LaunchError(f"min world size {config.restart.min_world_size} exceeds the world size {world_size}")
+    run_dir = Path(config.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise LaunchError(f"run directory {run_dir} exists and is not a directory")
+    try:
+        latest = fmt.read_latest(layout.checkpoints_dir(run_dir))
+        if latest is not None:
+            from resilient_training.runtime.checkpointing import check_compatible
+
+            check_compatible(fmt.read_manifest(latest), config)
+    except fmt.CheckpointError as exc:
+        raise LaunchError(str(exc)) from None
+    return schedule
+
+
+def run_local(
+    config: cfg.TrainConfig,
+    *,
+    nproc: int = 2,
+    progress: Callable[[str], None] | None = print,
+    env: dict[str, str] | None = None,
+) -> LaunchResult:
+    """Run the workers on this machine under ft_launcher until done; never raises on failure."""
+    preflight(config, world_size=nproc)
+    run_dir = Path(config.run_dir)
+    layout.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    layout.config_path(run_dir).write_text(cfg.dumps(config))
+    from resilient_training.runtime import nvrx_adapter
+    command = nvrx_adapter.worker_command(
+        config, cfg.to_argv(config), python=sys.executable, standalone=True, nnodes="1",
+        nproc_per_node=nproc, iteration_file=fmt.iteration_file(config.run_dir),
+    )
+    worker_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    log_path = layout.logs_dir(run_dir) / "launcher.log"
+    started = time.time()
+    with open(log_path, "ab") as log:
+        log.write(f"$ {' '.join(command)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=worker_env,
+                                start_new_session=True)
+        watcher = ProgressPrinter(run_dir, config.steps, since=started, emit=progress)
+        watcher.start()
+        try:
+            with cancel.sigterm_raises():
+                exit_code = proc.wait()
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            watcher.stop()
+    return LaunchResult(exit_code, outcome(run_dir, config.steps, exit_code, since=started, log=log_path), str(run_dir))
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=10)
+            return
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
+
+
+def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Path) -> str:
+    events = [e for e in ev.read_events(run_dir) if e.ts >= since]
+    if exit_code == 0:
+        done = [e for e in events if e.event == "end" and e.get("status") == "completed"]
+        return f"completed: reached step {steps}" if done else "launcher exited 0 without a completed worker"
+    ends = [e for e in events if e.event == "end" and e.get("status") == "failed"]
+    # The root cause is the failure a rank had itself, not a peer noticing it.
+    failures = [e for e in events if e.event == "failure_detected" and e.get("cause") not in SECONDARY_CAUSES]
+    root = ""
+    if failures:
+        last = failures[-1]
+        root = f"last failure on rank {last.rank} at step {last.step}: {last['cause']} ({last.get('message', '')})"
+    gave_up = [e for e in ends if "gave up" in e.get("reason", "")]
+    if gave_up:
+        return f"{gave_up[-1]['reason']}; {root}" if root else gave_up[-1]["reason"]
+    if root:
+        restarts = len({e.attempt for e in events}) - 1
+        return f"recovery gave up after {restarts} launcher restart(s); {root}"
+    if ends:
+        return ends[-1]["reason"]
+    tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+    return f"launcher exited {exit_code} before any worker reported a failure; log tail: {' | '.join(tail)}"
+
+
+class ProgressPrinter(threading.Thread):
+    """Prints rank 0's progress and every fault, failure and restart as they are logged."""
+
+    def __init__(self, run_dir: Path, steps: int, *, since: float, emit: Callable[[str], None] | None) -> None:
+        super().__init__(name="progress", daemon=True)
+        self._run_dir, self._steps, self._since, self._emit = run_dir, steps, since, emit
+        self._done = threading.Event()
+        self._seen = 0
+
+    def run(self) -> None:
+        while not self._done.wait(0.5):
+            self._flush()
+        self._flush()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=5)
+
+    def _flush(self) -> None:
+        if self._emit is None:
+            return
+        events = [e for e in ev.read_events(self._run_dir) if e.ts >= self._since]
+        for event in events[self._seen:]:
+            line = describe(event, self._steps)
+            if line:
+                self._emit(line)
+        self._seen = len(events)
+
+
+def describe(event: ev.Event, steps: int) -> str | None:
+    """One progress line for an event worth showing, else None."""
+    who = f"rank {event.rank}"
+    if event.event == "step" and event.rank == 0 and (event.step % 5 == 0 or event.step == steps):
+        return f"step {event.step:>5}/{steps}  loss {event['loss']:.4f}  ({event['seconds'] * 1000:.0f} ms)"
+    if event.event == "fault_injected":
+        return f"  ! fault {event['fault']} injected ({who}, step {event.step})"
+    if event.event == "failure_detected" and event.get("cause") != "peer_failure":
+        return f"  ! failure on {who}: {event['cause']}"
+    if event.event == "restart_begin" and event.get("layer") == "pod" and event.get("cause") != "node-loss":
+        return f"  ✗ node {event['node']} pod died ({event['cause']}): Kubernetes replaces it"
+    if event.event == "restart_done" and event.get("layer") == "pod":
+        return f"  ↻ node {event['node']} replaced (pod layer): rank {event.rank} rejoined"
+    if event.event == "restart_done" and event.rank == 0:
+        return f"  ↻ restarted ({event['layer']} layer, attempt {event.attempt}, iteration {event.iteration})"
+    if event.event == "load_done" and event.rank == 0:
+        return f"  ⤓ restored step {event.step}" if event.step else None
+    if event.event == "ckpt_committed":
+        tier = " (node-local)" if event.get("tier") == "local" else ""
+        return (f"  ✓ checkpoint step {event.step} committed{tier} "
+                f"({event['bytes'] / 1e6:.2f} MB, {event['seconds']:.2f} s)")
+    if event.event == "ckpt_deferred" and event.rank == 0:
+        return f"  … checkpoint at step {event.step} deferred: {event['reason']}"
+    return None

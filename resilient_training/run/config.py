@@ -1,0 +1,297 @@
+"""Typed configuration of a training run, grouped by concern, and its round trips.
+
+One source of defaults: the dataclass fields below. The same flags reach a worker whoever starts
+it: the local launcher, the PyTorchJob builder (as container args after ``ft_launcher``) and the
+simulated multi-node launcher all call :func:`to_argv`, and the worker parses them back with
+:func:`from_argv`. Flags stay flat (``--checkpoint-every``) while the config is nested
+(``config.checkpoint.every``): each grouped field names its flag in ``metadata["flag"]``.
+
+:func:`from_dict` is the one entry for settings that come as data (``config.json``, the KFP
+``train_overrides`` parameter): nested or flat keys, and the coercion KFP needs (dict
+parameters travel as protobuf Structs, so ``1024`` arrives as ``1024.0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def _f(default: Any, help_text: str, flag: str = "") -> Any:
+    return field(default=default, metadata={"help": help_text, "flag": flag})
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """Size of the GPT-style model; tiny defaults run on a laptop CPU."""
+
+    vocab_size: int = _f(256, "vocabulary size of the synthetic tokens")
+    d_model: int = _f(64, "hidden size")
+    n_layers: int = _f(2, "transformer blocks")
+    n_heads: int = _f(4, "attention heads (must divide d_model)")
+    seq_len: int = _f(32, "tokens per sample")
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model {name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    """When and where checkpoints are written."""
+
+    every: int = _f(5, "save a checkpoint every N steps", "checkpoint_every")
+    keep_last: int = _f(3, "committed checkpoints kept on storage", "keep_last")
+    local_every: int = _f(0, "also save to the node-local tier every N steps (0 = off)", "local_checkpoint_every")
+    local_dir: str = _f("", "node-local tier directory (default /dev/shm/resilient-training); "
+                            "each run keeps its own folder inside", "local_checkpoint_dir")
+    async_save: bool = _f(True, "write checkpoints in NVRx's background process", "async_checkpoint")
+
+    def __post_init__(self) -> None:
+        if self.every <= 0:
+            raise ValueError(f"checkpoint_every must be a positive number of steps, got {self.every}")
+        if self.local_every < 0:
+            raise ValueError(f"local_checkpoint_every must be >= 0, got {self.local_every}")
+        if self.keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, got {self.keep_last}")
+
+
+@dataclass(kw_only=True, slots=True)
+class RestartConfig:
+    """Which recovery layers run, and their budgets."""
+
+    inprocess: bool = _f(True, "NVRx in-process restart (inprocess.Wrapper)", "inprocess")
+    ft_launcher: bool = _f(True, "NVRx ft_launcher heartbeats and restarts", "ft_launcher")
+    nan_guard: bool = _f(True, "treat a non-finite loss as a failure and roll back", "nan_guard")
+    max_inprocess_restarts: int = _f(8, "in-process restarts before giving up", "max_inprocess_restarts")
+    max_restarts: int = _f(6, "ft_launcher restarts before giving up", "max_restarts")
+    min_world_size: int = _f(0, "in-process: fewest ranks to continue (0 = all)", "min_world_size")
+    gpu_reclaim_timeout: float = _f(
+        10.0, "ft_launcher 0.6+: wait at most this long for a dead worker's GPU memory", "gpu_reclaim_timeout")
+    gpu_reclaim_tolerance_mb: int = _f(
+        1024, "ft_launcher 0.6+: GPU memory still in use that counts as reclaimed", "gpu_reclaim_tolerance_mb")
+
+    def __post_init__(self) -> None:
+        if self.max_inprocess_restarts < 0 or self.max_restarts < 0:
+            raise ValueError("restart limits must be >= 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class TimeoutConfig:
+    """Seconds. On CPU/gloo a blocked collective can only be unblocked by its own timeout, so
+    ``pg`` bounds in-process recovery there.
+    """
+
+    pg: float = _f(3.0, "process-group collective timeout", "pg_timeout")
+    soft: float = _f(6.0, "in-process: no progress this long => restart", "soft_timeout")
+    hard: float = _f(12.0, "in-process: hard kill after no progress", "hard_timeout")
+    heartbeat: float = _f(10.0, "ft_launcher: rank heartbeat timeout", "heartbeat_timeout")
+    initial_heartbeat: float = _f(60.0, "ft_launcher: first heartbeat timeout", "initial_heartbeat_timeout")
+    calibrate: bool = _f(True, "raise/lower heartbeat timeouts from measured steps", "calibrate_timeouts")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{f.metadata['flag']} must be a positive number of seconds, got {value}")
+        if not self.pg < self.soft < self.hard:
+            raise ValueError(f"need pg_timeout ({self.pg}) < soft_timeout ({self.soft}) < hard_timeout ({self.hard})")
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """What each rank reads per step."""
+
+    batch_size: int = _f(8, "samples per rank per step", "batch_size")
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+
+
+GROUPS: dict[str, type] = {"checkpoint": CheckpointConfig, "restart": RestartConfig, "timeouts": TimeoutConfig,
+                           "data": DataConfig}
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """Everything a worker needs; one instance describes one run."""
+
+    run_dir: str = field(metadata={"help": "run directory (checkpoints/, events/ live here)"})
+    steps: int = _f(40, "target step: the run succeeds once it is reached")
+    faults: str = _f("", "fault schedule TYPE@STEP:RANK,... or a YAML file")
+    seed: int = _f(1234, "seed of model init and data")
+    lr: float = _f(3e-3, "AdamW learning rate")
+    step_seconds: float = _f(0.0, "minimum seconds per step (pads tiny CPU steps)")
+    memory_limit_mb: int = _f(0, "oom fault: RLIMIT_AS cap in MiB (0 = auto)")
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+    def __post_init__(self) -> None:
+        if not self.run_dir.strip():
+            raise ValueError("run_dir must not be empty")
+        if self.steps <= 0:
+            raise ValueError(f"steps must be positive, got {self.steps}")
+        if not (math.isfinite(self.lr) and self.lr >= 0):
+            raise ValueError(f"lr must be a finite number >= 0, got {self.lr}")
+        if not (math.isfinite(self.step_seconds) and self.step_seconds >= 0):
+            raise ValueError(f"step_seconds must be >= 0, got {self.step_seconds}")
+        if self.restart.inprocess and self.restart.ft_launcher and self.timeouts.heartbeat <= self.timeouts.soft:
+            raise ValueError(
+                f"heartbeat_timeout ({self.timeouts.heartbeat}) must exceed soft_timeout ({self.timeouts.soft}) "
+                "so the in-process layer acts before ft_launcher restarts the workers"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+TOP_LEVEL = tuple(f.name for f in fields(TrainConfig) if f.name not in (*GROUPS, "model"))
+# Flat setting name (the flag without dashes) -> (group, field): the names users write.
+FLAT: dict[str, tuple[str, str]] = {
+    f.metadata["flag"]: (group, f.name) for group, cls in GROUPS.items() for f in fields(cls)
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _kind(f: dataclasses.Field[Any]) -> str:
+    return f.type if isinstance(f.type, str) else f.type.__name__
+
+
+def _leaves() -> list[tuple[str, str, dataclasses.Field[Any], Any]]:
+    """(dest, group or "", field, default) for every flag a worker takes, in a stable order."""
+    out: list[tuple[str, str, dataclasses.Field[Any], Any]] = []
+    for f in fields(TrainConfig):
+        if f.name in TOP_LEVEL:
+            out.append((f.name, "", f, TrainConfig.__dataclass_fields__[f.name].default))
+    for group, cls in GROUPS.items():
+        for f in fields(cls):
+            out.append((f.metadata["flag"], group, f, f.default))
+    for f in fields(ModelConfig):
+        out.append((f"model_{f.name}", "model", f, f.default))
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, required_run_dir: bool = True) -> None:
+    """Add one flag per config field (``--no-X`` for booleans that default on)."""
+    for dest, _group, f, default in _leaves():
+        help_text = f.metadata.get("help", "")
+        kind = _kind(f)
+        if kind == "bool":
+            parser.add_argument(_flag(dest), dest=dest, action=argparse.BooleanOptionalAction,
+                                default=default, help=help_text)
+        elif dest == "run_dir":
+            parser.add_argument("--run-dir", required=required_run_dir, help=help_text)
+        else:
+            parser.add_argument(_flag(dest), dest=dest, type={"int": int, "float": float, "str": str}[kind],
+                                default=default, help=f"{help_text} (default: {default!r})")
+
+
+def from_namespace(args: argparse.Namespace) -> TrainConfig:
+    nested: dict[str, Any] = {}
+    for dest, group, f, _default in _leaves():
+        if group:
+            nested.setdefault(group, {})[f.name] = getattr(args, dest)
+        else:
+            nested[dest] = getattr(args, dest)
+    return from_dict(nested)
+
+
+def to_argv(config: TrainConfig) -> list[str]:
+    """Flags that :func:`from_argv` turns back into an equal config."""
+    argv: list[str] = []
+    for dest, group, f, _default in _leaves():
+        value = getattr(getattr(config, group) if group else config, f.name)
+        if isinstance(value, bool):
+            argv.append(_flag(dest) if value else "--no-" + dest.replace("_", "-"))
+        else:
+            argv += [_flag(dest), str(value)]
+    return argv
+
+
+def from_argv(argv: list[str]) -> TrainConfig:
+    parser = argparse.ArgumentParser(prog="resilient_training.runtime.worker")
+    add_arguments(parser)
+    return from_namespace(parser.parse_args(argv))
+
+
+def _coerce(f: dataclasses.Field[Any], value: Any, name: str, where: str = "") -> Any:
+    """A value to the field's type, refusing what does not fit (a wrong type is a clear error, not a crash later)."""
+    kind = _kind(f)
+    name = f"{where} setting {name}" if where else f"setting {name}"
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+    if kind == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def _section(data: Any, cls: type, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ValueError(f"setting {where} must be a mapping, got {data!r}")
+    known = cls.__dataclass_fields__
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {where} settings: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return {k: _coerce(known[k], v, f"{k}", where) for k, v in data.items()}
+
+
+def from_dict(data: dict[str, Any]) -> TrainConfig:
+    """A config from data: nested groups (``to_dict``'s shape), flat setting names (``checkpoint_every``,
+    the flags' names, as ``train_overrides`` uses), or both; values coerced and checked.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"trainer settings must be a mapping, got {data!r}")
+    top_fields = TrainConfig.__dataclass_fields__
+    nested: dict[str, dict[str, Any]] = {group: {} for group in (*GROUPS, "model")}
+    top: dict[str, Any] = {}
+    unknown = []
+    for key, value in data.items():
+        if key in GROUPS or key == "model":
+            nested[key].update(_section(value, GROUPS.get(key, ModelConfig), key))
+        elif key in FLAT:
+            group, name = FLAT[key]
+            nested[group][name] = _coerce(GROUPS[group].__dataclass_fields__[name], value, key)
+        elif key in top_fields:
+            top[key] = _coerce(top_fields[key], value, key)
+        else:
+            unknown.append(key)
+    if unknown:
+        known = sorted({*TOP_LEVEL, *FLAT, *GROUPS, "model", "run_dir"})
+        raise ValueError(f"unknown trainer settings: {', '.join(sorted(unknown))} (known: {', '.join(known)})")
+    if "run_dir" not in top:
+        raise ValueError("trainer settings need run_dir")
+    groups = {g: cls(**nested[g]) for g, cls in GROUPS.items()}
+    return TrainConfig(model=ModelConfig(**nested["model"]), **groups, **top)
+
+
+def dumps(config: TrainConfig) -> str:
+    return json.dumps(config.to_dict(), indent=1, sort_keys=True)

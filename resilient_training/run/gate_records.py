@@ -1,0 +1,79 @@
+"""Records of the gates a checkpoint passed, kept in the run so promotion can verify them.
+
+``validate-checkpoint`` writes ``RUN/gates/validation.json`` and ``check-convergence`` writes
+``RUN/gates/convergence.json``. Each names the checkpoint it judged by step and by the
+xxh3_128 digest of its ``manifest.json`` (which in turn holds every file's checksum), so
+``promote`` can prove the checkpoint it copies is the one both gates passed, in this run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from resilient_training.run import checkpoint_format as cf
+from resilient_training.run import layout
+from resilient_training.run.layout import gates_dir
+
+VALIDATION = "validation"
+CONVERGENCE = "convergence"
+
+
+def record_path(run_dir: str | os.PathLike[str], gate: str) -> Path:
+    return gates_dir(run_dir) / f"{gate}.json"
+
+
+def manifest_digest(ckpt_dir: str | os.PathLike[str]) -> str:
+    """xxh3_128 of the manifest's bytes: identifies a checkpoint's exact contents."""
+    return xxhash.xxh3_128_hexdigest((Path(ckpt_dir) / cf.MANIFEST_NAME).read_bytes())
+
+
+def checkpoint_identity(run_dir: str | os.PathLike[str], ckpt_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """What a record says about the checkpoint it judged."""
+    ckpt_dir = Path(ckpt_dir)
+    manifest = cf.read_manifest(ckpt_dir)
+    return {
+        "checkpoint": os.path.relpath(ckpt_dir.resolve(), Path(run_dir).resolve()),
+        "step": manifest.get("step"),
+        "run_id": manifest.get("run_id"),
+        "manifest_checksum": manifest_digest(ckpt_dir),
+    }
+
+
+def write_record(run_dir: str | os.PathLike[str], gate: str, record: dict[str, Any]) -> Path:
+    """Replace the gate's record atomically (a crash leaves the old record or the new one)."""
+    directory = gates_dir(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = record_path(run_dir, gate)
+    body = {"gate": gate, "created": time.time(), **record}
+    tmp = path.with_name(f"{cf.TMP_PREFIX}{path.name}.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(body, indent=1, sort_keys=True, allow_nan=True))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_record(run_dir: str | os.PathLike[str], gate: str) -> dict[str, Any] | None:
+    """The gate's record, or None when the gate never ran in this run."""
+    path = record_path(run_dir, gate)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as exc:
+        raise cf.CheckpointError(f"{path} is not valid JSON: {exc}") from None
+
+
+def run_dir_of(ckpt_dir: str | os.PathLike[str]) -> Path | None:
+    """The run holding ``RUN/checkpoints/step_N``, or None for a checkpoint outside a run."""
+    ckpt_dir = Path(ckpt_dir).resolve()
+    if ckpt_dir.parent.name == layout.CHECKPOINTS_DIRNAME:
+        return ckpt_dir.parent.parent
+    return None

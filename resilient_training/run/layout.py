@@ -1,0 +1,42 @@
+"""The run directory: the one place that names what lives in it.
+
+RUN/
+config.json      the run's TrainConfig (written by the launcher)
+checkpoints/     step_N/ directories and the ``latest`` pointer (checkpoint_format)
+events/          one JSONL file per writer (events)
+gates/           validation.json, convergence.json (gate_records)
+logs/            launcher and worker logs
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CONFIG_NAME = "config.json"
+CHECKPOINTS_DIRNAME = "checkpoints"
+EVENTS_DIRNAME = "events"
+GATES_DIRNAME = "gates"
+LOGS_DIRNAME = "logs"
+
+PathLike = str | os.PathLike[str]
+
+
+def config_path(run_dir: PathLike) -> Path:
+    return Path(run_dir) / CONFIG_NAME
+
+
+def checkpoints_dir(run_dir: PathLike) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIRNAME
+
+
+def events_dir(run_dir: PathLike) -> Path:
+    return Path(run_dir) / EVENTS_DIRNAME
+
+
+def gates_dir(run_dir: PathLike) -> Path:
+    return Path(run_dir) / GATES_DIRNAME
+
+
+def logs_dir(run_dir: PathLike) -> Path:
+    return Path(run_dir) / LOGS_DIRNAME

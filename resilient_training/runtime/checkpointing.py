@@ -1,0 +1,457 @@
+"""Saving and restoring FSDP2 training state under the checkpoint contract.
+
+Each rank stages its own dim-0 slices (a copy to host memory: the only time training
+blocks) and writes them either in NVRx's persistent background writer (async) or inline
+(sync). A save is committed only when every rank's shard is durable. Ranks learn that
+together from a flag that rides on the loss all-reduce of every step, so all ranks reach the
+same decision at the same step without an extra collective; rank 0 then commits. One save is
+in flight at a time; when the writer is still busy at the next interval the save is deferred,
+never waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from resilient_training.run import checkpoint_format as fmt
+from resilient_training.run import layout
+from resilient_training.run.config import TrainConfig
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def write_shard_job(tmp_dir: str, rank: int, shard: dict[str, Any], torn_write: bool) -> None:
+    """Runs in the background writer process (module-level so it pickles)."""
+    fmt.write_shard(tmp_dir, rank, shard, torn_write=torn_write)
+
+
+def named_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor, Any]]:
+    """(flat name, tensor, the parameter it belongs to) for every model and optimizer tensor."""
+    for name, param in model.named_parameters():
+        yield f"model/{name}", param, param
+        for key in ("exp_avg", "exp_avg_sq"):
+            state = optimizer.state.get(param, {})
+            if key in state:
+                yield f"optim/{name}/{key}", state[key], param
+
+
+class StagingBuffers:
+    """Host memory a save is staged into, allocated once and reused by every save.
+
+    The buffers live in shared memory, so handing a shard to NVRx's writer process passes
+    handles instead of copying bytes, and on GPU machines they are page-locked
+    (``cudaHostRegister``) so the device-to-host copy runs at full speed. On GPUs the copy runs
+    on a side stream while the next step's forward and backward run: training waits only where
+    the next optimizer step would overwrite what is still being copied (:meth:`fence`), and the
+    shard goes to the writer once the copy is done (:meth:`ready`). Reuse is safe because a save
+    starts only once the previous one is durable.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._preparing: threading.Thread | None = None
+        self._stream: Any = None  # the side stream of device-to-host copies (GPU only)
+        self._copied: Any = None  # CUDA event: the copies of the save being staged are done
+        self._staging_step: int | None = None  # every copy queued, not known to be done
+        self.staged_step: int | None = None  # the step the buffers hold, once fully staged
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self._buffers)
+
+    @property
+    def prepared(self) -> bool:
+        return bool(self._buffers) or self._preparing is not None
+
+    @staticmethod
+    def _allocate(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+        buffer = torch.empty(shape, dtype=dtype).share_memory_()
+        if pin and buffer.numel():
+            # Page-lock in place; on failure the copy still works, only slower.
+            torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel() * buffer.element_size(), 0)
+        return buffer
+
+    def prepare(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Allocate (and page-lock) buffers for these tensors in a background thread.
+
+        Allocating gigabytes of shared, pinned memory takes seconds; done ahead, the first
+        save then stalls training only for the copy.
+        """
+        if self.prepared:
+            return
+        specs = [(name, t.shape, t.dtype, t.is_cuda) for name, t in tensors]
+
+        def allocate() -> None:
+            for name, shape, dtype, pin in specs:
+                self._buffers[name] = self._allocate(shape, dtype, pin)
+
+        self._preparing = threading.Thread(target=allocate, name="staging-prepare", daemon=True)
+        self._preparing.start()
+
+    def begin(self, on_gpu: bool) -> None:
+        """Start overwriting the buffers: from here until :meth:`ready` they hold no step."""
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
+        self.staged_step = self._staging_step = None
+        if on_gpu:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream()
+            # Copy what the step just computed: wait for everything queued so far.
+            self._stream.wait_stream(torch.cuda.current_stream())
+
+    def copy_in(self, name: str, source: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+            buffer = self._buffers[name] = self._allocate(source.shape, source.dtype, source.is_cuda)
+        if source.is_cuda:
+            with torch.cuda.stream(self._stream):
+                buffer.copy_(source, non_blocking=True)
+        else:
+            buffer.copy_(source)
+        return buffer
+
+    def end(self, step: int) -> None:
+        """Every copy of ``step`` is queued; on CPU it is already done."""
+        self._staging_step = step
+        if self._stream is not None:
+            self._copied = torch.cuda.Event()
+            self._copied.record(self._stream)
+        self.ready()
+
+    def ready(self) -> bool:
+        """True once the step being staged is fully in host memory (never blocks)."""
+        if self._copied is not None:
+            if not self._copied.query():
+                return False
+            self._copied = None
+        if self._staging_step is not None:
+            self.staged_step, self._staging_step = self._staging_step, None
+        return True
+
+    def wait(self) -> None:
+        """Block until the step being staged is fully in host memory."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        self.ready()
+
+    def fence(self) -> None:
+        """Make the current stream wait (on the GPU, not the host) for copies still running:
+        call before anything overwrites the staged tensors (the optimizer step).
+        """
+        if self._copied is not None:
+            torch.cuda.current_stream().wait_event(self._copied)
+
+
+PERSISTENT, LOCAL = "persistent", "local"
+
+
+def local_tier_root(config: TrainConfig, rank: int) -> Path:
+    """The rank's directory of the node-local tier (one per rank: commits need no peer).
+
+    Keyed by the run directory's path and its lineage (:func:`checkpoint_format.run_uid`): a
+    node-local step left by an earlier run that used the same path is never restored.
+    """
+    lineage = f"{run_key(config.run_dir)}-{fmt.run_uid(config.run_dir)[:12]}"
+    base = Path(config.checkpoint.local_dir) if config.checkpoint.local_dir else Path("/dev/shm") / "resilient-training"
+    return base / lineage / f"rank_{rank}"
+
+
+def run_key(run_dir: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:12]
+
+
+@dataclass(slots=True)
+class _InFlight:
+    step: int
+    tier: str
+    tmp_dir: Path
+    begin_ts: float
+    manifest_fields: dict[str, Any]
+    job: tuple[Any, ...] | None = None  # the writer's arguments, until handed over (staging still running)
+    on_submit: Callable[[], None] | None = None
+
+
+class Checkpointer:
+    """Stages, writes and commits checkpoints; restores the newest committed one.
+
+    Two tiers share the writer and the format. The persistent tier (``RUN/checkpoints``, shared
+    storage, every ``checkpoint_every`` steps) is what validation and promotion read. The
+    optional node-local tier (``local_checkpoint_every``; /dev/shm by default) is cheap and
+    frequent and survives a worker restart but not the loss of its node: it shortens the
+    rollback after a fault. Each rank commits its own local shard, and a restore uses the local
+    tier only when every rank holds the same newer step.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        rank: int,
+        world_size: int,
+        tag: str,
+        writer: Any,
+        staging: StagingBuffers,
+        emit: Callable[..., Any],
+        atomic: Callable[[], AbstractContextManager[Any]] = nullcontext,
+        on_wait: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.root = layout.checkpoints_dir(config.run_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.local_root = local_tier_root(config, rank) if config.checkpoint.local_every else None
+        if self.local_root is not None:
+            self.local_root.mkdir(parents=True, exist_ok=True)
+        self._tag = tag  # unique per attempt/iteration: temporary directories never collide
+        self._writer = writer  # nvrx_adapter.AsyncWriter (kept across in-process restarts)
+        self._staging = staging  # reused by every save; one save in flight at a time
+        self._emit = emit
+        self._atomic = atomic
+        self._on_wait = on_wait  # keeps heartbeats and progress pings going while waiting
+        self._in_flight: _InFlight | None = None
+
+    # ------------------------------------------------------------------ restore
+
+    def find_restorable(self) -> tuple[Path | None, dict[str, Any]]:
+        """(checkpoint to restore, its manifest): the newest committed one every rank can load.
+
+        Collective. Checks the model shape before anything is built.
+        """
+        latest = self._newest_restorable()
+        if latest is None:
+            return None, {}
+        manifest = fmt.read_manifest(latest)
+        check_compatible(manifest, self.config)
+        return latest, manifest
+
+    def load(self, path: Path, manifest: dict[str, Any], model: nn.Module,
+             optimizer: torch.optim.Optimizer) -> str:
+        """Restore checkpoint ``path`` into sharded ``model``/``optimizer``; returns the source.
+
+        After an in-process restart the staging buffers usually still hold exactly this step
+        (host memory, page-locked on GPUs): then nothing is read from storage. Otherwise this
+        rank's shard is memory-mapped, or, when the world size changed, every shard is read
+        and resharded.
+        """
+        same_world = manifest["world_size"] == self.world_size or manifest.get("ranks") is not None
+        if same_world and self._staging.staged_step == manifest["step"]:
+            tensors, source = self._staging.tensors(), "memory"
+        elif same_world:
+            tensors, source = fmt.load_shard(path / fmt.shard_name(self.rank))["tensors"], "storage"
+        else:
+            full = fmt.assemble_full(list(fmt.iter_shards(path, manifest)))
+            tensors, source = {}, "storage (resharded)"
+            for name, tensor in full.items():
+                offset, length = fmt.chunk_bounds(tensor.shape[0], self.world_size, self.rank)
+                tensors[name] = tensor[offset : offset + length]
+        step_tensor = torch.tensor(float(manifest["optimizer_step"]))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                _local(param).copy_(tensors[f"model/{name}"])
+                state = {"step": step_tensor.clone()}
+                for key in ("exp_avg", "exp_avg_sq"):
+                    local = tensors[f"optim/{name}/{key}"].to(_local(param).device)
+                    if hasattr(param, "placements"):
+                        from torch.distributed.tensor import DTensor
+
+                        state[key] = DTensor.from_local(local, param.device_mesh, param.placements,
+                                                        shape=param.shape, stride=param.stride())
+                    else:
+                        state[key] = local
+                optimizer.state[param] = state
+        return source
+
+    def _newest_restorable(self) -> Path | None:
+        """The persistent ``latest``, or a newer node-local step that every rank holds."""
+        persistent = fmt.read_latest(self.root)
+        if self.local_root is None:
+            return persistent
+        persistent_step = fmt.read_manifest(persistent)["step"] if persistent else 0
+        local_steps = set(fmt.committed_steps(self.local_root))
+        newest_local = max(local_steps, default=-1)
+        agreed = torch.tensor([float(newest_local)], device=_flag_device())
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+        step = int(agreed.item())
+        held = torch.tensor([1.0 if step in local_steps else 0.0], device=_flag_device())
+        torch.distributed.all_reduce(held, op=torch.distributed.ReduceOp.MIN)
+        if step > persistent_step and held.item() == 1.0:
+            return self.local_root / fmt.step_dirname(step)
+        return persistent
+
+    # ------------------------------------------------------------------ save
+
+    def stage(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Copy this rank's slices to host memory: what the writer will persist."""
+        tensors: dict[str, torch.Tensor] = {}
+        layout: dict[str, dict[str, Any]] = {}
+        named = list(named_state(model, optimizer))
+        self._staging.begin(on_gpu=bool(named) and _local(named[0][1]).is_cuda)
+        for flat, tensor, param in named:
+            tensors[flat] = self._staging.copy_in(flat, _local(tensor).detach())
+            offset, _ = fmt.chunk_bounds(param.shape[0], self.world_size, self.rank)
+            layout[flat] = {"global_shape": list(param.shape), "offset": offset}
+        self._staging.end(step)  # on GPUs the copies are still running: see local_done()
+        opt_steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
+        if len(opt_steps) > 1:
+            raise RuntimeError(f"optimizer parameters disagree on their step count: {sorted(opt_steps)}")
+        meta = {
+            "format_version": fmt.FORMAT_VERSION,
+            "step": step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "optimizer_step": opt_steps.pop() if opt_steps else 0,
+            "data_position": step,
+            "layout": layout,
+        }
+        return {"meta": meta, "tensors": tensors}
+
+    def tier_for(self, step: int) -> str | None:
+        """Which tier (if any) saves at ``step``; persistent wins when both are due."""
+        if step % self.config.checkpoint.every == 0 or step == self.config.steps:
+            return PERSISTENT
+        if self.local_root is not None and step % self.config.checkpoint.local_every == 0:
+            return LOCAL
+        return None
+
+    def will_defer(self, step: int) -> bool:
+        """A save at ``step`` would be skipped: the previous one is still being written."""
+        return self._in_flight is not None and step != self.config.steps
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+             manifest_fields: dict[str, Any], *, torn_write: bool = False,
+             kill_after_submit: Callable[[], None] | None = None) -> None:
+        """Start a save of ``step`` (async) or do it whole (sync). Call on every rank.
+
+        Async: returns once the copies to host memory are queued; the shard goes to the writer
+        once they are done and the commit happens at a later step (:meth:`local_done`,
+        :meth:`maybe_commit`). If the previous save is still being written, this one is skipped
+        (``ckpt_deferred``), except for the final step, which waits.
+        """
+        if self.will_defer(step):
+            self._emit("ckpt_deferred", step, reason=f"step {self._in_flight.step} still writing")
+            return
+        self.finish()  # the final step is always saved: wait for any previous write
+        tier = self.tier_for(step) or PERSISTENT
+        begin = time.time()
+        self._emit("ckpt_begin", step, mode="async" if self.config.checkpoint.async_save else "sync", tier=tier)
+        root = self.root if tier == PERSISTENT else self.local_root
+        tmp_dir = root / f"{fmt.TMP_PREFIX}{fmt.step_dirname(step)}-{self._tag}"
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        shard = self.stage(step, model, optimizer)
+        manifest_fields = {**manifest_fields, "optimizer_step": shard["meta"]["optimizer_step"],
+                           "data_position": shard["meta"]["data_position"]}
+        self._in_flight = _InFlight(step, tier, tmp_dir, begin, manifest_fields,
+                                    job=(str(tmp_dir), self.rank, shard, torn_write), on_submit=kill_after_submit)
+        if self.config.checkpoint.async_save:
+            self._emit("ckpt_staged", step, seconds=time.time() - begin)  # how long training was held
+            self._submit_if_staged()
+        else:
+            self._staging.wait()
+            self._in_flight.job = None
+            fmt.write_shard(tmp_dir, self.rank, shard, torn_write=torn_write)
+            self.finish()
+            self._emit("ckpt_staged", step, seconds=time.time() - begin)
+
+    def _submit_if_staged(self) -> bool:
+        """Hand the shard to the writer once its copy to host memory is complete."""
+        in_flight = self._in_flight
+        if in_flight is None or in_flight.job is None:
+            return True
+        if not self._staging.ready():
+            return False
+        job, in_flight.job = in_flight.job, None
+        self._writer.submit(write_shard_job, job)
+        if in_flight.on_submit is not None:
+            in_flight.on_submit()
+        return True
+
+    def local_done(self) -> float:
+        """1.0 when this rank has no write in flight (or it finished); raises if the writer died."""
+        if self._in_flight is None:
+            return 1.0
+        if not self._submit_if_staged():
+            return 0.0
+        return 1.0 if self._writer.poll() else 0.0
+
+    def maybe_commit(self, done_count: float) -> None:
+        """Commit the save in flight once every rank reported it durable (same step everywhere)."""
+        if self._in_flight is not None and round(done_count) == self.world_size:
+            self._commit()
+
+    def _commit(self) -> None:
+        in_flight, self._in_flight = self._in_flight, None
+        assert in_flight is not None
+        local = in_flight.tier == LOCAL
+        if self.rank != 0 and not local:
+            return
+        with self._atomic():  # an in-process restart must not interrupt a commit halfway
+            path = fmt.commit(in_flight.tmp_dir, step=in_flight.step, world_size=self.world_size,
+                              manifest_fields=in_flight.manifest_fields,
+                              keep_last=2 if local else self.config.checkpoint.keep_last,
+                              ranks=[self.rank] if local else None)
+            size = sum(f.stat().st_size for f in path.iterdir())
+            if not local:
+                fmt.write_iteration_file(self.config.run_dir, in_flight.step)
+        if self.rank == 0:
+            self._emit("ckpt_committed", in_flight.step, bytes=size * (self.world_size if local else 1),
+                       seconds=time.time() - in_flight.begin_ts, path=str(path), tier=in_flight.tier)
+
+    def finish(self, timeout: float = 600.0) -> None:
+        """Wait for the write in flight and commit it, on every rank.
+
+        No rank blocks on its own writer while a peer waits in a collective (which would hit
+        the short collective timeout): all ranks poll their writer and agree on the result
+        together, round after round, until every shard is durable.
+        """
+        deadline = time.monotonic() + timeout
+        while self._in_flight is not None:
+            flag = torch.tensor([self.local_done()], device=_flag_device())
+            torch.distributed.all_reduce(flag)
+            self.maybe_commit(flag.item())
+            if self._in_flight is not None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"checkpoint of step {self._in_flight.step} not durable after {timeout:.0f} s")
+                self._on_wait()
+                time.sleep(0.05)
+
+    def drop_local_tier(self) -> None:
+        """After a completed run the node-local tier (often RAM-backed) is only garbage."""
+        if self.local_root is not None:
+            import shutil
+
+            shutil.rmtree(self.local_root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.local_root.parent.rmdir()  # the run's folder, once every rank's is gone
+
+
+
+def _flag_device() -> torch.device:
+    backend = torch.distributed.get_backend()
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def check_compatible(manifest: dict[str, Any], config: TrainConfig) -> None:
+    """Refuse to resume from a checkpoint of another model shape."""
+    saved = manifest.get("model_config")
+    wanted = {k: getattr(config.model, k) for k in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len")}
+    if saved is not None and {k: saved.get(k) for k in wanted} != wanted:
+        raise fmt.CheckpointError(
+            f"{config.run_dir} holds checkpoints of a different model ({saved}); this run wants {wanted}. "
+            "Use a new --run-dir."
+        )

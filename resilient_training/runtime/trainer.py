@@ -1,0 +1,437 @@
+"""The training function each worker runs (once per in-process restart iteration).
+
+``Trainer.run`` reads top to bottom: join the process group, build the sharded model, restore
+the latest committed checkpoint, then step until the target step, saving every N steps. Any
+failure is logged with its cause before it propagates to the restart layers (in-process
+wrapper, then ft_launcher).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from resilient_training.run import checkpoint_format as fmt
+from resilient_training.run import events as ev
+from resilient_training.run import faults as flt
+from resilient_training.run.config import TrainConfig
+from resilient_training.runtime import nvrx_adapter
+from resilient_training.runtime.checkpointing import Checkpointer, StagingBuffers, named_state
+from resilient_training.runtime.model import GPT, batch, build_model, loss_fn, parameter_count
+
+# Calibrated heartbeat timeouts never go below this: observed gaps on a quiet machine can be
+# milliseconds, and a loaded one must not be mistaken for a hang.
+CALIBRATED_TIMEOUT_FLOOR = 3.0
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The NaN guard: a non-finite global loss is a failure that rolls back to a checkpoint."""
+
+
+class Trainer:
+    """State that outlives one restart iteration: identity, event log, heartbeats, writer."""
+
+    def __init__(self, config: TrainConfig, *, events: ev.EventLog, heartbeats: nvrx_adapter.Heartbeats) -> None:
+        self.config = config
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.attempt = events.attempt
+        self.events = events
+        self.heartbeats = heartbeats
+        self.on_gpu = torch.cuda.is_available()
+        self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
+        self.writer = nvrx_adapter.AsyncWriter()
+        self.staging = StagingBuffers()
+        self.faults = flt.parse(config.faults)
+        self.injector: flt.Injector | None = None
+        self.last_cause: str | None = None
+        self.completed = False
+        self.step = 0  # the step being trained (after a restore: the step restored)
+        self.iteration = 0  # in-process restart iteration last entered
+        self._store: Any = None
+        self._round: str | None = None
+
+    # ------------------------------------------------------------------ one iteration
+
+    def run(self, call_wrapper: Any = None) -> None:
+        iteration = self.iteration = call_wrapper.iteration if call_wrapper is not None else 0
+        self.events.iteration = iteration
+        if iteration > 0:
+            self.events.emit("restart_done", None, layer="inprocess")
+        self.injector = flt.Injector(
+            self.faults, rank=self.rank, emit=self.events.emit, memory_limit_mb=self.config.memory_limit_mb,
+            already_injected=flt.injected_counts(ev.read_events(self.config.run_dir), self.rank),
+            node=flt.this_node(), local_rank=self.local_rank,
+        )
+        self.step = 0
+        laps = _Laps()  # where the time to the first step goes, logged with load_done
+        try:
+            self._drop_stale_write()
+            if call_wrapper is not None and self._store is None:
+                self._store = nvrx_adapter.wrapper_store(call_wrapper)
+            if self.on_gpu and iteration == 0:
+                torch.cuda.set_device(self.local_rank)
+                torch.empty(1, device=self.device)  # create the CUDA context now: its own phase
+                laps.lap("cuda_context")
+            self._init_process_group(iteration)
+            laps.lap("process_group")
+            if self.config.checkpoint.async_save and not self.writer.started:
+                # Started before the restore so the first save finds it ready (it imports torch
+                # in a process of its own: seconds); NVRx 0.7's runs without a CUDA context.
+                self.writer.warm_up()
+                laps.lap("writer_start")
+            checkpointer = Checkpointer(
+                self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
+                writer=self.writer, staging=self.staging, emit=self.events.emit,
+                atomic=call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext,
+                on_wait=lambda: self._progress(call_wrapper),
+            )
+            started = time.time()
+            path, manifest = checkpointer.find_restorable()
+            laps.lap("find_checkpoint")
+            model, optimizer = self._build(materialize=path is None)
+            laps.lap("build_model")
+            self._restore(checkpointer, path, manifest, model, optimizer, started, laps)
+            self._train(model, optimizer, checkpointer, call_wrapper)
+            checkpointer.finish()
+            checkpointer.drop_local_tier()
+            self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
+            self.completed = True
+        except BaseException as exc:
+            self._on_failure(exc, self.step)
+            raise
+        finally:
+            # In `finally`: the in-process wrapper may interrupt the handler above with an
+            # exception of its own, and a group left behind fails the next iteration's init.
+            if self.completed:
+                self._destroy_process_group()
+            else:
+                self._release_process_group_after_failure()
+
+    def _train(self, model: Any, optimizer: Any, checkpointer: Checkpointer, call_wrapper: Any) -> None:
+        step = self.step
+        calibrate_at = step + self.config.checkpoint.every + 1 if self.config.timeouts.calibrate else None
+        while step < self.config.steps:
+            step = self.step = step + 1
+            started = time.perf_counter()
+            poison = self.injector.maybe_inject_in_step(step)
+            tokens = self._tokens(step)
+            with self._autocast():
+                loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+            if poison:
+                loss = loss * float("nan")
+            # One all-reduce per step carries the loss for logging and the checkpoint flag
+            # (torch.full: no host-to-device copy, which would wait for the GPU).
+            flag = torch.full((), checkpointer.local_done(), device=self.device)
+            stats = torch.stack([loss.detach().float(), flag])
+            torch.distributed.all_reduce(stats)
+            loss.backward()
+            # Read the loss only now: the backward pass is already queued, so the GPU keeps
+            # working while the host waits (the step's one synchronisation).
+            total_loss, done_count = stats.tolist()
+            global_loss = total_loss / self.world_size
+            if self.config.restart.nan_guard and not math.isfinite(global_loss):
+                raise NonFiniteLoss(f"non-finite loss {global_loss} at step {step}")
+            self.staging.fence()  # a save's copies may still be reading these tensors
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if not self.staging.prepared:
+                self.staging.prepare([(name, t.to_local() if hasattr(t, "to_local") else t)
+                                      for name, t, _ in named_state(model, optimizer)])
+            self._pad_step(started)
+            self.events.emit("step", step, loss=global_loss, seconds=time.perf_counter() - started)
+            self._progress(call_wrapper)
+            self.heartbeats.cover(0)
+            checkpointer.maybe_commit(done_count)
+            if checkpointer.tier_for(step):
+                self._save(step, model, optimizer, checkpointer)
+            if step == calibrate_at:
+                timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor())
+                if timeouts:
+                    self.events.emit("calibrated", step, timeouts=timeouts)
+
+    def _tokens(self, step: int) -> torch.Tensor:
+        tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
+                       batch_size=self.config.data.batch_size)
+        if self.on_gpu:  # through page-locked memory: the copy does not wait for the GPU
+            return tokens.pin_memory().to(self.device, non_blocking=True)
+        return tokens
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 compute on GPUs (weights, optimizer and checkpoints stay fp32); fp32 on CPU."""
+        if self.on_gpu:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _heartbeat_floor(self) -> float:
+        """With in-process restart on, a hang must reach that layer (soft timeout) before
+        ft_launcher's heartbeat timeout; once it restarts, Heartbeats.cover takes over.
+        """
+        if self.config.restart.inprocess:
+            return max(CALIBRATED_TIMEOUT_FLOOR, self.config.timeouts.soft + 2.0)
+        return CALIBRATED_TIMEOUT_FLOOR
+
+    def _progress(self, call_wrapper: Any) -> None:
+        """Tell both monitors (ft_launcher heartbeats, in-process progress watchdog) we are alive."""
+        self.heartbeats.beat()
+        if call_wrapper is not None:
+            call_wrapper.ping()
+
+    def _save(self, step: int, model: Any, optimizer: Any, checkpointer: Checkpointer) -> None:
+        # A checkpoint fault acts at the first save that really writes at or after its step.
+        fault = None if checkpointer.will_defer(step) else self.injector.due_checkpoint(step)
+        if fault is not None:
+            self.injector.mark(fault, step)
+        kill_self = None
+        if fault is not None and fault.type == "ckpt-kill" and self.config.checkpoint.async_save:
+            kill_self = _sigkill_self  # the writer is busy with this rank's shard right now
+        torn = fault is not None and (fault.type == "writer-kill" or not self.config.checkpoint.async_save)
+        self.heartbeats.beat()
+        checkpointer.save(step, model, optimizer, self._manifest_fields(), torn_write=torn,
+                          kill_after_submit=kill_self)
+        self.heartbeats.beat()
+
+    def _manifest_fields(self) -> dict[str, Any]:
+        import resilient_training
+
+        return {
+            "model_config": {k: getattr(self.config.model, k) for k in self.config.model.__slots__},
+            "seed": self.config.seed,
+            "optimizer": {"type": "AdamW", "lr": self.config.lr},
+            "versions": {
+                "torch": torch.__version__,
+                "nvidia-resiliency-ext": nvrx_adapter.installed_version(),
+                "resilient-training": resilient_training.__version__,
+            },
+            "ft_state": self.heartbeats.state_dict(),
+            "run_dir": os.path.abspath(self.config.run_dir),
+        }
+
+    def _pad_step(self, started: float) -> None:
+        remaining = self.config.step_seconds - (time.perf_counter() - started)
+        if remaining > 0:
+            time.sleep(remaining)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _init_process_group(self, iteration: int) -> None:
+        if torch.distributed.is_initialized():  # left by an interrupted iteration: never reuse it
+            self._abort_process_group()
+            self._destroy_process_group()
+        backend = "nccl" if self.on_gpu else "gloo"
+        if self.on_gpu:
+            torch.cuda.set_device(self.local_rank)
+            torch.backends.cuda.matmul.allow_tf32 = True
+        # The base store is new with every worker group (see _base_store); inside it, each
+        # in-process restart iteration gets its own namespace.
+        store = torch.distributed.PrefixStore(f"rt/i{iteration}", self._base_store())
+        torch.distributed.init_process_group(
+            backend, store=store, rank=self.rank, world_size=self.world_size,
+            # gloo cannot be interrupted mid-collective: this timeout bounds how long a peer
+            # waits for a failed rank before it joins the restart.
+            timeout=datetime.timedelta(seconds=self.config.timeouts.pg),
+        )
+
+    def _round_tag(self) -> str:
+        """A name all ranks of this launcher round agree on, for the checkpoint's temporary directory
+        (every rank writes its shard into it); rank 0 draws it, through the store.
+
+        Not the restart count: with several nodes each agent counts its own restarts (a
+        replacement pod starts at 0; membership changes are not counted), so the ranks of one
+        round can disagree on it, and would write into different directories.
+        """
+        if self._round is None:
+            store = self._base_store()
+            # Fresh per round: each round's rank 0 hosts a new store (and the agent's store, used
+            # only by static rendezvous, serves one fixed world).
+            key = "rt/round"
+            if self.rank == 0:
+                store.set(key, uuid.uuid4().hex[:8])
+            self._round = store.get(key).decode()
+        return self._round
+
+    def _base_store(self) -> Any:
+        """The store ranks meet through: new with every worker group, shared by nothing else.
+
+        With in-process restart on, that is the NVRx wrapper's own store (set in :meth:`run`).
+        Otherwise rank 0 hosts one on the port the launcher chose for the workers
+        (:func:`worker_store_port`). Never the launcher agent's store: torchrun keeps it across
+        restart rounds, where its keys mislead the next round, and the restart count that could
+        namespace them is per agent and differs between nodes.
+        """
+        if self._store is None:
+            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            self._store = torch.distributed.TCPStore(host, worker_store_port(), self.world_size, self.rank == 0,
+                                                     timeout=datetime.timedelta(seconds=60), multi_tenant=True)
+        return self._store
+
+    def _release_process_group_after_failure(self) -> None:
+        """After a failure, never wait for peers: on NCCL, destroying the group from this thread
+        blocks while a peer still has collectives queued (seen on 2 H200s: both ranks stuck
+        until the NCCL watchdog fired). With in-process restart on, the wrapper's
+        ``AbortTorchDistributed`` aborts every group for all ranks; without it the group is
+        aborted here and the process exits for ft_launcher to restart.
+        """
+        if not torch.distributed.is_initialized():
+            return
+        if not self.on_gpu:
+            self._destroy_process_group()
+        elif not self.config.restart.inprocess:
+            self._abort_process_group()
+
+    def _abort_process_group(self) -> None:
+        """Abort (NCCL: ncclCommAbort) rather than wait for peers; a no-op where unsupported."""
+        abort = getattr(torch.distributed.distributed_c10d, "_abort_process_group", None)
+        if abort is not None and self.on_gpu:
+            with contextlib.suppress(Exception):
+                abort()
+
+    def _destroy_process_group(self) -> None:
+        # On gloo this does not close the sockets of an FSDP2 process group (DTensor caches keep
+        # it alive, torch 2.13), so peers blocked on a failed rank are released by the
+        # collective timeout (pg_timeout); on NCCL the wrapper's abort releases them.
+        if torch.distributed.is_initialized():
+            with contextlib.suppress(Exception):
+                torch.distributed.destroy_process_group()
+
+    def _build(self, *, materialize: bool) -> tuple[Any, Any]:
+        """A fresh sharded model and optimizer: FSDP binds to the process group it was built with.
+
+        On a GPU with room for the whole unsharded model, it is built there directly (its
+        initialization is a few kernels; the same seed gives every rank the same weights).
+        Otherwise, without ``materialize`` (a checkpoint will overwrite every weight), it is
+        built on the meta device and only allocated; with it, on the CPU and moved.
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        allocate_only = False
+        if self.on_gpu and self._fits_unsharded():
+            with torch.device(self.device):
+                model = build_model(self.config.model, self.config.seed)
+        elif materialize:
+            model = build_model(self.config.model, self.config.seed).to(self.device)
+        else:
+            with torch.device("meta"):
+                model = GPT(self.config.model)
+            allocate_only = True
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if allocate_only:
+            model.to_empty(device=self.device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr)
+        return model, optimizer
+
+    def _fits_unsharded(self) -> bool:
+        """The unsharded fp32 weights take under a quarter of this GPU's memory."""
+        return 4 * parameter_count(self.config.model) < torch.cuda.get_device_properties(self.device).total_memory / 4
+
+    def _restore(self, checkpointer: Checkpointer, path: Any, manifest: dict[str, Any], model: Any,
+                 optimizer: Any, started: float, laps: _Laps) -> None:
+        step = manifest.get("step", 0)
+        source = checkpointer.load(path, manifest, model, optimizer) if path is not None else None
+        laps.lap("load_checkpoint")
+        # Every rank must restore the same step; a disagreement would silently mix states.
+        agreed = torch.tensor([step, -step], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
+        if int(agreed[0]) != step or int(-agreed[1]) != step:
+            raise fmt.CheckpointError(f"ranks restored different steps (max {int(agreed[0])}, min {int(-agreed[1])})")
+        if manifest.get("ft_state"):
+            self.heartbeats.load_state_dict(manifest["ft_state"])
+        laps.lap("agree_step")
+        self.events.emit("load_done", step, path=str(path) if path else None, source=source,
+                         seconds=time.time() - started, phases=laps.phases)
+        self.heartbeats.beat()
+        self.step = step
+
+    # ------------------------------------------------------------------ failure
+
+    def _on_failure(self, exc: BaseException, step: int) -> None:
+        cause = self.classify(exc)
+        self.last_cause = f"{cause}: {exc}" if str(exc) else cause
+        self.events.emit("failure_detected", step or None, cause=cause, message=f"{type(exc).__name__}: {exc}"[:500])
+        if self.config.restart.inprocess:
+            # Keep ft_launcher's heartbeat monitor satisfied while the in-process layer restarts;
+            # a restart that overruns this is caught by ft_launcher.
+            self.heartbeats.cover(self.config.timeouts.hard + 30.0)
+            self.events.emit("restart_begin", step or None, layer="inprocess", cause=cause)
+
+    def _drop_stale_write(self) -> None:
+        """A write left running by a failed iteration is never committed (its temporary directory
+        is abandoned), so recovery does not wait for it; only a dead writer is replaced.
+        """
+        try:
+            self.writer.poll()
+        except nvrx_adapter.CheckpointWriterDied:
+            pass  # poll() already dropped it; the next save starts a new writer
+
+    def classify(self, exc: BaseException) -> str:
+        if self.injector is not None and self.injector.hanging:
+            return "hang"
+        if isinstance(exc, flt.InjectedFault):
+            return "exception"
+        if isinstance(exc, (MemoryError, flt.InjectedOOM)) or "out of memory" in str(exc).lower():
+            return "oom"
+        if isinstance(exc, NonFiniteLoss):
+            return "nan"
+        if isinstance(exc, nvrx_adapter.CheckpointWriterDied):
+            return "writer_died"
+        if isinstance(exc, fmt.CheckpointError):
+            return "checkpoint"
+        text = f"{type(exc).__name__}: {exc}"
+        if "RankShouldRestart" in text:
+            return "restart_requested"
+        if any(s in text for s in ("Connection closed", "Connection reset", "Broken pipe", "timed out", "Timed out")):
+            return "peer_failure"
+        return type(exc).__name__
+
+    def close(self) -> None:
+        """Finish the background writer: gracefully after success, at once after a failure
+        (a restart should not wait for a write that will never be committed).
+        """
+        with contextlib.suppress(Exception):
+            if self.completed:
+                self.writer.close(timeout=120)
+            else:
+                self.writer.abandon()
+        self.heartbeats.close()
+
+
+class _Laps:
+    """Seconds spent in each named phase, in order (the restart profile in ``load_done``)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = round(now - self._mark, 3)
+        self._mark = now
+
+
+def _sigkill_self() -> None:
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def worker_store_port() -> int:
+    """The port a worker group hosts its store on.
+
+    ft_launcher (like torchrun without an agent store) leaves ``MASTER_PORT`` to the workers: a
+    port it found free. torchrun with ``TORCHELASTIC_USE_AGENT_STORE=True`` serves its own store
+    there, so the workers take the next one (which, unlike ``MASTER_PORT``, nobody checked).
+    """
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    return port + 1 if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else port

@@ -1,0 +1,184 @@
+"""Delete what a run created: its PyTorchJob, its PVC/PV, its FSx file system when ephemeral.
+
+KFP's exit task cannot take another task's output, so what to delete is worked out from the run
+id and the provisioning parameters (:func:`owned_by_run`): the PV/PVC names derive from the run id,
+and the file system is the one carrying the run's token tag; found this way, even a file system
+whose provisioning step was killed before it could report it is deleted. Given a storage ref
+instead (:meth:`Owned.from_ref`), exactly what it lists.
+
+Safe to call twice: anything already gone counts as done. A reused file system or a user's own
+claim is never touched, and a file system is deleted only if it carries the run's token tag.
+Every step is attempted even when one fails; the failures are raised together at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from resilient_training.launch import watch
+from resilient_training.run.storage_ref import BACKENDS, StorageRef
+from resilient_training.storage import fsx, volumes
+from resilient_training.storage.provision import volume_names
+
+
+@dataclass
+class Owned:
+    """What a run owns (delete) and what it only used (keep)."""
+
+    namespace: str = ""
+    pvc_name: str = ""
+    pv_name: str = ""
+    fsx_id: str = ""
+    kept: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_ref(cls, ref: StorageRef) -> Owned:
+        owned = cls(namespace=ref.namespace)
+        if ref.created_pvc:
+            owned.pvc_name = ref.pvc_name
+        elif ref.pvc_name:
+            owned.kept[f"pvc/{ref.pvc_name}"] = "the user's claim"
+        if ref.created_pv:
+            owned.pv_name = ref.pv_name
+        if ref.fsx_id and ref.created_fsx:
+            owned.fsx_id = ref.fsx_id
+        elif ref.fsx_id:
+            owned.kept[f"fsx/{ref.fsx_id}"] = "reused, not this run's"
+        return owned
+
+
+def owned_by_run(*, run_id: str, storage: str, namespace: str, pvc_name: str = "", fsx_file_system_id: str = "",
+                 fsx_client: Any = None) -> Owned:
+    """Work out what ``provision_storage`` created for this run from its parameters."""
+    if storage not in BACKENDS:
+        raise ValueError(f"storage must be one of {', '.join(BACKENDS)}, got {storage!r}")
+    owned = Owned(namespace=namespace)
+    if storage == "pvc" and pvc_name:
+        owned.kept[f"pvc/{pvc_name}"] = "the user's claim"
+    if storage != "fsx":
+        return owned
+    owned.pv_name, owned.pvc_name = volume_names(run_id, pvc_name)
+    if fsx_file_system_id:
+        owned.kept[f"fsx/{fsx_file_system_id}"] = "reused, not this run's"
+    elif fsx_client is not None:
+        found = fsx.find_by_token(fsx_client, fsx.request_token(run_id))
+        owned.fsx_id = found["FileSystemId"] if found else ""
+    return owned
+
+
+def teardown(
+    owned: Owned | StorageRef,
+    *,
+    run_id: str,
+    job_name: str = "",
+    delete_file_system: bool = True,
+    core_api: Any = None,
+    training_client: Any = None,
+    fsx_client: Any = None,
+    progress: Callable[[str], None] = print,
+) -> dict[str, str]:
+    """Returns what happened to each object (``deleted``, ``gone``, ``deleting``, ``kept``)."""
+    if isinstance(owned, StorageRef):
+        owned = Owned.from_ref(owned)
+    done: dict[str, str] = {}
+    errors: list[str] = []
+
+    def attempt(key: str, action: Callable[[], str]) -> None:
+        try:
+            done[key] = action()
+        except Exception as exc:  # noqa: BLE001 - collected, raised after the other steps ran
+            done[key] = "error"
+            errors.append(f"{key}: {exc}")
+
+    if job_name:
+        attempt(f"pytorchjob/{job_name}",
+                lambda: watch.delete_job(training_client, job_name, owned.namespace or "default", progress))
+    if owned.pvc_name:
+        attempt(f"pvc/{owned.pvc_name}", lambda: volumes.delete_pvc(core_api, owned.pvc_name, owned.namespace, progress))
+    if owned.pv_name:
+        attempt(f"pv/{owned.pv_name}", lambda: volumes.delete_pv(core_api, owned.pv_name, progress))
+    if owned.fsx_id:
+        if delete_file_system:
+            attempt(f"fsx/{owned.fsx_id}",
+                    lambda: fsx.delete(fsx_client, owned.fsx_id, token=fsx.request_token(run_id), progress=progress))
+        else:
+            owned.kept[f"fsx/{owned.fsx_id}"] = "delete_file_system is off"
+    for key, why in owned.kept.items():
+        progress(f"keeping {key} ({why})")
+        done[key] = "kept"
+    if errors:
+        raise RuntimeError("teardown could not delete everything: " + "; ".join(errors))
+    return done
+
+
+def teardown_storage(
+    *,
+    run_id: str,
+    storage: str = "local",
+    namespace: str = "",
+    pvc_name: str = "",
+    fsx_file_system_id: str = "",
+    region: str = "",
+    storage_ref: str = "",
+    delete_job: bool = True,
+    job_name: str = "",
+    delete_file_system: bool = True,
+    core_api: Any = None,
+    training_client: Any = None,
+    fsx_client: Any = None,
+    progress: Callable[[str], None] = print,
+) -> dict[str, str]:
+    """The component's entry: validate, make only the clients needed, find what the run owns, delete it.
+
+    ``storage_ref`` (when given) overrides ``storage``/``namespace``/``pvc_name``/``fsx_file_system_id``.
+    With ``delete_job`` and no ``job_name``, the run's PyTorchJob is found by the name
+    ``launch_training`` derives from the run id.
+    """
+    from resilient_training.launch import k8s_names
+    from resilient_training.launch.pytorchjob import job_name_for_run
+
+    if not run_id:
+        raise ValueError("run_id must not be empty: what to delete is derived from it")
+    ref = StorageRef.from_json(storage_ref) if storage_ref else None
+    if ref is not None:
+        storage, namespace, region = ref.backend, ref.namespace, ref.region or region
+    elif storage not in BACKENDS:
+        raise ValueError(f"storage must be one of {', '.join(BACKENDS)}, got {storage!r}")
+    if storage == "fsx" and fsx_file_system_id:
+        fsx.check_file_system_id(fsx_file_system_id)
+    if job_name:
+        k8s_names.check_dns1035_label(job_name, "job_name")
+    elif delete_job and storage != "local":
+        job_name = job_name_for_run(run_id)
+    needs_kube = storage != "local"
+    if needs_kube and not namespace:
+        from resilient_training.launch import kube_client
+
+        namespace = kube_client.default_namespace()
+    if needs_kube:
+        k8s_names.check_dns1123_label(namespace, "namespace")
+    if pvc_name:
+        k8s_names.check_dns1123_subdomain(pvc_name, "pvc_name")
+    if needs_kube and (core_api is None or (job_name and training_client is None)):
+        from kubernetes import client
+
+        from resilient_training.launch import kube_client
+
+        cfg = kube_client.configuration()
+        core_api = core_api or client.CoreV1Api(client.ApiClient(cfg))
+        if job_name and training_client is None:
+            from kubeflow.training import TrainingClient
+
+            training_client = TrainingClient(client_configuration=cfg, namespace=namespace)
+    if storage == "fsx" and fsx_client is None and (delete_file_system or ref is None):
+        import boto3
+
+        fsx_client = boto3.client("fsx", region_name=region or None)
+    owned = Owned.from_ref(ref) if ref is not None else owned_by_run(
+        run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
+        fsx_file_system_id=fsx_file_system_id, fsx_client=fsx_client)
+    return teardown(owned, run_id=run_id, job_name=job_name if needs_kube else "",
+                    delete_file_system=delete_file_system, core_api=core_api, training_client=training_client,
+                    fsx_client=fsx_client, progress=progress)

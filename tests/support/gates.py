@@ -1,0 +1,349 @@
+"""Real artefacts for testing and benchmarking the gates: checkpoints, event logs, trainer runs.
+
+Checkpoints without a distributed run:
+
+:func:`write_checkpoint` trains a real :class:`~resilient_training.runtime.model.GPT` with AdamW for a
+few steps on the real synthetic data, slices every tensor along dim 0 the way FSDP2
+``Shard(0)`` does (``torch.chunk``) and writes one shard per rank through
+:func:`~resilient_training.run.checkpoint_format.write_shard` and
+:func:`~resilient_training.run.checkpoint_format.commit`: the same files the trainer writes.
+:func:`rewrite_shard` alters a committed shard and (optionally) re-records its checksums in
+the manifest, which is how a corruption that slipped past the writer looks.
+
+Event logs with exact timestamps: :class:`ScriptedLog` writes ``RUN/events/*.jsonl`` in the
+real format (:class:`~resilient_training.run.events.Event`) on a virtual clock, so metrics can be
+checked against numbers worked out by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from resilient_training.run import checkpoint_format as cf
+from resilient_training.run import layout
+from resilient_training.run.config import ModelConfig
+
+TINY = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, seq_len=16)
+
+
+def train_state(cfg: ModelConfig, *, seed: int, steps: int, lr: float = 3e-3) -> tuple[Any, Any]:
+    """(model, optimizer) after ``steps`` real AdamW steps on the run's data."""
+    import torch
+
+    from resilient_training.runtime.model import batch, build_model, loss_fn
+
+    model = build_model(cfg, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for position in range(steps):
+        tokens = batch(cfg, seed=seed, position=position, rank=0, batch_size=4)
+        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def flat_state(model: Any, optimizer: Any) -> dict[str, Any]:
+    """``model/<fqn>`` and ``optim/<fqn>/<exp_avg|exp_avg_sq>`` tensors, as the trainer names them."""
+    tensors: dict[str, Any] = {}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for fqn, tensor in model.state_dict().items():
+        tensors[f"model/{fqn}"] = tensor.detach().clone()
+    for param, state in optimizer.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                tensors[f"optim/{names[id(param)]}/{key}"] = state[key].detach().clone()
+    return tensors
+
+
+def shards_from_full(
+    tensors: Mapping[str, Any], *, world_size: int, step: int, optimizer_step: int, data_position: int
+) -> list[dict[str, Any]]:
+    shards = []
+    for rank in range(world_size):
+        shards.append({
+            "meta": {"format_version": cf.FORMAT_VERSION, "step": step, "rank": rank, "world_size": world_size,
+                     "optimizer_step": optimizer_step, "data_position": data_position, "layout": {}},
+            "tensors": {},
+        })
+    for name, tensor in tensors.items():
+        for rank, (offset, piece) in enumerate(cf.split_dim0(tensor, world_size)):
+            shards[rank]["tensors"][name] = piece.clone()
+            shards[rank]["meta"]["layout"][name] = {"global_shape": list(tensor.shape), "offset": offset}
+    return shards
+
+
+def write_checkpoint(
+    run_dir: str | os.PathLike[str],
+    *,
+    step: int,
+    world_size: int = 2,
+    cfg: ModelConfig = TINY,
+    seed: int = 1234,
+    train_steps: int | None = None,
+    keep_last: int = 100,
+    run_id: str = "test-run",
+    tensors: Mapping[str, Any] | None = None,
+) -> Path:
+    """Commit ``RUN/checkpoints/step_<step>`` holding real trained state; returns its path."""
+    import torch
+
+    if tensors is None:
+        model, optimizer = train_state(cfg, seed=seed, steps=step if train_steps is None else train_steps)
+        tensors = flat_state(model, optimizer)
+    root = layout.checkpoints_dir(run_dir)
+    tmp = root / f"{cf.TMP_PREFIX}{cf.step_dirname(step)}-a0i0"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for rank, shard in enumerate(
+        shards_from_full(tensors, world_size=world_size, step=step, optimizer_step=step, data_position=step)
+    ):
+        cf.write_shard(tmp, rank, shard)
+    return cf.commit(
+        tmp,
+        step=step,
+        world_size=world_size,
+        keep_last=keep_last,
+        manifest_fields={
+            "model_config": dataclasses.asdict(cfg),
+            "versions": {"torch": torch.__version__},
+            "seed": seed,
+            "run_id": run_id,
+        },
+    )
+
+
+def rewrite_manifest(ckpt_dir: str | os.PathLike[str], edit: Callable[[dict[str, Any]], None]) -> None:
+    path = Path(ckpt_dir) / cf.MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def record_file(ckpt_dir: str | os.PathLike[str], name: str) -> None:
+    """Re-record one file's size and checksum in the manifest (what a careless repair would do)."""
+    size, digest = cf.checksum_file(Path(ckpt_dir) / name)
+
+    def edit(manifest: dict[str, Any]) -> None:
+        manifest["files"][name].update(bytes=size, checksum=digest)
+
+    rewrite_manifest(ckpt_dir, edit)
+
+
+def rewrite_shard(
+    ckpt_dir: str | os.PathLike[str],
+    rank: int,
+    edit: Callable[[dict[str, Any]], None],
+    *,
+    rerecord: str | None = "all",
+) -> None:
+    """Load a shard, let ``edit`` change it in place and save it back.
+
+    ``rerecord``: ``"all"`` re-records the file and its tensors in the manifest (as if the
+    writer had saved the edited state), ``"file"`` only the file's size and checksum (a
+    careless repair), None nothing (damage after the commit).
+    """
+    path = Path(ckpt_dir) / cf.shard_name(rank)
+    shard = cf.load_shard(path)
+    edit(shard)
+    save_replacing(shard, path)
+    if rerecord == "all":
+        layout = shard["meta"].get("layout", {})
+
+        def edit_tensors(manifest: dict[str, Any]) -> None:
+            manifest["tensors"][path.name] = {n: cf.tensor_entry(t, layout.get(n)) for n, t in shard["tensors"].items()}
+
+        rewrite_manifest(ckpt_dir, edit_tensors)
+    if rerecord in ("all", "file"):
+        record_file(ckpt_dir, path.name)
+
+
+def save_replacing(obj: Any, path: Path) -> None:
+    """torch.save to a new file renamed over ``path``: load_shard memory-maps the old one, and
+    truncating a mapped file in place would SIGBUS whoever still reads it.
+    """
+    import torch
+
+    tmp = path.with_name(path.name + ".rewrite")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def build_once(cache_root: str | os.PathLike[str], name: str, build: Callable[[Path], None]) -> Path:
+    """``cache_root/name`` built by ``build(path)`` the first time it is asked for, then reused.
+
+    Lets test folders that cannot share a fixture (each has its own conftest) share the
+    expensive artefacts of one test session: pass ``tmp_path_factory.getbasetemp()``.
+    """
+    final = Path(cache_root) / "shared-artefacts" / name
+    if not final.exists():
+        staging = final.with_name(f"{cf.TMP_PREFIX}{name}-{os.getpid()}")
+        staging.mkdir(parents=True)
+        build(staging)
+        staging.rename(final)
+    return final
+
+
+def copy_run(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
+    """A private copy of a shared run, safe to corrupt."""
+    import shutil
+
+    return Path(shutil.copytree(source, dest, symlinks=True))
+
+
+def scripted_loss(step: int) -> float:
+    """A learning curve: what the same step gives again after a correct restore."""
+    import math
+
+    return 1.0 + 4.5 * math.exp(-step / 8)
+
+
+class ScriptedLog:
+    """Writes an event log in the real format on a virtual clock (``t`` seconds after ``t0``)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, world_size: int = 2, t0: float = 1_700_000_000.0):
+
+        self.dir = layout.events_dir(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.world_size = world_size
+        self.t0 = t0
+        self.t = 0.0
+        self.attempt = 0
+        self.iteration = 0
+        self.lines: dict[str, list[str]] = {}
+
+    def emit(self, event: str, step: int | None = None, *, rank: int | None = None, **fields: Any) -> None:
+        """One event from ``rank`` (all ranks when None; -1 is the launcher) at the current time."""
+        from resilient_training.run.events import EVENT_TYPES, Event
+
+        assert event in EVENT_TYPES, event
+        for r in range(self.world_size) if rank is None else [rank]:
+            record = Event(ts=self.t0 + self.t, rank=r, attempt=self.attempt, iteration=self.iteration, event=event,
+                           step=step, fields=dict(fields))
+            self.lines.setdefault("launcher" if r < 0 else f"rank{r}", []).append(record.to_json())
+
+    def wait(self, seconds: float) -> None:
+        self.t += seconds
+
+    def steps(self, first: int, last: int, *, seconds: float = 0.1, loss: Callable[[int], float] = scripted_loss,
+              checkpoint_every: int = 0, stall: float = 0.02, save_seconds: float = 0.2) -> None:
+        """Steps first..last, each taking ``seconds``, saving every ``checkpoint_every`` steps."""
+        for step in range(first, last + 1):
+            self.wait(seconds)
+            self.emit("step", step, loss=loss(step), seconds=seconds)
+            if checkpoint_every and step % checkpoint_every == 0:
+                self.emit("ckpt_begin", step, mode="async")
+                self.wait(stall)
+                self.emit("ckpt_staged", step, seconds=stall)
+                self.emit("ckpt_committed", step, rank=0, bytes=1000, seconds=save_seconds,
+                          path=f"checkpoints/step_{step}")
+
+    def start(self) -> None:
+        self.emit("start", world_size=self.world_size, pid=1, host="test", layers=[], nvrx_version="0",
+                  torch_version="0")
+
+    def end(self, status: str = "completed", reason: str = "") -> None:
+        self.emit("end", status=status, reason=reason)
+
+    def close(self) -> None:
+        for name, lines in self.lines.items():
+            with open(self.dir / f"{name}.jsonl", "a", encoding="utf-8") as handle:
+                handle.write("".join(line + "\n" for line in lines))
+        self.lines.clear()
+
+
+# --------------------------------------------------------------------------- trainer runs
+
+# Real `resilient-training train` runs the gate tests share: name -> flags after --run-dir.
+# Sync saves commit at once, so a fault at step 12 restores step 10 on this 2-core machine
+# (the async writer's first write can outlast a short run's first interval).
+# Collective and store timeouts above the defaults: three runs share two cores, and a rank
+# still importing torch must not time its peer out (DistStoreError after 3 s was seen).
+RELAXED = ["--pg-timeout", "8", "--soft-timeout", "16", "--hard-timeout", "32", "--heartbeat-timeout", "40"]
+TRAINER_RUNS: dict[str, list[str]] = {
+    # exception on rank 1 at step 12: in-process restart restores step 10 and replays.
+    "faulted": ["--steps", "30", "--checkpoint-every", "5", "--no-async-checkpoint", "--faults", "exception@12:1"],
+    # NaN loss at step 6 with the NaN guard off: the weights turn NaN and training goes on.
+    "nan": ["--steps", "12", "--checkpoint-every", "5", "--no-async-checkpoint", "--no-nan-guard",
+            "--faults", "nan@6:0"],
+    # rank 1 killed while writing step 10's shard: ft_launcher restarts; .tmp-step_10-*/rank_1.pt.partial stays.
+    "killed-mid-save": ["--steps", "30", "--checkpoint-every", "5", "--no-async-checkpoint",
+                        "--faults", "ckpt-kill@10:1"],
+    # learning rate 0: runs fine, learns nothing.
+    "no-learning": ["--steps", "12", "--checkpoint-every", "5", "--no-async-checkpoint", "--lr", "0"],
+}
+# A copy of "faulted" whose step_30 gets the initial weights (checksums re-recorded, so it
+# validates), then resumed to step 34: the restore loads the wrong state.
+RESUME_TAMPERED = ["--steps", "34", "--checkpoint-every", "5", "--no-async-checkpoint"]
+
+
+def train_command(run_dir: str | os.PathLike[str], flags: list[str], nproc: int = 2) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "resilient_training.cli", "train", "--nproc", str(nproc), "--run-dir", str(run_dir),
+            *flags]
+
+
+def run_trainers(runs: Mapping[str, tuple[Path, list[str]]], *, parallel: int = 2,
+                 timeout: float = 240) -> dict[str, int]:
+    """Run trainers, ``parallel`` at a time (more starve the 3 s collective timeouts on 2 cores); name -> exit code."""
+    import subprocess
+    import time
+
+    pending = list(runs.items())
+    running: dict[str, tuple[subprocess.Popen[bytes], Any, float]] = {}
+    codes: dict[str, int] = {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            name, (run_dir, flags) = pending.pop(0)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            log = open(run_dir.parent / f"{run_dir.name}.train.log", "ab")  # noqa: SIM115 - closed below
+            running[name] = (subprocess.Popen(train_command(run_dir, flags), stdout=log, stderr=subprocess.STDOUT),
+                             log, time.monotonic())
+        for name, (proc, log, started) in list(running.items()):
+            if proc.poll() is None and time.monotonic() - started < timeout:
+                continue
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+            codes[name] = proc.returncode
+            del running[name]
+        time.sleep(0.1)
+    return codes
+
+
+def tamper_with_initial_weights(ckpt_dir: str | os.PathLike[str]) -> None:
+    """Replace a checkpoint's model weights by the initial ones, re-recording every checksum.
+
+    The result is internally consistent (validation passes): only the loss after a restore
+    from it shows that it is not the state the run saved.
+    """
+    from resilient_training.runtime.model import build_model
+
+    manifest = cf.read_manifest(ckpt_dir)
+    fresh = build_model(ModelConfig(**manifest["model_config"]), int(manifest.get("seed", 0))).state_dict()
+    for rank in range(manifest["world_size"]):
+        def edit(shard: dict[str, Any], rank: int = rank) -> None:
+            for fqn, tensor in fresh.items():
+                shard["tensors"][f"model/{fqn}"] = cf.split_dim0(tensor, manifest["world_size"])[rank][1].clone()
+
+        rewrite_shard(ckpt_dir, rank, edit)
+
+
+def build_trainer_runs(root: Path) -> None:
+    """The runs of :data:`TRAINER_RUNS` and "tampered-restore" under ``root/<name>`` (1.5 min on 2 cores)."""
+    import shutil
+
+    codes = run_trainers({name: (root / name, flags + RELAXED) for name, flags in TRAINER_RUNS.items()}, parallel=3)
+    tampered = root / "tampered-restore"
+    shutil.copytree(root / "faulted", tampered)
+    tamper_with_initial_weights(tampered / "checkpoints" / "step_30")
+    codes |= run_trainers({"tampered-restore": (tampered, RESUME_TAMPERED + RELAXED)})
+    if any(codes.values()):
+        logs = {p.name: p.read_text(errors="replace")[-1500:] for p in root.glob("*.train.log")}
+        raise RuntimeError(f"trainer runs ended {codes}, expected all 0; logs: {logs}")
