@@ -1,0 +1,357 @@
+"""The job's shape, shared by both cluster launchers: one typed model in, the pod's parts out.
+
+:class:`JobSpec` holds what a training job needs (nodes, GPUs, image, the checkpoint claim,
+``/dev/shm``, EFA, scheduling, service account, the trainer configuration) and refuses what the
+API server or an operator would refuse. The pod parts built from it (the trainer container's
+command, environment, resources and mounts; the pod's volumes, tolerations, node selector) are
+the same for a Training Operator PyTorchJob (:mod:`~resilient_training.launch.pytorchjob`) and a
+Kubeflow Trainer TrainJob (:mod:`~resilient_training.launch.trainjob`); each builder only wraps
+them in its own object.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from resilient_training.launch import images, k8s_names
+from resilient_training.run import checkpoint_format
+from resilient_training.run import config as train_config
+from resilient_training.run.storage_ref import StorageRef
+
+APP_LABEL = "app.kubernetes.io/name"
+RUN_ID_LABEL = "resilient-training.io/run-id"
+WORKER_MODULE = "resilient_training.runtime.worker"
+DEFAULT_NVRX_VERSION = "0.7.0"  # what images/trainer installs
+MAX_NODES = 4096
+DSHM_VOLUME = "dshm"
+STORAGE_VOLUME = "run-storage"
+KINDS = ("pytorchjob", "trainjob")
+_TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+
+
+@dataclass(kw_only=True, slots=True)
+class JobSpec:
+    """What one training job needs; ``pytorchjob.build_job`` or ``trainjob.build_job`` wraps it."""
+
+    name: str
+    """Job name (DNS-1035); pods are ``<name>-worker-<i>`` (PyTorchJob) or ``<name>-node-0-<i>`` (TrainJob)."""
+    kind: str = "pytorchjob"
+    """The object that runs it: ``pytorchjob`` (Training Operator v1) or ``trainjob`` (Kubeflow Trainer v2)."""
+    train: train_config.TrainConfig
+    """Trainer configuration; its ``run_dir`` must lie under the storage mount."""
+    storage: StorageRef
+    """Shared storage (pvc or fsx) mounted into every worker."""
+    namespace: str = "default"
+    """Namespace of the job (and of the claim)."""
+    image: str = images.TRAINER_IMAGE
+    """Trainer image (CUDA PyTorch, NVRx, this package)."""
+    nodes: int = 1
+    """Worker pods (one per node); the maximum when ``min_nodes`` is set."""
+    min_nodes: int = 0
+    """Fewest nodes to run on (elastic, PyTorchJob only: Trainer v2 has no elastic policy); 0 = exactly ``nodes``."""
+    gpus_per_node: int = 8
+    """GPUs per worker pod (``nvidia.com/gpu``); 0 for CPU-only pods."""
+    procs_per_node: int = 0
+    """Training processes per pod; 0 = one per GPU (required when ``gpus_per_node`` is 0)."""
+    efa_per_node: int = 0
+    """EFA interfaces per pod (``vpc.amazonaws.com/efa``); sets the libfabric env when > 0."""
+    cpu: str = ""
+    """CPU request and limit per pod (Kubernetes quantity), empty for none."""
+    memory: str = ""
+    """Memory request and limit per pod (Kubernetes quantity), empty for none."""
+    shm_size: str = "64Gi"
+    """Size limit of the in-memory ``/dev/shm`` (NCCL, data loaders, async checkpoint staging)."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels the worker pods require."""
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    """Pod tolerations (``key``, ``operator``, ``value``, ``effect``)."""
+    service_account: str = ""
+    """Service account of the worker pods (e.g. one with IRSA for S3); empty = namespace default."""
+    run_id: str = ""
+    """Pipeline run id: the rendezvous id and a label on every object."""
+    nvrx_version: str = DEFAULT_NVRX_VERSION
+    """NVRx version in the image (selects the ft_launcher flags)."""
+    rdzv_port: int = 29400
+    """c10d rendezvous port on worker 0 (PyTorchJob; a TrainJob uses the Trainer's ``PET_MASTER_PORT``)."""
+    backoff_limit: int = 3
+    """Pod replacements (exit code >= 128) before the job fails; for a TrainJob it is the runtime's
+    JobSet ``failurePolicy.maxRestarts`` (a TrainJob cannot change it), so it must match the runtime."""
+    active_deadline_seconds: int = 0
+    """Whole-job deadline in seconds; 0 = none."""
+    ttl_seconds_after_finished: int = 7 * 24 * 3600
+    """Delete the finished job (and its pods) after this many seconds; 0 = keep (PyTorchJob only)."""
+    termination_grace_seconds: int = 120
+    """Time a worker gets after SIGTERM (ft_launcher stops workers; async saves finish)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the trainer container (wins over the defaults)."""
+    image_pull_policy: str = "IfNotPresent"
+    """Image pull policy of the trainer container."""
+    priority_class: str = ""
+    """Pod priority class, empty for the cluster default (PyTorchJob only: a TrainJob's runtime patches cannot set it)."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.procs_per_node or self.gpus_per_node
+
+
+def validate(spec: JobSpec) -> None:
+    """Raise ``ValueError`` naming the field for anything the API server or operator would refuse."""
+    if spec.kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {spec.kind!r}")
+    k8s_names.check_dns1035_label(spec.name, "job name")
+    k8s_names.check_dns1123_label(spec.namespace, "namespace")
+    if not isinstance(spec.nodes, int) or not 1 <= spec.nodes <= MAX_NODES:
+        raise ValueError(f"nodes must be an integer from 1 to {MAX_NODES}, got {spec.nodes!r}")
+    # PyTorchJob pods and services are <job>-worker-<i>; a TrainJob's JobSet names pod hostnames
+    # <job>-node-0-<i>: either must stay a DNS-1035 label.
+    suffix = pod_suffix(spec.kind, spec.nodes - 1)
+    if len(spec.name + suffix) > 63:
+        raise ValueError(
+            f"job name {spec.name!r} is too long for {spec.nodes} nodes: pod/service name {spec.name + suffix!r} "
+            f"exceeds 63 characters (use at most {63 - len(suffix)})"
+        )
+    if spec.kind == "trainjob":
+        _check_trainjob_limits(spec)
+    if spec.min_nodes < 0 or spec.min_nodes > spec.nodes:
+        raise ValueError(f"min_nodes must be 0 (fixed size) or between 1 and nodes ({spec.nodes}), got {spec.min_nodes}")
+    if not 0 <= spec.gpus_per_node <= 64:
+        raise ValueError(f"gpus_per_node must be between 0 and 64, got {spec.gpus_per_node}")
+    if spec.procs_per_node < 0:
+        raise ValueError(f"procs_per_node must be >= 0, got {spec.procs_per_node}")
+    if spec.nproc_per_node < 1:
+        raise ValueError("gpus_per_node is 0 (CPU pods): set procs_per_node to the processes per pod")
+    if spec.gpus_per_node and spec.procs_per_node > spec.gpus_per_node:
+        raise ValueError(
+            f"procs_per_node ({spec.procs_per_node}) exceeds gpus_per_node ({spec.gpus_per_node}): one process per GPU"
+        )
+    if not 0 <= spec.efa_per_node <= 32:
+        raise ValueError(f"efa_per_node must be between 0 and 32, got {spec.efa_per_node}")
+    if not spec.image or any(ch.isspace() for ch in spec.image):
+        raise ValueError(f"image must be a non-empty image reference without spaces, got {spec.image!r}")
+    for what, value in (("cpu", spec.cpu), ("memory", spec.memory), ("shm_size", spec.shm_size)):
+        if value and not _QUANTITY.match(value):
+            raise ValueError(f"{what} {value!r} is not a Kubernetes quantity (e.g. 32, 500m, 64Gi)")
+    if not spec.storage.shared:
+        raise ValueError(
+            f"storage backend {spec.storage.backend!r} is not shared between pods: a cluster job needs pvc or fsx"
+        )
+    if spec.storage.namespace != spec.namespace:
+        raise ValueError(
+            f"the claim {spec.storage.pvc_name!r} is in namespace {spec.storage.namespace!r}, "
+            f"the job in {spec.namespace!r}: pods can only mount claims of their own namespace"
+        )
+    k8s_names.check_dns1123_subdomain(spec.storage.pvc_name, "claim name")
+    mount = spec.storage.mount_path.rstrip("/")
+    if not spec.storage.mount_path.startswith("/") or spec.storage.mount_path in ("/", "/dev/shm"):
+        raise ValueError(f"mount path must be an absolute directory other than / and /dev/shm, got {mount!r}")
+    if not spec.train.run_dir.startswith(mount + "/"):
+        raise ValueError(f"run_dir {spec.train.run_dir!r} must lie under the storage mount {mount!r}")
+    for key, value in spec.node_selector.items():
+        k8s_names.check_label_key(key, "node selector key")
+        k8s_names.check_label_value(value, f"node selector value for {key!r}")
+    for tol in spec.tolerations:
+        _check_toleration(tol)
+    if spec.service_account:
+        k8s_names.check_dns1123_subdomain(spec.service_account, "service account")
+    if spec.priority_class:
+        k8s_names.check_dns1123_subdomain(spec.priority_class, "priority class")
+    if spec.run_id:
+        k8s_names.check_label_value(_run_label(spec.run_id), "run id")
+    if not 1 <= spec.rdzv_port <= 65535:
+        raise ValueError(f"rdzv_port must be a TCP port, got {spec.rdzv_port}")
+    for what in ("backoff_limit", "active_deadline_seconds", "ttl_seconds_after_finished", "termination_grace_seconds"):
+        if getattr(spec, what) < 0:
+            raise ValueError(f"{what} must be >= 0, got {getattr(spec, what)}")
+    if spec.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
+        raise ValueError(f"image_pull_policy must be Always, IfNotPresent or Never, got {spec.image_pull_policy!r}")
+    _check_faults(spec)
+    for key in spec.env:
+        if not re.match(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", key):
+            raise ValueError(f"environment variable name {key!r} is invalid")
+        if key.startswith("PET_"):
+            raise ValueError(f"{key}: PET_* variables are set by the Training Operator (or the Trainer) from the job spec")
+
+
+def pod_suffix(kind: str, index: int) -> str:
+    """What follows the job name in pod ``index``'s name (PyTorchJob) or hostname (TrainJob's JobSet)."""
+    return f"-worker-{index}" if kind == "pytorchjob" else f"-node-0-{index}"
+
+
+def _check_trainjob_limits(spec: JobSpec) -> None:
+    """What a TrainJob cannot express is refused, never dropped silently."""
+    from resilient_training.launch import trainjob
+
+    if spec.min_nodes:
+        raise ValueError("min_nodes: a TrainJob is not elastic (Trainer v2.2 removed the elastic policy); "
+                         "use kind pytorchjob or min_nodes 0")
+    if spec.priority_class:
+        raise ValueError("priority_class: a TrainJob's runtime patches cannot set it; "
+                         "set it in the ClusterTrainingRuntime or use kind pytorchjob")
+    if spec.image_pull_policy != "IfNotPresent":
+        raise ValueError("image_pull_policy: a TrainJob takes the runtime's (IfNotPresent); use a new tag to pull again")
+    if spec.backoff_limit != trainjob.RUNTIME_MAX_RESTARTS:
+        raise ValueError(f"backoff_limit: a TrainJob's pod restarts are the runtime's JobSet failurePolicy.maxRestarts "
+                         f"({trainjob.RUNTIME_MAX_RESTARTS} in {trainjob.RUNTIME_NAME}); patch the runtime to change it")
+
+
+def _check_faults(spec: JobSpec) -> None:
+    """A fault schedule that cannot act as written (rank beyond the world, step after the end) is
+    refused here, before a multi-node job is submitted. A YAML schedule is a path inside the pods.
+    """
+    from resilient_training.run import faults
+
+    text = spec.train.faults.strip()
+    if not text or text.endswith((".yaml", ".yml")):
+        return
+    try:
+        schedule = faults.parse(text)
+        faults.validate(schedule, world_size=spec.nodes * spec.nproc_per_node, steps=spec.train.steps,
+                        async_checkpoint=spec.train.checkpoint.async_save, checkpoint_every=spec.train.checkpoint.every)
+    except faults.FaultSpecError as exc:
+        raise ValueError(f"faults: {exc}") from None
+
+
+def _check_toleration(tol: dict[str, Any]) -> None:
+    unknown = set(tol) - {"key", "operator", "value", "effect", "tolerationSeconds"}
+    if unknown:
+        raise ValueError(f"toleration {tol} has unknown fields {sorted(unknown)}")
+    operator = tol.get("operator", "Equal")
+    if operator not in ("Equal", "Exists"):
+        raise ValueError(f"toleration operator must be Equal or Exists, got {operator!r}")
+    if operator == "Exists" and tol.get("value"):
+        raise ValueError(f"toleration {tol}: operator Exists takes no value")
+    if operator == "Equal" and not tol.get("key"):
+        raise ValueError(f"toleration {tol}: operator Equal needs a key")
+    effect = tol.get("effect", "")
+    if effect and effect not in _TOLERATION_EFFECTS:
+        raise ValueError(f"toleration effect must be one of {', '.join(_TOLERATION_EFFECTS)}, got {effect!r}")
+
+
+def job_name_for_run(run_id: str) -> str:
+    """The job's deterministic name: a retried step attaches to the same job, teardown finds it."""
+    return k8s_names.name_for_run("rt", run_id)
+
+
+def parse_toleration(text: str) -> dict[str, Any]:
+    """``key=value:Effect``, ``key:Effect`` (operator Exists), ``key=value`` or ``key``."""
+    body, _, effect = text.partition(":")
+    key, has_value, value = body.partition("=")
+    tol: dict[str, Any] = {"key": key, "operator": "Equal" if has_value else "Exists"}
+    if has_value:
+        tol["value"] = value
+    if effect:
+        tol["effect"] = effect
+    _check_toleration(tol)
+    return tol
+
+
+def _run_label(run_id: str) -> str:
+    # KFP run ids are UUIDs; anything longer is cut so it still fits a label value.
+    return re.sub(r"[^A-Za-z0-9._-]", "-", run_id)[:63].strip("-._")
+
+
+def container_command(spec: JobSpec) -> tuple[list[str], list[str]]:
+    """``(command, args)`` of the trainer container: ft_launcher (or torchrun when it is off)."""
+    from resilient_training.runtime import nvrx_adapter
+
+    trainer_argv = train_config.to_argv(spec.train)
+    if spec.train.restart.ft_launcher:
+        # nnodes, nproc-per-node and rendezvous stay None: ft_launcher reads the operator's PET_* env.
+        flags = nvrx_adapter.ft_launcher_flags(
+            spec.train, version=spec.nvrx_version, on_gpu=spec.gpus_per_node > 0,
+            # NVRx 0.7.0 stops no-progress restart loops only when it can read this file.
+            iteration_file=checkpoint_format.iteration_file(spec.train.run_dir),
+        )
+        return ["ft_launcher"], [*flags, "-m", WORKER_MODULE, *trainer_argv]
+    # Plain torchrun reads the same PET_* env.
+    command = nvrx_adapter.worker_command(spec.train, trainer_argv, python="python")
+    return command[:1], command[1:]
+
+
+def container_env(spec: JobSpec) -> dict[str, str]:
+    """The trainer container's environment (``spec.env`` wins over the defaults)."""
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "NCCL_DEBUG": "WARN",
+        # Workers find the storage ref and run id without parsing flags (events, reports).
+        "RT_RUN_ID": spec.run_id,
+        "RT_STORAGE_REF": spec.storage.to_json(),
+    }
+    if spec.efa_per_node:
+        # libfabric's EFA provider for NCCL (aws-ofi-nccl); fork-safe because data loaders fork.
+        env |= {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+    return env | spec.env
+
+
+def labels(spec: JobSpec) -> dict[str, str]:
+    """Labels of the job and its pods (the run id label finds a run's objects)."""
+    out = {APP_LABEL: "resilient-training"}
+    if spec.run_id:
+        out[RUN_ID_LABEL] = _run_label(spec.run_id)
+    return out
+
+
+def rendezvous_id(spec: JobSpec) -> str:
+    return _run_label(spec.run_id) or spec.name
+
+
+def resource_limits(spec: JobSpec) -> dict[str, str]:
+    """Per-pod limits; requests are set equal (extended resources need it; cpu/memory stay Guaranteed)."""
+    limits: dict[str, str] = {}
+    if spec.gpus_per_node:
+        limits["nvidia.com/gpu"] = str(spec.gpus_per_node)
+    if spec.efa_per_node:
+        limits["vpc.amazonaws.com/efa"] = str(spec.efa_per_node)
+    if spec.cpu:
+        limits["cpu"] = spec.cpu
+    if spec.memory:
+        limits["memory"] = spec.memory
+    return limits
+
+
+def security_context() -> Any:
+    from kubernetes import client as k8s
+
+    # IPC_LOCK: NCCL/EFA pin (mlock) communication buffers.
+    return k8s.V1SecurityContext(capabilities=k8s.V1Capabilities(add=["IPC_LOCK"]))
+
+
+def volume_mounts(spec: JobSpec) -> list[Any]:
+    from kubernetes import client as k8s
+
+    return [k8s.V1VolumeMount(name=DSHM_VOLUME, mount_path="/dev/shm"),
+            k8s.V1VolumeMount(name=STORAGE_VOLUME, mount_path=spec.storage.mount_path)]
+
+
+def volumes(spec: JobSpec) -> list[Any]:
+    """An in-memory ``/dev/shm`` of ``shm_size`` and the run's checkpoint claim."""
+    from kubernetes import client as k8s
+
+    return [
+        k8s.V1Volume(name=DSHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=spec.shm_size)),
+        k8s.V1Volume(name=STORAGE_VOLUME,
+                     persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=spec.storage.pvc_name)),
+    ]
+
+
+def tolerations(spec: JobSpec) -> list[Any]:
+    from kubernetes import client as k8s
+
+    return [k8s.V1Toleration(**{_snake(k): v for k, v in t.items()}) for t in spec.tolerations]
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
+
+
+def to_plain(obj: Any) -> Any:
+    """Kubernetes client models (or lists of them) as JSON-able data with the API's field names."""
+    from kubernetes.client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(obj)
