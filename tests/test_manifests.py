@@ -17,7 +17,7 @@ from botocore.stub import Stubber
 from kubeflow.training import TrainingClient
 from kubernetes import client as k8s
 
-from resilient_training.launch import pytorchjob
+from resilient_training.launch import jobshape, pytorchjob
 from resilient_training.launch import watch as launch
 from resilient_training.run import config
 from resilient_training.storage import fsx, volumes
@@ -77,7 +77,7 @@ def test_generated_pv_pvc_and_the_jobs_pod_template_pass_strict_validation():
 
 
 # Stand-in request -> (apiGroup, resource, verb) as RBAC sees it.
-_GROUPS = {"pytorchjobs": "kubeflow.org"}
+_GROUPS = {"pytorchjobs": "kubeflow.org", "trainjobs": "trainer.kubeflow.org"}
 
 
 def _verb(method: str, path: str, resource: str) -> str:
@@ -116,9 +116,18 @@ def _exercise_every_component(server) -> None:
         training = TrainingClient(client_configuration=server.configuration(), namespace="team-a")
         with pytest.raises(launch.JobFailed):
             launch.launch(spec, training_client=training, timeout_s=10, poll_s=0.01, progress=print)
+        # The same run on Kubeflow Trainer: a TrainJob that fails, so its failure path reads logs and events too.
+        server.add_event("team-a", "Pod", "rt-train-node-0-0-g0", "BackOff", "restarting failed container")
+        spec = jobshape.JobSpec(kind="trainjob", name="rt-train", namespace="team-a", storage=ref, run_id="run-1",
+                                train=config.TrainConfig(run_dir=ref.run_dir))
+        with pytest.raises(launch.JobFailed, match="exit code 1"):
+            launch.launch(spec, api=launch.TrainJobs(k8s.CustomObjectsApi(api), core, "team-a"), timeout_s=10,
+                          poll_s=0.01, progress=print)
         stubber.add_response("describe_file_systems", {"FileSystems": [fs]})
         stubber.add_response("delete_file_system", {"FileSystemId": fs["FileSystemId"], "Lifecycle": "DELETING"})
         teardown(ref, run_id="run-1", job_name="rt-job", core_api=core, training_client=training, fsx_client=client)
+        teardown(ref, run_id="run-1", job_name="rt-train", core_api=core, training_client=training,
+                 delete_file_system=False)
 
 
 def test_rbac_grants_exactly_the_verbs_the_components_use():

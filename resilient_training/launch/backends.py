@@ -1,5 +1,6 @@
-"""``launch_training``'s two backends behind one call: ``local`` (ft_launcher on this machine) or
-``pytorchjob`` (a Kubeflow PyTorchJob, ft_launcher on every node).
+"""``launch_training``'s backends behind one call: ``local`` (ft_launcher on this machine),
+``pytorchjob`` (a Kubeflow Training Operator PyTorchJob) or ``trainjob`` (a Kubeflow Trainer v2
+TrainJob on the NVRx ClusterTrainingRuntime), ft_launcher on every node of either.
 """
 
 from __future__ import annotations
@@ -7,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from resilient_training.launch import images, pytorchjob
+from resilient_training.launch import images, jobshape
 from resilient_training.run import config as train_config
 from resilient_training.run.storage_ref import StorageRef
 
-LAUNCHERS = ("local", "pytorchjob")
+LAUNCHERS = ("local", *jobshape.KINDS)
 
 
 def train_config_for(ref: StorageRef, overrides: dict[str, Any]) -> train_config.TrainConfig:
@@ -36,15 +37,20 @@ def launch_training(
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict[str, Any]] | None = None,
     service_account: str = "",
-    nvrx_version: str = pytorchjob.DEFAULT_NVRX_VERSION,
+    nvrx_version: str = jobshape.DEFAULT_NVRX_VERSION,
     backoff_limit: int = 3,
     timeout_s: float = 24 * 3600.0,
     poll_s: float = 15.0,
     stream_logs: str = "worker-0",
     training_client: Any = None,
+    job_api: Any = None,
     progress: Callable[[str], None] = print,
 ) -> str:
-    """Run training to completion; returns the PyTorchJob name ('' for local). Raises on failure."""
+    """Run training to completion; returns the job's name ('' for local). Raises on failure.
+
+    ``training_client`` (pytorchjob) or ``job_api`` (either kind, see ``launch.watch``) reach the
+    cluster; by default they are made from the pod's service account or the kubeconfig.
+    """
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     ref = StorageRef.from_json(storage_ref)
@@ -54,7 +60,7 @@ def launch_training(
 
         if importlib.util.find_spec("torch") is None:
             raise ValueError("launcher 'local' trains in this process's environment, which has no torch "
-                             "(the components image): on a cluster use launcher='pytorchjob'")
+                             "(the components image): on a cluster use launcher='pytorchjob' or 'trainjob'")
         from resilient_training.launch.local import run_local
 
         result = run_local(config, nproc=procs_per_node or 2, progress=progress)
@@ -62,9 +68,9 @@ def launch_training(
             raise RuntimeError(f"local training failed (exit code {result.exit_code}): {result.reason}")
         return ""
     if not ref.shared:
-        raise ValueError(f"launcher 'pytorchjob' needs storage every pod can mount (pvc or fsx), got {ref.backend!r}")
-    spec = pytorchjob.JobSpec(
-        name=pytorchjob.job_name_for_run(run_id), namespace=ref.namespace, train=config, storage=ref,
+        raise ValueError(f"launcher {launcher!r} needs storage every pod can mount (pvc or fsx), got {ref.backend!r}")
+    spec = jobshape.JobSpec(
+        kind=launcher, name=jobshape.job_name_for_run(run_id), namespace=ref.namespace, train=config, storage=ref,
         image=image or images.TRAINER_IMAGE, nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node,
         procs_per_node=procs_per_node,
         efa_per_node=efa_per_node, node_selector=dict(node_selector or {}), tolerations=list(tolerations or []),
@@ -74,12 +80,7 @@ def launch_training(
 
     if stream_logs not in launch.LOG_MODES:
         raise ValueError(f"stream_logs must be one of {', '.join(launch.LOG_MODES)}, got {stream_logs!r}")
-    if training_client is None:
-        from kubeflow.training import TrainingClient
-
-        from resilient_training.launch import kube_client
-
-        training_client = TrainingClient(client_configuration=kube_client.configuration(), namespace=ref.namespace)
-    outcome = launch.launch(spec, training_client=training_client, timeout_s=timeout_s, poll_s=poll_s,
-                            stream_logs=stream_logs, progress=progress)
+    job_api = job_api or launch.jobs_api(launcher, ref.namespace, training_client=training_client)
+    outcome = launch.launch(spec, api=job_api, timeout_s=timeout_s, poll_s=poll_s, stream_logs=stream_logs,
+                            progress=progress)
     return outcome.job_name

@@ -1,4 +1,4 @@
-"""Delete what a run created: its PyTorchJob, its PVC/PV, its FSx file system when ephemeral.
+"""Delete what a run created: its PyTorchJob or TrainJob, its PVC/PV, its FSx file system when ephemeral.
 
 KFP's exit task cannot take another task's output, so what to delete is worked out from the run
 id and the provisioning parameters (:func:`owned_by_run`): the PV/PVC names derive from the run id,
@@ -76,10 +76,15 @@ def teardown(
     delete_file_system: bool = True,
     core_api: Any = None,
     training_client: Any = None,
+    trainjob_api: Any = None,
     fsx_client: Any = None,
     progress: Callable[[str], None] = print,
 ) -> dict[str, str]:
-    """Returns what happened to each object (``deleted``, ``gone``, ``deleting``, ``kept``)."""
+    """Returns what happened to each object (``deleted``, ``gone``, ``deleting``, ``kept``).
+
+    The job is deleted through ``training_client`` (PyTorchJob) and ``trainjob_api`` (a
+    :class:`~resilient_training.launch.watch.TrainJobs`, default: through ``training_client``'s API client).
+    """
     if isinstance(owned, StorageRef):
         owned = Owned.from_ref(owned)
     done: dict[str, str] = {}
@@ -93,8 +98,15 @@ def teardown(
             errors.append(f"{key}: {exc}")
 
     if job_name:
-        attempt(f"pytorchjob/{job_name}",
-                lambda: watch.delete_job(training_client, job_name, owned.namespace or "default", progress))
+        # The run's job is a PyTorchJob or a TrainJob (same name either way): delete whichever exists.
+        namespace = owned.namespace or "default"
+        if trainjob_api is None and training_client is not None:
+            # The same API server: TrainJobs through the TrainingClient's own custom-objects client.
+            trainjob_api = watch.TrainJobs(training_client.custom_api, training_client.core_api, namespace)
+        for kind, api in (("pytorchjob", training_client and watch.PyTorchJobs(training_client, namespace)),
+                          ("trainjob", trainjob_api)):
+            if api is not None:
+                attempt(f"{kind}/{job_name}", lambda api=api: watch.delete_job(api, job_name, progress))
     if owned.pvc_name:
         attempt(f"pvc/{owned.pvc_name}", lambda: volumes.delete_pvc(core_api, owned.pvc_name, owned.namespace, progress))
     if owned.pv_name:
@@ -127,17 +139,18 @@ def teardown_storage(
     delete_file_system: bool = True,
     core_api: Any = None,
     training_client: Any = None,
+    trainjob_api: Any = None,
     fsx_client: Any = None,
     progress: Callable[[str], None] = print,
 ) -> dict[str, str]:
     """The component's entry: validate, make only the clients needed, find what the run owns, delete it.
 
     ``storage_ref`` (when given) overrides ``storage``/``namespace``/``pvc_name``/``fsx_file_system_id``.
-    With ``delete_job`` and no ``job_name``, the run's PyTorchJob is found by the name
-    ``launch_training`` derives from the run id.
+    With ``delete_job`` and no ``job_name``, the run's job (PyTorchJob or TrainJob) is found by
+    the name ``launch_training`` derives from the run id.
     """
     from resilient_training.launch import k8s_names
-    from resilient_training.launch.pytorchjob import job_name_for_run
+    from resilient_training.launch.jobshape import job_name_for_run
 
     if not run_id:
         raise ValueError("run_id must not be empty: what to delete is derived from it")
@@ -181,4 +194,4 @@ def teardown_storage(
         fsx_file_system_id=fsx_file_system_id, fsx_client=fsx_client)
     return teardown(owned, run_id=run_id, job_name=job_name if needs_kube else "",
                     delete_file_system=delete_file_system, core_api=core_api, training_client=training_client,
-                    fsx_client=fsx_client, progress=progress)
+                    trainjob_api=trainjob_api, fsx_client=fsx_client, progress=progress)

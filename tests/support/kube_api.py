@@ -7,6 +7,9 @@ It serves the endpoints the cluster components call, with the API server's statu
   operator timeline (``job_timeline``), one step per GET of the job, so a test decides exactly
   what the watcher sees: ``Created`` -> ``Running`` (worker pods appear) -> ``Succeeded`` or
   ``Failed`` with a reason; a timeline that ends in ``Running`` never finishes.
+- ``trainer.kubeflow.org/v1alpha1`` trainjobs: the same, with the Trainer's view of the timeline
+  (no condition while created or running, ``Complete`` or ``Failed`` at the end) and JobSet pods
+  (``<job>-node-0-<i>-<suffix>``, container ``node``, labelled with the JobSet name and completion index).
 - ``v1`` pods: list by label selector; ``pods/{name}/log``: the text in ``pod_logs``;
   events: list (field selector equality), filled with :meth:`KubeApiServer.add_event`.
 - ``v1`` persistentvolumes (cluster scope) and persistentvolumeclaims: create, get, delete; a
@@ -33,6 +36,9 @@ from urllib.parse import parse_qs, urlparse
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+JOB_RESOURCES = ("pytorchjobs", "trainjobs")
 _REASONS = {404: "NotFound", 409: "AlreadyExists", 403: "Forbidden", 500: "InternalError", 422: "Invalid"}
 
 
@@ -77,6 +83,9 @@ def route(path: str) -> tuple[str, str, str] | None:
     if parts[:3] == ["apis", "kubeflow.org", "v1"] and len(parts) >= 5 and parts[3] == "namespaces":
         if parts[5:6] == ["pytorchjobs"]:
             return "pytorchjobs", parts[4], parts[6] if len(parts) > 6 else ""
+    if parts[:3] == ["apis", "trainer.kubeflow.org", "v1alpha1"] and len(parts) >= 5 and parts[3] == "namespaces":
+        if parts[5:6] == ["trainjobs"]:
+            return "trainjobs", parts[4], parts[6] if len(parts) > 6 else ""
     if parts[:2] == ["api", "v1"]:
         if parts[2:3] == ["persistentvolumes"]:
             return "persistentvolumes", "", parts[3] if len(parts) > 3 else ""
@@ -185,8 +194,8 @@ class _Handler(BaseHTTPRequestHandler):
         obj = st.store(resource).get((namespace, name))
         if obj is None:
             return self._send(404, _status(404, f'{resource} "{name}" not found'))
-        if resource == "pytorchjobs":
-            self._advance_job(obj)
+        if resource in JOB_RESOURCES:
+            self._advance_job(obj, resource)
         if resource == "persistentvolumeclaims":
             volume = obj.get("spec", {}).get("volumeName", "")
             if volume and ("", volume) in st.store("persistentvolumes"):
@@ -198,14 +207,15 @@ class _Handler(BaseHTTPRequestHandler):
         obj = st.store(resource).pop((namespace, name), None)
         if obj is None:
             return self._send(404, _status(404, f'{resource} "{name}" not found'))
-        if resource == "pytorchjobs":
+        if resource in JOB_RESOURCES:
             st.job_progress.pop((namespace, name), None)  # a job created again under this name starts over
+            label = JOB_NAME_LABEL if resource == "pytorchjobs" else JOBSET_NAME_LABEL
             for key in [k for k, pod in st.store("pods").items()
-                        if pod["metadata"]["labels"].get(JOB_NAME_LABEL) == name and k[0] == namespace]:
+                        if pod["metadata"]["labels"].get(label) == name and k[0] == namespace]:
                 del st.store("pods")[key]
         return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name}})
 
-    def _advance_job(self, job: dict[str, Any]) -> None:
+    def _advance_job(self, job: dict[str, Any], resource: str) -> None:
         st = self.state
         key = (job["metadata"].get("namespace", ""), job["metadata"]["name"])
         step = st.job_progress.get(key, -1) + 1
@@ -213,6 +223,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         st.job_progress[key] = step
         phase = st.job_timeline[step]
+        if resource == "trainjobs":
+            return self._advance_trainjob(job, phase)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         conditions = job.setdefault("status", {}).setdefault("conditions", [])
         for cond in conditions:
@@ -223,6 +235,46 @@ class _Handler(BaseHTTPRequestHandler):
                            "lastUpdateTime": now, "lastTransitionTime": now})
         if phase.condition != "Created":
             self._set_pods(job, phase)
+
+    def _advance_trainjob(self, job: dict[str, Any], phase: Phase) -> None:
+        """The Trainer's TrainJob: conditions only when it ends (Complete/Failed); pods from its JobSet."""
+        st = self.state
+        namespace, name = job["metadata"].get("namespace", ""), job["metadata"]["name"]
+        status = job.setdefault("status", {})
+        if phase.condition in ("Succeeded", "Failed"):
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            ctype = "Complete" if phase.condition == "Succeeded" else "Failed"
+            status["conditions"] = [{"type": ctype, "status": "True", "lastTransitionTime": now,
+                                     "reason": phase.reason or ("JobSetCompleted" if ctype == "Complete" else "FailedJobs"),
+                                     "message": phase.message or f"jobset {name} {ctype.lower()}"}]
+        if phase.condition == "Created":
+            return
+        nodes = job["spec"].get("trainer", {}).get("numNodes", 1)
+        pod_phase = phase.pod_phase or {"Succeeded": "Succeeded", "Failed": "Failed"}.get(phase.condition, "Running")
+        generation = sum(1 for p in st.job_timeline[: st.job_progress[(namespace, name)] + 1] if p.new_pods)
+        for key in [k for k, pod in st.store("pods").items()
+                    if pod["metadata"]["labels"].get(JOBSET_NAME_LABEL) == name and k[0] == namespace]:
+            del st.store("pods")[key]
+        for index in range(nodes):
+            pod_name = f"{name}-node-0-{index}-g{generation}"
+            st.store("pods")[(namespace, pod_name)] = self._pod(
+                namespace, pod_name, f"{pod_name}-uid", {JOBSET_NAME_LABEL: name, COMPLETION_INDEX_LABEL: str(index)},
+                "node", pod_phase, phase)
+            st.pod_logs.setdefault(pod_name, "step 1 loss 5.5\nstep 2 loss 5.1\n")
+        status["jobsStatus"] = [{"name": "node", pod_phase.lower() if pod_phase != "Running" else "active": nodes}]
+
+    @staticmethod
+    def _pod(namespace: str, pod_name: str, uid: str, labels: dict[str, str], container: str, pod_phase: str,
+             phase: Phase) -> dict[str, Any]:
+        state: dict[str, Any] = {"running": {}}
+        if pod_phase in ("Succeeded", "Failed"):
+            code = phase.exit_code if phase.exit_code is not None else (0 if pod_phase == "Succeeded" else 1)
+            state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": namespace, "uid": uid, "labels": labels},
+                "status": {"phase": pod_phase,
+                           "containerStatuses": [{"name": container, "ready": pod_phase == "Running", "restartCount": 0,
+                                                  "image": "trainer", "imageID": "", "state": state}]}}
 
     def _set_pods(self, job: dict[str, Any], phase: Phase) -> None:
         st = self.state

@@ -53,6 +53,21 @@ def _job(name):
             "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}}
 
 
+def test_deletes_the_runs_trainjob_and_nothing_else(kube):
+    server, core, training = kube
+    custom = k8s.CustomObjectsApi(core.api_client)
+    for name in ("rt-run-1", "someone-elses-job"):
+        custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", "team-a", "trainjobs", {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": name},
+            "spec": {"runtimeRef": {"name": "nvrx-ft-launcher"}}})
+    ref = StorageRef(backend="pvc", run_dir="/mnt/run/runs/x", mount_path="/mnt/run", namespace="team-a",
+                     pvc_name="users-claim")
+    done = teardown(ref, run_id="run-1", job_name="rt-run-1", core_api=core, training_client=training)
+    assert done == {"pytorchjob/rt-run-1": "gone", "trainjob/rt-run-1": "deleted", "pvc/users-claim": "kept"}
+    assert server.names("trainjobs") == ["someone-elses-job"]
+    assert ("DELETE", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/rt-run-1") in server.state.requests
+
+
 def test_deletes_job_claim_volume_and_file_system_and_is_idempotent(kube, aws):
     server, core, training = kube
     fs_id = fsx.create(aws, fsx.FsxRequest(run_id="run-1", subnet_id="subnet-0123456789abcdef0",
@@ -61,8 +76,8 @@ def test_deletes_job_claim_volume_and_file_system_and_is_idempotent(kube, aws):
         "kubeflow.org", "v1", "team-a", "pytorchjobs", _job("rt-run-1"))
     ref = fsx_ref(fs_id)
     first = teardown(ref, run_id="run-1", job_name="rt-run-1", core_api=core, training_client=training, fsx_client=aws)
-    assert first == {"pytorchjob/rt-run-1": "deleted", "pvc/rt-run-1-data": "deleted", "pv/rt-run-1-pv": "deleted",
-                     f"fsx/{fs_id}": "deleted"}
+    assert first == {"pytorchjob/rt-run-1": "deleted", "trainjob/rt-run-1": "gone", "pvc/rt-run-1-data": "deleted",
+                     "pv/rt-run-1-pv": "deleted", f"fsx/{fs_id}": "deleted"}
     assert aws.describe_file_systems()["FileSystems"] == []
     assert server.names("pytorchjobs") == server.names("persistentvolumes") == []
     second = teardown(ref, run_id="run-1", job_name="rt-run-1", core_api=core, training_client=training, fsx_client=aws)
@@ -101,7 +116,8 @@ def test_component_in_the_local_runner_with_the_storage_ref(kfp_local, kube, tmp
             "kubeflow.org", "v1", "team-a", "pytorchjobs", _job(name))
     ref = fsx_ref(created_fsx=True)
     task = teardown_storage(run_id="run-1", storage_ref=ref.to_json(), delete_file_system=False)
-    assert json.loads(task.output) == {f"pytorchjob/{job}": "deleted", "pvc/rt-run-1-data": "deleted",
+    assert json.loads(task.output) == {f"pytorchjob/{job}": "deleted", f"trainjob/{job}": "gone",
+                                       "pvc/rt-run-1-data": "deleted",
                                        "pv/rt-run-1-pv": "deleted", "fsx/fs-0123456789abcdef0": "kept"}
     assert server.names("pytorchjobs") == ["someone-elses-job"]
     again = teardown_storage(run_id="run-1", storage_ref=ref.to_json(), delete_file_system=False)
@@ -123,7 +139,8 @@ def test_exit_handler_form_finds_everything_from_the_run_id(kube, aws):
     params = dict(run_id="run-9", storage="fsx", namespace="team-a", core_api=core, training_client=training,
                   fsx_client=aws)
     first = teardown_storage_fn(**params)
-    assert first == {f"pytorchjob/{job_name_for_run('run-9')}": "gone", f"pvc/{pvc}": "gone", f"pv/{pv}": "deleted",
+    assert first == {f"pytorchjob/{job_name_for_run('run-9')}": "gone", f"trainjob/{job_name_for_run('run-9')}": "gone",
+                     f"pvc/{pvc}": "gone", f"pv/{pv}": "deleted",
                      f"fsx/{fs_id}": "deleted"}
     assert [fs["FileSystemId"] for fs in aws.describe_file_systems()["FileSystems"]] == [other]
     second = teardown_storage_fn(**params)
