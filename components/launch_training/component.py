@@ -1,4 +1,4 @@
-"""KFP component: run training, locally under ft_launcher or as a Kubeflow PyTorchJob."""
+"""KFP component: run training, locally under ft_launcher or as a Kubeflow PyTorchJob or TrainJob."""
 
 from typing import NamedTuple, Optional
 
@@ -40,7 +40,9 @@ def launch_training(
         storage_ref: The JSON from ``provision_storage`` (the run directory lives there).
         run_id: Pipeline run id (``dsl.PIPELINE_JOB_ID_PLACEHOLDER``); the job name derives from it,
             so a retried step attaches to its running job instead of starting a second one.
-        launcher: ``local`` (ft_launcher with gloo workers in this pod/machine) or ``pytorchjob``.
+        launcher: ``local`` (ft_launcher with gloo workers in this pod/machine), ``pytorchjob``
+            (Training Operator v1) or ``trainjob`` (Kubeflow Trainer v2 on the ``nvrx-ft-launcher``
+            runtime; the other ``pytorchjob:`` parameters apply to it too, except ``min_nodes``).
         steps: Target step; the run succeeds once it is reached.
         checkpoint_every: Save a checkpoint every N steps.
         faults: Fault schedule ``TYPE@STEP:RANK,...`` (exception, sigkill, hang, oom, nan).
@@ -66,7 +68,7 @@ def launch_training(
         stream_logs: pytorchjob: ``worker-0``, ``all`` or ``none``.
 
     Returns:
-        job_name: The PyTorchJob's name (for ``teardown_storage``); empty for local.
+        job_name: The PyTorchJob's or TrainJob's name (for ``teardown_storage``); empty for local.
         run_dir: The run directory (checkpoints/, events/) for the following steps.
 
     """

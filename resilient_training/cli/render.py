@@ -1,4 +1,5 @@
-"""``resilient-training render-job``: write the PyTorchJob YAML for ``kubectl apply``.
+"""``resilient-training render-job``: write the PyTorchJob (or, with ``--kind trainjob``, the
+Kubeflow Trainer v2 TrainJob) YAML for ``kubectl apply``.
 
 Takes the job's shape (nodes, GPUs, image, storage claim, scheduling) and every trainer flag of
 ``resilient-training train`` (``--steps``, ``--faults``, ``--no-inprocess``, ...). An invalid
@@ -13,17 +14,21 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    from resilient_training.launch import images, pytorchjob
+    from resilient_training.launch import images, jobshape, trainjob
     from resilient_training.run import config
 
     p = subparsers.add_parser(
         "render-job",
-        help="write a Kubeflow PyTorchJob (ft_launcher on every node) as YAML",
+        help="write a Kubeflow PyTorchJob or TrainJob (ft_launcher on every node) as YAML",
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     job = p.add_argument_group("job")
-    job.add_argument("--name", required=True, help="job name (DNS-1035; pods are NAME-worker-I)")
+    job.add_argument("--kind", choices=jobshape.KINDS, default="pytorchjob",
+                     help="pytorchjob (Training Operator v1) or trainjob (Kubeflow Trainer v2)")
+    job.add_argument("--runtime", default=trainjob.RUNTIME_NAME,
+                     help="trainjob: the ClusterTrainingRuntime it names (manifests/runtimes)")
+    job.add_argument("--name", required=True, help="job name (DNS-1035; pods are NAME-worker-I or NAME-node-0-I)")
     job.add_argument("--namespace", default="default", help="namespace of the job and the claim")
     job.add_argument("--nodes", type=int, required=True, help="worker pods, one per node (the maximum if --min-nodes)")
     job.add_argument("--min-nodes", type=int, default=0, help="elastic: fewest nodes to run on (0 = exactly --nodes)")
@@ -41,10 +46,11 @@ def register(subparsers: Any) -> None:
     job.add_argument("--pvc", required=True, help="existing PersistentVolumeClaim (e.g. from provision_storage)")
     job.add_argument("--mount-path", default="/mnt/run", help="where the claim is mounted in the pods")
     job.add_argument("--run-id", default="", help="run id: rendezvous id and label (default: the job name)")
-    job.add_argument("--nvrx-version", default=pytorchjob.DEFAULT_NVRX_VERSION, help="NVRx in the image")
+    job.add_argument("--nvrx-version", default=jobshape.DEFAULT_NVRX_VERSION, help="NVRx in the image")
     job.add_argument("--backoff-limit", type=int, default=3, help="pod replacements before the job fails")
     job.add_argument("--active-deadline", type=int, default=0, help="job deadline in seconds (0 = none)")
-    job.add_argument("--ttl", type=int, default=7 * 24 * 3600, help="delete the finished job after seconds (0 = keep)")
+    job.add_argument("--ttl", type=int, default=None,
+                     help="pytorchjob: delete the finished job after seconds (0 = keep; default 7 days)")
     job.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra container env")
     job.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
     train = p.add_argument_group("trainer (as for `train`); --run-dir defaults to MOUNT/runs/RUN_ID")
@@ -63,7 +69,7 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 
 
 def build_spec(args: argparse.Namespace) -> Any:
-    from resilient_training.launch import pytorchjob
+    from resilient_training.launch import jobshape, k8s_names, trainjob
     from resilient_training.run import config
     from resilient_training.run.storage_ref import StorageRef
 
@@ -72,33 +78,43 @@ def build_spec(args: argparse.Namespace) -> Any:
     args.run_dir = args.run_dir or f"{mount}/runs/{run_id}"
     storage = StorageRef(backend="pvc", run_dir=args.run_dir, mount_path=args.mount_path,
                          namespace=args.namespace, pvc_name=args.pvc)
-    return pytorchjob.JobSpec(
-        name=args.name, namespace=args.namespace, train=config.from_namespace(args), storage=storage,
+    if args.kind == "trainjob" and args.ttl is not None:
+        raise ValueError("--ttl: a TrainJob has no TTL (teardown_storage or kubectl delete removes it)")
+    if args.kind == "trainjob":
+        k8s_names.check_dns1123_subdomain(args.runtime, "--runtime")
+    elif args.runtime != trainjob.RUNTIME_NAME:
+        raise ValueError("--runtime names a ClusterTrainingRuntime: only with --kind trainjob")
+    return jobshape.JobSpec(
+        kind=args.kind, name=args.name, namespace=args.namespace, train=config.from_namespace(args), storage=storage,
         image=args.image, nodes=args.nodes, min_nodes=args.min_nodes, gpus_per_node=args.gpus_per_node,
         procs_per_node=args.procs_per_node, efa_per_node=args.efa, cpu=args.cpu, memory=args.memory,
         shm_size=args.shm_size, node_selector=_pairs(args.node_selector, "--node-selector"),
-        tolerations=[pytorchjob.parse_toleration(t) for t in args.toleration],
+        tolerations=[jobshape.parse_toleration(t) for t in args.toleration],
         service_account=args.service_account, priority_class=args.priority_class, run_id=run_id,
         nvrx_version=args.nvrx_version, backoff_limit=args.backoff_limit,
-        active_deadline_seconds=args.active_deadline, ttl_seconds_after_finished=args.ttl,
+        active_deadline_seconds=args.active_deadline,
+        ttl_seconds_after_finished=7 * 24 * 3600 if args.ttl is None else args.ttl,
         env=_pairs(args.env, "--env"),
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from resilient_training.launch import pytorchjob
+    from resilient_training.launch import pytorchjob, trainjob
 
     try:
         spec = build_spec(args)
     except ValueError as exc:
         print(f"render-job: {exc}", file=sys.stderr)
         return 2
-    text = pytorchjob.to_yaml(pytorchjob.build_job(spec))
+    if spec.kind == "trainjob":
+        text, what = trainjob.to_yaml(trainjob.build_job(spec, runtime=args.runtime)), "TrainJob"
+    else:
+        text, what = pytorchjob.to_yaml(pytorchjob.build_job(spec)), "PyTorchJob"
     if args.output == "-":
         sys.stdout.write(text)
     else:
         with open(args.output, "w") as f:
             f.write(text)
-        print(f"wrote {args.output}: PyTorchJob {spec.namespace}/{spec.name}, {spec.nodes} x {spec.nproc_per_node}",
+        print(f"wrote {args.output}: {what} {spec.namespace}/{spec.name}, {spec.nodes} x {spec.nproc_per_node}",
               file=sys.stderr)
     return 0

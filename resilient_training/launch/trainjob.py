@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from resilient_training.launch import images, jobshape
+from resilient_training.launch import images, jobshape, k8s_names
 from resilient_training.launch.jobshape import JobSpec
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -115,6 +115,7 @@ def build_job(spec: JobSpec, *, runtime: str = RUNTIME_NAME) -> Any:
 
     if spec.kind != "trainjob":
         raise ValueError(f"a {spec.kind} spec is built by its own builder, not as a TrainJob")
+    k8s_names.check_dns1123_subdomain(runtime, "runtime")
     command, args = command_and_args(spec)
     limits = jobshape.resource_limits(spec)
     trainer: dict[str, Any] = {
