@@ -113,3 +113,111 @@ def webhook_errors(job: dict[str, Any]) -> list[str]:
             if not c.get("image"):
                 errors.append(f"{path}.template.spec.containers[{i}].image: must be set")
     return errors
+
+
+# --- Kubeflow Trainer v2.3 (TrainJob, ClusterTrainingRuntime) ----------------------------------
+# Rules from the Trainer's webhooks (pkg/webhooks, the Torch and JobSet plugins' Validate), the
+# CRDs' CEL rules (x-kubernetes-validations: the JSON schema check above does not run them) and
+# the Job/JobSet validation the runtime's template meets when the JobSet is created.
+
+_TORCH_RESERVED_ENV = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
+_DOMAIN_PREFIXED_PATH = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/\S+$")
+_RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+_ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+_ANCESTOR_CONTAINER = {"trainer": "node", "model-initializer": "model-initializer",
+                       "dataset-initializer": "dataset-initializer"}
+
+
+def _containers(rjob: dict[str, Any]) -> list[dict[str, Any]]:
+    pod = ((((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {})
+    return list(pod.get("initContainers") or []) + list(pod.get("containers") or [])
+
+
+def runtime_admission_errors(runtime: dict[str, Any]) -> list[str]:
+    """ClusterTrainingRuntime: the Trainer's webhook, the CRD's CEL rules, Job and JobSet validation."""
+    errors: list[str] = []
+    spec = runtime.get("spec") or {}
+    policies = [k for k in ("torch", "mpi", "jax", "xgboost", "flux") if k in (spec.get("mlPolicy") or {})]
+    if len(policies) > 1:
+        errors.append("spec.mlPolicy: Only one of the policy can be configured")
+    jobset = (spec.get("template") or {}).get("spec") or {}
+    rjobs = jobset.get("replicatedJobs") or []
+    names = [r.get("name") for r in rjobs]
+    for i, rjob in enumerate(rjobs):
+        path = f"spec.template.spec.replicatedJobs[{i}]"
+        ancestor = (((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}).get(_ANCESTOR)
+        if ancestor in _ANCESTOR_CONTAINER:
+            if rjob.get("replicas", 1) != 1:
+                errors.append(f"{path}.replicas: always must be 1")
+            if not any(c.get("name") == _ANCESTOR_CONTAINER[ancestor] for c in _containers(rjob)):
+                errors.append(f"{path}: must contain the required container for the ancestor: {ancestor}")
+        job = (rjob.get("template") or {}).get("spec") or {}
+        pod = (job.get("template") or {}).get("spec") or {}
+        container_names = {c.get("name") for c in pod.get("containers") or []}
+        pfp = job.get("podFailurePolicy")
+        if pfp is not None:
+            if pod.get("restartPolicy") != "Never":
+                errors.append(f"{path}: podFailurePolicy requires template.spec.restartPolicy Never")
+            for j, rule in enumerate(pfp.get("rules") or []):
+                codes = rule.get("onExitCodes")
+                if codes is None:
+                    continue
+                values = codes.get("values") or []
+                if codes.get("containerName") and codes["containerName"] not in container_names:
+                    errors.append(f"{path}.podFailurePolicy.rules[{j}].onExitCodes.containerName: not a container")
+                if codes.get("operator") == "In" and 0 in values:
+                    errors.append(f"{path}.podFailurePolicy.rules[{j}].onExitCodes.values: 0 is not allowed with In")
+                if values != sorted(set(values)) or not 1 <= len(values) <= 255:
+                    errors.append(f"{path}.podFailurePolicy.rules[{j}].onExitCodes.values: 1-255 sorted unique codes")
+    for i, rule in enumerate((jobset.get("failurePolicy") or {}).get("rules") or []):
+        if not _RULE_NAME.match(rule.get("name") or ""):
+            errors.append(f"spec.template.spec.failurePolicy.rules[{i}].name: invalid rule name")
+        for target in rule.get("targetReplicatedJobs") or []:
+            if target not in names:
+                errors.append(f"spec.template.spec.failurePolicy.rules[{i}].targetReplicatedJobs: {target!r} unknown")
+    return errors
+
+
+def trainjob_admission_errors(job: dict[str, Any], runtimes: dict[str, dict[str, Any]]) -> list[str]:
+    """TrainJob create: the CRD's CEL rules and the Trainer's webhook against the runtimes that exist."""
+    errors: list[str] = []
+    name = (job.get("metadata") or {}).get("name", "")
+    if not name or len(name) > 63 or not _DNS1035.match(name):
+        errors.append(f"metadata.name: {name!r} is not a DNS-1035 label")
+    spec = job.get("spec") or {}
+    if spec.get("managedBy") not in (None, "trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue"):
+        errors.append("spec.managedBy: ManagedBy must be trainer.kubeflow.org/trainjob-controller")
+    ref = spec.get("runtimeRef") or {}
+    runtime = runtimes.get(ref.get("name", "")) if ref.get("kind", "ClusterTrainingRuntime") == "ClusterTrainingRuntime" \
+        else None
+    if runtime is None:
+        return errors + ["spec.runtimeRef: specified clusterTrainingRuntime must be created before the TrainJob is created"]
+    trainer = spec.get("trainer") or {}
+    reserved = sorted({e.get("name") for e in trainer.get("env") or []} & _TORCH_RESERVED_ENV)
+    if reserved and "torch" in ((runtime.get("spec") or {}).get("mlPolicy") or {}):
+        errors.append(f"spec.trainer.env: must not have reserved envs, invalid envs configured: {reserved}")
+    rjobs = {r.get("name"): {c.get("name") for c in _containers(r)}
+             for r in (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []}
+    for i, patch in enumerate(spec.get("runtimePatches") or []):
+        path = f"spec.runtimePatches[{i}]"
+        if not _DOMAIN_PREFIXED_PATH.match(patch.get("manager") or ""):
+            errors.append(f"{path}.manager: must be a domain-prefixed path")
+        patch_jobs = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
+            "replicatedJobs") or []
+        for rjob in patch_jobs:
+            if rjob.get("name") not in rjobs:
+                errors.append(f"{path}: must not have replicated job that doesn't exist in the runtime job template")
+                continue
+            pod = ((((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {})
+            for c in list(pod.get("initContainers") or []) + list(pod.get("containers") or []):
+                if c.get("name") not in rjobs[rjob["name"]]:
+                    errors.append(f"{path}: must not have container that doesn't exist in the runtime job {rjob['name']}")
+                elif c.get("env") and c.get("name") in ("node", "model-initializer", "dataset-initializer"):
+                    errors.append(f"{path}: must not have envs for the initializer or node containers")
+    # JobSet: pod hostnames <jobset>-<replicatedJob>-<jobIndex>-<podIndex> must be DNS-1035 labels.
+    nodes = trainer.get("numNodes") or ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes", 1)
+    for rjob_name in rjobs if isinstance(nodes, int) else ():  # a non-integer is the schema's error
+        longest = f"{name}-{rjob_name}-0-{nodes - 1}"
+        if len(longest) > 63:
+            errors.append(f"metadata.name: pod hostname {longest!r} would exceed 63 characters")
+    return errors
