@@ -1,5 +1,6 @@
-"""The rendered PyTorchJob's container command, run for real: two "pods" on this host with the
-PET_* env the Training Operator injects, ft_launcher agents meeting through c10d rendezvous."""
+"""The rendered PyTorchJob's (and TrainJob's) container command, run for real: two "pods" on this
+host with the PET_* env the Training Operator (or Kubeflow Trainer) injects, ft_launcher agents
+meeting through c10d rendezvous."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from resilient_training.cli import main as cli
+from resilient_training.launch import trainjob
 from resilient_training.run import events
 from tests.support import pods
 
@@ -72,3 +74,45 @@ def test_a_worker_killed_in_one_pod_is_recovered_by_both_pods(tmp_path):
     assert [e["fault"] for e in events.select(log, "fault_injected")] == ["sigkill@5:1"]
     loads = [e.step for e in events.select(log, "load_done") if e.step]
     assert loads and set(loads) == {4}
+
+
+def test_trainer_env_and_kubelet_expansion_match_the_trainjob():
+    job = {"metadata": {"name": "j"}, "spec": {"trainer": {"numNodes": 4, "numProcPerNode": 8}}}
+    runtime = {"spec": {"mlPolicy": {"numNodes": 1, "torch": {}}}}
+    env = pods.trainer_env(job, runtime, 2, master_addr="j-node-0-0.j", master_port=29500)
+    assert env == {"PET_NNODES": "4", "PET_NPROC_PER_NODE": "8", "PET_NODE_RANK": "2",
+                   "PET_MASTER_ADDR": "j-node-0-0.j", "PET_MASTER_PORT": "29500"}
+    assert pods.expand("--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)", env) == \
+        "--rdzv-endpoint=j-node-0-0.j:29500"
+    assert pods.expand("$(UNSET) $$(PET_NODE_RANK)", env) == "$(UNSET) $(PET_NODE_RANK)"  # as the kubelet leaves them
+
+
+@pytest.mark.slow
+def test_trainjob_a_worker_killed_in_one_pod_is_recovered_by_both_pods(tmp_path):
+    """The same fault through the TrainJob: each pod runs the shipped runtime's ft_launcher command
+    with the TrainJob's args and the Trainer's PET_* env (static master address and port, node
+    rank from the completion index); the agents meet through c10d at PET_MASTER_ADDR:PORT, and
+    the killed worker is restarted inside the pods (no pod is replaced)."""
+    job_file = tmp_path / "trainjob.yaml"
+    mount = tmp_path / "mnt"
+    assert cli.main(["render-job", "--kind", "trainjob", "--name", "rt-tj", "--nodes", "2", "--gpus-per-node", "0",
+                     "--procs-per-node", "1", "--nvrx-version", "0.4.1", "--pvc", "claim", "--mount-path", str(mount),
+                     "--steps", "10", "--checkpoint-every", "2", "--no-async-checkpoint", "--faults", "sigkill@5:1",
+                     "-o", str(job_file)]) == 0
+    job = yaml.safe_load(job_file.read_text())
+    shipped = Path(__file__).resolve().parents[1] / "manifests" / "runtimes" / "nvrx-ft-launcher.yaml"
+    runtime = yaml.safe_load(shipped.read_text())
+    assert runtime["metadata"]["name"] == job["spec"]["runtimeRef"]["name"] == trainjob.RUNTIME_NAME
+    results = pods.run_trainjob_pods(job, runtime, log_dir=tmp_path / "logs", master_port=_free_port(),
+                                     timeout_s=200, extra_env={
+                                         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                                         "OMP_NUM_THREADS": "1"})
+    assert [r.exit_code for r in results] == [0, 0], "\n".join(r.log.read_text()[-3000:] for r in results)
+    run_dir = mount / "runs" / "rt-tj"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_10"
+    log = events.read_events(run_dir)
+    assert [e["fault"] for e in events.select(log, "fault_injected")] == ["sigkill@5:1"]
+    starts = events.select(log, "start")
+    assert {e.fields["world_size"] for e in starts} == {2}  # one world across the two "pods"
+    loads = [e.step for e in events.select(log, "load_done") if e.step]
+    assert loads and set(loads) == {4}  # both pods' workers resumed from the last commit
