@@ -68,6 +68,14 @@ def test_runtime_is_valid_and_the_shipped_manifest_is_the_generated_one(schemas)
     assert crd_schema.runtime_admission_errors(schemas["stock"]) == []
 
 
+def test_runtimes_kustomization_builds_the_runtime(schemas):
+    from tests.test_manifests import kustomize
+
+    (built,) = kustomize("runtimes")
+    assert built == runtime()
+    assert crd_schema.schema_errors(built, schemas["ClusterTrainingRuntime"]) == []
+
+
 @pytest.mark.parametrize("nodes", [1, 2, 8, 64, 128])
 def test_rendered_trainjob_is_valid_for_crd_and_admission(nodes, schemas):
     job = rendered(nodes=nodes, gpus_per_node=8, efa_per_node=32, cpu="180", memory="1800Gi",
