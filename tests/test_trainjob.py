@@ -86,10 +86,13 @@ def test_rendered_trainjob_is_valid_for_crd_and_admission(nodes, schemas):
     assert job["spec"]["trainer"]["numNodes"] == nodes
     assert job["spec"]["trainer"]["numProcPerNode"] == 8
     # The longest name that still fits is accepted by both our checks and the admission rules.
-    longest = "r" * (63 - len(f"-node-0-{nodes - 1}"))
+    longest = "r" * (63 - len(f"-node-0-{nodes - 1}-abcde"))
     assert all_errors(rendered(nodes=nodes, name=longest), runtime(), schemas) == []
     with pytest.raises(ValueError, match="too long"):
         spec(nodes=nodes, name=longest + "x")
+    too_long = rendered(nodes=nodes, name=longest)
+    too_long["metadata"]["name"] += "x"  # past our check: the JobSet rule catches it as well
+    assert [e for e in all_errors(too_long, runtime(), schemas) if "exceed 63 characters" in e]
 
 
 def test_validators_reject_what_the_api_server_and_trainer_would(schemas):
@@ -119,6 +122,12 @@ def test_validators_reject_what_the_api_server_and_trainer_would(schemas):
         "exit code 0 with In": lambda r: _exit_rule(r)["values"].insert(0, 0),
         "unknown strategy": lambda r: r["spec"]["template"]["spec"]["failurePolicy"].update(restartStrategy="Always"),
         "two ml policies": lambda r: r["spec"]["mlPolicy"].update(mpi={}),
+        "unknown job failure reason": lambda r: r["spec"]["template"]["spec"]["failurePolicy"]["rules"][0].update(
+            onJobFailureReasons=["Evicted"]),
+        "gated in-place restart": lambda r: r["spec"]["template"]["spec"]["failurePolicy"].update(
+            restartStrategy="InPlaceRestart"),
+        "unknown target": lambda r: r["spec"]["template"]["spec"]["failurePolicy"]["rules"][0].update(
+            targetReplicatedJobs=["worker"]),
     }
     for what, mutate in bad_runtimes.items():
         obj = copy.deepcopy(rt)

@@ -37,7 +37,7 @@ class JobSpec:
     """What one training job needs; ``pytorchjob.build_job`` or ``trainjob.build_job`` wraps it."""
 
     name: str
-    """Job name (DNS-1035); pods are ``<name>-worker-<i>`` (PyTorchJob) or ``<name>-node-0-<i>`` (TrainJob)."""
+    """Job name (DNS-1035); pods are ``<name>-worker-<i>`` (PyTorchJob) or ``<name>-node-0-<i>-<random>`` (TrainJob)."""
     kind: str = "pytorchjob"
     """The object that runs it: ``pytorchjob`` (Training Operator v1) or ``trainjob`` (Kubeflow Trainer v2)."""
     train: train_config.TrainConfig
@@ -108,8 +108,8 @@ def validate(spec: JobSpec) -> None:
     k8s_names.check_dns1123_label(spec.namespace, "namespace")
     if not isinstance(spec.nodes, int) or not 1 <= spec.nodes <= MAX_NODES:
         raise ValueError(f"nodes must be an integer from 1 to {MAX_NODES}, got {spec.nodes!r}")
-    # PyTorchJob pods and services are <job>-worker-<i>; a TrainJob's JobSet names pod hostnames
-    # <job>-node-0-<i>: either must stay a DNS-1035 label.
+    # PyTorchJob pods and services are <job>-worker-<i>; a TrainJob's JobSet names its pods
+    # <job>-node-0-<i>-<5 random characters> (its webhook checks that length): either must stay a DNS-1035 label.
     suffix = pod_suffix(spec.kind, spec.nodes - 1)
     if len(spec.name + suffix) > 63:
         raise ValueError(
@@ -179,8 +179,8 @@ def validate(spec: JobSpec) -> None:
 
 
 def pod_suffix(kind: str, index: int) -> str:
-    """What follows the job name in pod ``index``'s name (PyTorchJob) or hostname (TrainJob's JobSet)."""
-    return f"-worker-{index}" if kind == "pytorchjob" else f"-node-0-{index}"
+    """What follows the job name in pod ``index``'s name (a TrainJob's JobSet adds 5 random characters)."""
+    return f"-worker-{index}" if kind == "pytorchjob" else f"-node-0-{index}-xxxxx"
 
 
 def _check_trainjob_limits(spec: JobSpec) -> None:

@@ -118,12 +118,15 @@ def webhook_errors(job: dict[str, Any]) -> list[str]:
 # --- Kubeflow Trainer v2.3 (TrainJob, ClusterTrainingRuntime) ----------------------------------
 # Rules from the Trainer's webhooks (pkg/webhooks, the Torch and JobSet plugins' Validate), the
 # CRDs' CEL rules (x-kubernetes-validations: the JSON schema check above does not run them) and
-# the Job/JobSet validation the runtime's template meets when the JobSet is created.
+# the Job/JobSet validation the runtime's template meets when the JobSet is created (JobSet
+# v0.12's webhook: failure policy rules, default-off feature gates, generated pod name lengths).
 
 _TORCH_RESERVED_ENV = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
 _DOMAIN_PREFIXED_PATH = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/\S+$")
 _RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 _ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+_JOB_FAILURE_REASONS = ("BackoffLimitExceeded", "DeadlineExceeded", "FailedIndexes", "MaxFailedIndexesExceeded",
+                        "PodFailurePolicy")
 _ANCESTOR_CONTAINER = {"trainer": "node", "model-initializer": "model-initializer",
                        "dataset-initializer": "dataset-initializer"}
 
@@ -169,9 +172,19 @@ def runtime_admission_errors(runtime: dict[str, Any]) -> list[str]:
                     errors.append(f"{path}.podFailurePolicy.rules[{j}].onExitCodes.values: 0 is not allowed with In")
                 if values != sorted(set(values)) or not 1 <= len(values) <= 255:
                     errors.append(f"{path}.podFailurePolicy.rules[{j}].onExitCodes.values: 1-255 sorted unique codes")
-    for i, rule in enumerate((jobset.get("failurePolicy") or {}).get("rules") or []):
-        if not _RULE_NAME.match(rule.get("name") or ""):
+    rules = (jobset.get("failurePolicy") or {}).get("rules") or []
+    if len({r.get("name") for r in rules}) != len(rules):
+        errors.append("spec.template.spec.failurePolicy.rules: rule names are not unique")
+    if (jobset.get("failurePolicy") or {}).get("restartStrategy") == "InPlaceRestart":
+        errors.append("spec.template.spec.failurePolicy.restartStrategy: InPlaceRestart needs an alpha feature gate")
+    for i, rule in enumerate(rules):
+        if rule.get("action") in ("RestartJob", "RestartJobAndIgnoreMaxRestarts"):
+            errors.append(f"spec.template.spec.failurePolicy.rules[{i}].action: needs the RestartJob alpha feature gate")
+        if not _RULE_NAME.match(rule.get("name") or "") or len(rule.get("name") or "") > 128:
             errors.append(f"spec.template.spec.failurePolicy.rules[{i}].name: invalid rule name")
+        for reason in rule.get("onJobFailureReasons") or []:
+            if reason not in _JOB_FAILURE_REASONS:
+                errors.append(f"spec.template.spec.failurePolicy.rules[{i}].onJobFailureReasons: {reason!r} unknown")
         for target in rule.get("targetReplicatedJobs") or []:
             if target not in names:
                 errors.append(f"spec.template.spec.failurePolicy.rules[{i}].targetReplicatedJobs: {target!r} unknown")
@@ -214,10 +227,12 @@ def trainjob_admission_errors(job: dict[str, Any], runtimes: dict[str, dict[str,
                     errors.append(f"{path}: must not have container that doesn't exist in the runtime job {rjob['name']}")
                 elif c.get("env") and c.get("name") in ("node", "model-initializer", "dataset-initializer"):
                     errors.append(f"{path}: must not have envs for the initializer or node containers")
-    # JobSet: pod hostnames <jobset>-<replicatedJob>-<jobIndex>-<podIndex> must be DNS-1035 labels.
+    # JobSet (v0.12, which Trainer v2.3 builds on) checks the pods of the JobSet the Trainer makes
+    # (named as the TrainJob, an Indexed Job of numNodes pods per replicated job):
+    # <jobset>-<replicatedJob>-<jobIndex>-<podIndex>-<5 random> must be a DNS-1035 label.
     nodes = trainer.get("numNodes") or ((runtime.get("spec") or {}).get("mlPolicy") or {}).get("numNodes", 1)
     for rjob_name in rjobs if isinstance(nodes, int) else ():  # a non-integer is the schema's error
-        longest = f"{name}-{rjob_name}-0-{nodes - 1}"
+        longest = f"{name}-{rjob_name}-0-{nodes - 1}-abcde"
         if len(longest) > 63:
-            errors.append(f"metadata.name: pod hostname {longest!r} would exceed 63 characters")
+            errors.append(f"JobSet {name}: pod names generated for this JobSet will exceed 63 characters ({longest!r})")
     return errors
