@@ -152,6 +152,17 @@ def _exit_rule(rt):
     return _rjob(rt)["template"]["spec"]["podFailurePolicy"]["rules"][1]["onExitCodes"]
 
 
+def test_a_field_the_trainer_api_does_not_know_is_an_error_not_dropped():
+    from kubeflow_trainer_api import models
+
+    good = rendered()
+    assert trainjob.to_dict(trainjob.typed(models.TrainerV1alpha1TrainJob, good)) == good
+    bad = copy.deepcopy(good)
+    bad["spec"]["trainer"]["nprocPerNode"] = 8  # the v1 spelling
+    with pytest.raises(ValueError, match="does not know"):
+        trainjob.typed(models.TrainerV1alpha1TrainJob, bad)
+
+
 def test_same_job_shape_as_the_pytorchjob():
     """Volumes, mounts, resources, env, scheduling: the same parameters give the same pod parts."""
     from resilient_training.launch import pytorchjob

@@ -94,7 +94,7 @@ def build_runtime(*, name: str = RUNTIME_NAME, image: str = images.TRAINER_IMAGE
             }},
         },
     }
-    return models.TrainerV1alpha1ClusterTrainingRuntime.from_dict(runtime)
+    return typed(models.TrainerV1alpha1ClusterTrainingRuntime, runtime)
 
 
 def command_and_args(spec: JobSpec) -> tuple[list[str] | None, list[str]]:
@@ -158,7 +158,19 @@ def build_job(spec: JobSpec, *, runtime: str = RUNTIME_NAME) -> Any:
     }
     if spec.active_deadline_seconds:
         job["spec"]["activeDeadlineSeconds"] = spec.active_deadline_seconds
-    return models.TrainerV1alpha1TrainJob.from_dict(job)
+    return typed(models.TrainerV1alpha1TrainJob, job)
+
+
+def typed(model: Any, data: dict[str, Any]) -> Any:
+    """``data`` as the Trainer API ``model``; a field the model does not know is an error.
+
+    The generated models drop unknown fields silently, so a misspelt field would vanish from
+    the object; the round trip must give back exactly what went in.
+    """
+    obj = model.from_dict(data)
+    if to_dict(obj) != data:
+        raise ValueError(f"{model.__name__}: fields the Trainer API does not know (or wrong types) in {data}")
+    return obj
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -392,7 +392,7 @@ def launch(
                     progress(f"[{elapsed:7.0f} s] {namespace}/{name}: {state} ({summary})"
                              + (f" {reason}: {message}" if state != last_state and message else ""))
                     last_state, last_beat = state, time.monotonic()
-                if state in ("Pending", "Created", "Restarting", "Running"):
+                if state in ("Pending", "Created", "Restarting", "Running", "Suspended"):
                     # Why pods are not running yet (no GPU capacity, volume not mountable, image pull) is only in events.
                     for event in warning_events(api.core_api, namespace, name, seen_events, api.owns_pod):
                         progress(f"  warning: {event}")
