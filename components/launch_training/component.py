@@ -42,7 +42,7 @@ def launch_training(
             so a retried step attaches to its running job instead of starting a second one.
         launcher: ``local`` (ft_launcher with gloo workers in this pod/machine), ``pytorchjob``
             (Training Operator v1) or ``trainjob`` (Kubeflow Trainer v2 on the ``nvrx-ft-launcher``
-            runtime; the other ``pytorchjob:`` parameters apply to it too, except ``min_nodes``).
+            runtime, ``kubectl apply -k manifests/runtimes``). ``cluster:`` parameters apply to both.
         steps: Target step; the run succeeds once it is reached.
         checkpoint_every: Save a checkpoint every N steps.
         faults: Fault schedule ``TYPE@STEP:RANK,...`` (exception, sigkill, hang, oom, nan).
@@ -50,22 +50,23 @@ def launch_training(
         inprocess: NVRx in-process restart.
         ft_launcher: NVRx ft_launcher (heartbeats, restarts); off = plain torchrun.
         train_overrides: Any other trainer settings by TrainConfig field name (``model`` as a dict).
-        nodes: pytorchjob: worker pods, one per node (the maximum when ``min_nodes`` is set).
-        min_nodes: pytorchjob: elastic lower bound; training goes on with this many nodes when
-            others are lost. 0 = exactly ``nodes``.
-        gpus_per_node: pytorchjob: GPUs per pod (0 for CPU pods with ``procs_per_node``).
+        nodes: cluster: worker pods, one per node (the maximum when ``min_nodes`` is set).
+        min_nodes: pytorchjob only (Trainer v2 is not elastic): elastic lower bound; training goes
+            on with this many nodes when others are lost. 0 = exactly ``nodes``.
+        gpus_per_node: cluster: GPUs per pod (0 for CPU pods with ``procs_per_node``).
         procs_per_node: Processes per pod (local: per machine, default 2); 0 = one per GPU.
-        image: pytorchjob: trainer image; empty = the release's trainer image.
-        efa_per_node: pytorchjob: EFA interfaces per pod (``vpc.amazonaws.com/efa``).
-        node_selector: pytorchjob: node labels the workers need (e.g. instance type).
-        tolerations: pytorchjob: pod tolerations, e.g. ``[{"key": "nvidia.com/gpu", "operator":
+        image: cluster: trainer image; empty = the release's trainer image.
+        efa_per_node: cluster: EFA interfaces per pod (``vpc.amazonaws.com/efa``).
+        node_selector: cluster: node labels the workers need (e.g. instance type).
+        tolerations: cluster: pod tolerations, e.g. ``[{"key": "nvidia.com/gpu", "operator":
             "Exists", "effect": "NoSchedule"}]``.
-        service_account: pytorchjob: service account of the worker pods.
-        nvrx_version: pytorchjob: NVRx version in the trainer image (selects ft_launcher flags).
-        backoff_limit: pytorchjob: pod replacements (exit code >= 128) before the job fails.
+        service_account: cluster: service account of the worker pods.
+        nvrx_version: cluster: NVRx version in the trainer image (selects ft_launcher flags).
+        backoff_limit: cluster: pod replacements (exit code >= 128) before the job fails; for
+            ``trainjob`` it must equal the runtime's JobSet ``maxRestarts`` (3), which sets it.
         timeout_seconds: Overall limit for the job; on expiry it is deleted and the step fails.
-        poll_seconds: pytorchjob: seconds between status checks.
-        stream_logs: pytorchjob: ``worker-0``, ``all`` or ``none``.
+        poll_seconds: cluster: seconds between status checks.
+        stream_logs: cluster: ``worker-0`` (node 0), ``all`` or ``none``.
 
     Returns:
         job_name: The PyTorchJob's or TrainJob's name (for ``teardown_storage``); empty for local.

@@ -18,7 +18,7 @@ def teardown_storage(
     job_name: str = "",
     delete_file_system: bool = True,
 ) -> str:
-    """Delete the run's PyTorchJob, PVC, PV and (when it created it) FSx file system. Safe to repeat.
+    """Delete the run's PyTorchJob or TrainJob, PVC, PV and (when it created it) FSx file system. Safe to repeat.
 
     Runs in the pipeline's exit handler, so a failed or cancelled run leaves nothing billing. An
     exit task cannot take other tasks' outputs: give it the run id and the same storage parameters
@@ -35,9 +35,9 @@ def teardown_storage(
         region: AWS region of the file system; empty = the pod's default.
         storage_ref: ``provision_storage``'s output, when available (outside an exit handler); it
             replaces the four storage parameters above.
-        delete_job: Also delete the run's PyTorchJob (found by the name ``launch_training`` derives
-            from ``run_id``); already gone counts as done.
-        job_name: Delete this PyTorchJob instead of the derived one.
+        delete_job: Also delete the run's PyTorchJob or TrainJob (found by the name
+            ``launch_training`` derives from ``run_id``); already gone counts as done.
+        job_name: Delete this PyTorchJob or TrainJob instead of the derived one.
         delete_file_system: Delete an FSx file system this run created; off keeps it for inspection.
 
     Returns:
