@@ -298,12 +298,16 @@ def test_failure_names_the_reason_exit_codes_and_log_tail(server):
     server.state.job_timeline = [Phase("Running"), Phase("Failed", reason="FailedJobs", message="jobset failed",
                                                           exit_code=93)]
     server.add_event("team-a", "Pod", "rt-r1-node-0-0-g0", "FailedMount", "claim not bound")
+    server.add_event("team-a", "Job", "rt-r1-node-0", "BackoffLimitExceeded", "job has reached the backoff limit")
+    # A decoy: another job whose name starts with this one's and its pod name.
+    server.add_event("team-a", "Pod", "rt-r1-node-node-0-0-abcde", "FailedScheduling", "someone else's pod")
     with pytest.raises(launch.JobFailed) as info:
         launch.launch(spec(nodes=2), api=_api(server), timeout_s=10, poll_s=0.01, stream_logs="none", progress=print)
     text = str(info.value)
     assert "TrainJob team-a/rt-r1 failed: FailedJobs: jobset failed" in text
     assert "exit code 93" in text and "deterministic failure" in text
     assert "last log lines of rt-r1-node-0-0-g0" in text and "FailedMount" in text
+    assert "BackoffLimitExceeded" in text and "someone else's pod" not in text
 
 
 def test_sigterm_deletes_the_trainjob(server):
@@ -314,7 +318,10 @@ def test_sigterm_deletes_the_trainjob(server):
         launch.launch(spec(), api=_api(server), timeout_s=30, poll_s=0.02, progress=print)
     timer.join()
     assert server.names("trainjobs") == []
-    assert ("DELETE", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/rt-r1") in server.state.requests
+    path = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/rt-r1"
+    assert ("DELETE", path) in server.state.requests
+    # Foreground: the JobSet and its pods are gone before the TrainJob, so a re-created one never meets them.
+    assert server.state.delete_options[path].get("propagationPolicy") == "Foreground"
 
 
 def test_launch_training_dispatches_to_a_trainjob(server):

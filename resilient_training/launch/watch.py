@@ -13,6 +13,7 @@ else is the same for both:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -114,7 +115,11 @@ class TrainJobs:
 
     @staticmethod
     def owns_pod(job_name: str, pod_name: str) -> bool:
-        return pod_name.startswith(job_name + "-" + trainjob.REPLICATED_JOB + "-")
+        """The JobSet's Job ``<job>-node-0`` and its pods ``<job>-node-0-<i>-<random>``, not another
+        job's whose name only starts the same (``<job>-node-...``).
+        """
+        pattern = rf"{re.escape(job_name)}-{trainjob.REPLICATED_JOB}-0(-[0-9]+(-[a-z0-9]+)?)?"
+        return re.fullmatch(pattern, pod_name) is not None
 
 
 def jobs_api(kind: str, namespace: str, *, training_client: Any = None, kube_configuration: Any = None) -> Any:

@@ -66,6 +66,7 @@ class KubeState:
     pod_logs: dict[str, str] = field(default_factory=dict)
     fail_next: dict[tuple[str, str], int] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
+    delete_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> the last DELETE's body
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def store(self, resource: str) -> dict[tuple[str, str], dict[str, Any]]:
@@ -145,11 +146,12 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         target = route(url.path)
         body = self._body() if method == "POST" else None
-        if method == "DELETE":
-            self._body()  # delete options, ignored
+        options = self._body() if method == "DELETE" else None  # delete options: recorded, not acted on
         st = self.state
         with st.lock:
             st.requests.append((method, url.path))
+            if options is not None:
+                st.delete_options[url.path] = options
             if target is None:
                 return self._send(404, _status(404, f"the server could not find the requested resource {url.path}"))
             resource, namespace, name = target
