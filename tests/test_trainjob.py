@@ -208,6 +208,52 @@ def test_runtime_leaves_rank_faults_to_nvrx_and_restarts_pods_only_when_killed()
                                                  "targetReplicatedJobs": ["node"]}]
 
 
+def _job_outcome(job_spec: dict, exit_code: int, conditions: tuple[str, ...]) -> str:
+    """What the Job controller does with one failed pod: Kubernetes' podFailurePolicy semantics
+    (rules in order, the first match acts; no match counts) against ``backoffLimit``."""
+    for rule in job_spec["podFailurePolicy"]["rules"]:
+        codes = rule.get("onExitCodes")
+        if codes is not None:
+            in_values = exit_code in codes["values"]
+            if exit_code and (in_values if codes["operator"] == "In" else not in_values):
+                break
+        elif any(c["type"] in conditions and c.get("status", "True") == "True" for c in rule["onPodConditions"]):
+            break
+    else:
+        rule = {"action": "Count"}
+    if rule["action"] == "FailJob":
+        return "PodFailurePolicy"
+    if rule["action"] == "Ignore" or job_spec["backoffLimit"] > 0:
+        return "pod replaced"
+    return "BackoffLimitExceeded"
+
+
+def _jobset_action(jobset: dict, reason: str, rjob: str) -> str:
+    """JobSet's failurePolicy: the first rule matching the failed Job's reason and replicated job; else restart."""
+    for rule in jobset["failurePolicy"]["rules"]:
+        if (not rule.get("onJobFailureReasons") or reason in rule["onJobFailureReasons"]) and \
+                (not rule.get("targetReplicatedJobs") or rjob in rule["targetReplicatedJobs"]):
+            return rule["action"]
+    return "RestartJobSet"
+
+
+@pytest.mark.parametrize(("exit_code", "conditions", "expected"), [
+    (93, (), "FailJobSet"),  # the trainer's deterministic failure
+    (1, (), "FailJobSet"),  # ft_launcher gave up after its restart budget
+    (137, (), "RestartJobSet"),  # SIGKILL: OOM kill, node loss
+    (143, (), "RestartJobSet"),  # SIGTERM from outside
+    (1, ("DisruptionTarget",), "RestartJobSet"),  # evicted or preempted: ft_launcher exits 1 on SIGTERM
+    (137, ("DisruptionTarget",), "RestartJobSet"),
+])
+def test_what_the_shipped_runtime_does_with_a_failed_pod(exit_code, conditions, expected):
+    rt = yaml.safe_load((ROOT / "manifests" / "runtimes" / "nvrx-ft-launcher.yaml").read_text())
+    rjob = _rjob(rt)
+    reason = _job_outcome(rjob["template"]["spec"], exit_code, conditions)
+    # A pod replaced inside the Job (backoffLimit > 0) would meet the survivors' stale rendezvous: never wanted.
+    outcome = reason if reason == "pod replaced" else _jobset_action(rt["spec"]["template"]["spec"], reason, rjob["name"])
+    assert outcome == expected
+
+
 def test_torchrun_when_ft_launcher_is_off():
     job = rendered(train=config.from_dict({"run_dir": REF.run_dir, "ft_launcher": False}))
     trainer = job["spec"]["trainer"]
