@@ -28,3 +28,30 @@ def test_bad_values_name_the_field(kwargs, message):
 def test_model_heads_must_divide_width():
     with pytest.raises(ValueError, match="divisible by n_heads"):
         cfg.ModelConfig(d_model=30, n_heads=4)
+
+
+def test_launch_component_defaults_are_the_trainer_defaults():
+    """KFP needs literal defaults in a component's signature; they must be TrainConfig's, not a second source."""
+    import inspect
+
+    from resilient_training.components.launch_training import launch_training
+
+    params = inspect.signature(launch_training.python_func).parameters
+    defaults = cfg.from_dict({"run_dir": "/x"})
+    expected = {"steps": defaults.steps, "checkpoint_every": defaults.checkpoint.every, "faults": defaults.faults,
+                "async_checkpoint": defaults.checkpoint.async_save, "inprocess": defaults.restart.inprocess,
+                "ft_launcher": defaults.restart.ft_launcher}
+    assert {name: params[name].default for name in expected} == expected
+
+
+def test_flat_and_nested_settings_agree_and_bad_types_are_refused():
+    flat = cfg.from_dict({"run_dir": "/x", "checkpoint_every": 7.0, "soft_timeout": 5, "batch_size": 4})
+    nested = cfg.from_dict({"run_dir": "/x", "checkpoint": {"every": 7}, "timeouts": {"soft": 5.0},
+                            "data": {"batch_size": 4}})
+    assert flat == nested and flat.checkpoint.every == 7 and isinstance(flat.timeouts.soft, float)
+    for bad, message in [({"model": 5}, "model must be a mapping"), ({"checkpoint_every": 2.5}, "must be an integer"),
+                         ({"inprocess": "yes"}, "must be true or false"), ({"lr": float("nan")}, "finite"),
+                         ({"steps": True}, "must be an integer"), ({"faults": 3}, "must be a string"),
+                         ({"run_dir": ""}, "run_dir must not be empty"), ({"soft_timeout": -1.0}, "soft_timeout")]:
+        with pytest.raises(ValueError, match=message):
+            cfg.from_dict({"run_dir": "/x", **bad})

@@ -178,3 +178,54 @@ def test_a_second_launch_on_the_same_run_is_its_own_segment(tmp_path: Path) -> N
     assert [launch for *_, launch in m["loss"]] == [0] * 5 + [1] * 3
     assert [step for _, step in m["restores"]] == [5]
     assert m["faults"] == [] and m["steps"]["completed"] == 8
+
+
+def _peer_fault_run(run: Path, *, injected: str | None, victim_reports: str | None = None) -> None:
+    """Rank 1 fails at step 13; rank 0 only sees a peer fail; ft_launcher restarts both."""
+    log = ScriptedLog(run)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 12, checkpoint_every=5)
+    if injected:
+        log.emit("fault_injected", 13, rank=1, fault=f"{injected}@13:1", type=injected)
+    log.wait(0.5)
+    if victim_reports:
+        log.emit("failure_detected", 13, rank=1, cause=victim_reports, message=f"{victim_reports} on rank 1")
+    log.emit("failure_detected", 13, rank=0, cause="peer_failure", message="a peer failed")
+    log.emit("restart_begin", 13, rank=0, layer="inprocess", cause="peer_failure")
+    log.attempt += 1
+    log.wait(2.0)
+    log.emit("restart_done", layer="launcher")
+    log.emit("load_done", 10, path="checkpoints/step_10", seconds=0.2)
+    log.steps(11, 15)
+    log.end()
+    log.close()
+
+
+def test_the_root_cause_is_what_happened_not_what_the_peer_saw(tmp_path: Path) -> None:
+    _peer_fault_run(tmp_path, injected="sigkill")
+    m = compute_metrics(tmp_path)
+    (fault,) = m["faults"]
+    assert fault["root_cause"]["kind"] == "sigkill" and fault["root_cause"]["rank"] == 1
+    assert fault["root_cause"]["injected"] is True and fault["layer"] == "launcher"
+    assert {(s["rank"], s["cause"]) for s in fault["symptoms"]} == {(0, "peer_failure")}
+    assert m["restart_causes"] == {"sigkill": 1}
+
+
+def test_a_rank_that_died_silently_is_named(tmp_path: Path) -> None:
+    _peer_fault_run(tmp_path, injected=None)
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert fault["root_cause"]["kind"] == "died" and fault["root_cause"]["rank"] == 1
+    assert "without reporting" in fault["root_cause"]["detail"]
+    assert fault["cause"] == "died"
+
+
+def test_the_failing_rank_s_own_report_beats_the_peer_s(tmp_path: Path) -> None:
+    _peer_fault_run(tmp_path, injected="hang", victim_reports="timeout")
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert fault["root_cause"]["kind"] == "hang" and fault["root_cause"]["rank"] == 1
+    assert "timeout on rank 1" in fault["root_cause"]["detail"]
+    _peer_fault_run(tmp_path / "b", injected=None, victim_reports="timeout")
+    (fault,) = compute_metrics(tmp_path / "b")["faults"]
+    assert (fault["root_cause"]["kind"], fault["root_cause"]["rank"]) == ("timeout", 1)
+    assert [s["rank"] for s in fault["symptoms"] if s["event"] == "failure_detected"] == [0]

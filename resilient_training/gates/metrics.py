@@ -15,6 +15,13 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
   its **rollback distance** is the last step completed before the restore minus the step
   restored. A trigger after which training went on in the same attempt and iteration with
   no restore is a fault absorbed without restart (layer ``none``, 0 s).
+- **root cause** of an episode (what happened, not what the other ranks saw): the injected
+  fault (type, rank, step), else the first ``failure_detected`` whose cause is not a symptom of
+  another rank's failure (``peer_failure``, ``restart_requested``: exception type and message,
+  ``nan``, timeouts), else a pod/node restart cause, else — when every reporting rank only saw a
+  peer fail — the training rank that reported nothing (it died without a word: a signal or a
+  crash). The other ranks' reports are the episode's **symptoms**, linked to it and never counted
+  as faults of their own.
 - **infrastructure goodput** = (wall − downtime) / wall, downtime = union of episode spans
   (an episode never closed runs to the end of the log).
 - **checkpoint freshness** at a step = that step minus the newest step committed before it
@@ -43,6 +50,8 @@ from resilient_training.run import events as ev
 from resilient_training.run import layout
 
 TRIGGERS = ("fault_injected", "failure_detected", "restart_begin")
+# What a rank reports when *another* rank failed or a restart was requested of it: never a root cause.
+SYMPTOMS = ("peer_failure", "restart_requested")
 LAYER_ORDER = {"none": 0, "reload": 1, "inprocess": 2, "launcher": 3, "pod": 4}
 
 
@@ -77,6 +86,8 @@ class Episode:
     fault_step: int | None = None
     context: tuple[int, int] | None = None
     triggers: list[str] = dataclasses.field(default_factory=list)
+    root_cause: dict[str, Any] = dataclasses.field(default_factory=dict)
+    symptoms: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def recovered(self) -> bool:
@@ -176,7 +187,48 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             last_step, context = int(e.step), (e.attempt, e.iteration)
     for episode in found:
         _classify(episode, events, ref)
+        _attribute(episode, events)
     return found
+
+
+def _attribute(episode: Episode, events: list[ev.Event]) -> None:
+    """Name the episode's root cause and link the other ranks' reports to it as symptoms."""
+    end = episode.end if episode.end is not None else math.inf
+    inside = [e for e in events if e.event in TRIGGERS and episode.start <= e.ts <= end]
+    injected = next((e for e in inside if e.event == "fault_injected"), None)
+    primary = next((e for e in inside if e.event == "failure_detected" and e.get("cause") not in SYMPTOMS), None)
+    pod = next((e for e in inside if e.event == "restart_begin" and e.get("layer") == "pod"), None)
+    root: dict[str, Any]
+    if injected is not None:
+        root = {"kind": injected.get("type") or str(injected.get("fault", "")).split("@")[0], "rank": injected.rank,
+                "step": injected.step, "injected": True, "detail": injected.get("fault")}
+        if primary is not None and primary.rank == injected.rank:
+            root["detail"] = f"{injected.get('fault')}: {primary.get('message') or primary.get('cause')}"
+    elif primary is not None:
+        root = {"kind": primary.get("cause"), "rank": primary.rank, "step": primary.step, "injected": False,
+                "detail": primary.get("message") or primary.get("cause")}
+    elif pod is not None:
+        root = {"kind": "node", "rank": None, "node": pod.get("node"), "step": pod.step, "injected": False,
+                "detail": pod.get("cause")}
+    else:
+        reporters = {e.rank for e in inside if e.event == "failure_detected"}
+        world = {e.rank for e in events if e.event == "step" and e.rank >= 0 and e.ts <= episode.start}
+        silent = sorted(world - reporters)
+        if reporters and len(silent) == 1:
+            root = {"kind": "died", "rank": silent[0], "step": episode.fault_step, "injected": False,
+                    "detail": f"rank {silent[0]} stopped without reporting a failure (killed by a signal or crashed)"}
+        else:
+            root = {"kind": episode.cause or "unknown", "rank": None, "step": episode.fault_step, "injected": False,
+                    "detail": episode.cause or "unknown"}
+    episode.root_cause = root
+    if root["kind"]:
+        episode.cause = str(root["kind"])
+    episode.symptoms = [
+        {"rank": e.rank, "event": e.event, "cause": e.get("cause"), "step": e.step}
+        for e in inside
+        if e.event in ("failure_detected", "restart_begin") and e is not primary
+        and not (e.rank == root.get("rank") and e.event == "restart_begin")
+    ]
 
 
 def _absorbed(episode: Episode, step_event: ev.Event) -> bool:
@@ -408,6 +460,8 @@ def _episode_dict(p: Episode, t0: float) -> dict[str, Any]:
         "end": None if p.end is None else p.end - t0,
         "fault": p.fault,
         "cause": p.cause,
+        "root_cause": p.root_cause,
+        "symptoms": p.symptoms,
         "layer": p.layer,
         "fault_step": p.fault_step,
         "restored_step": p.restored_step,

@@ -31,6 +31,16 @@ def _png(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+def _root_cause(fault: dict[str, Any]) -> str:
+    """'sigkill on rank 1: …' with the other ranks' reports counted as symptoms, not faults."""
+    root = fault.get("root_cause") or {}
+    where = f" on rank {root['rank']}" if root.get("rank") is not None else ""
+    detail = root.get("detail")
+    text = f"{fault['cause']}{where}" + (f": {detail}" if detail and detail != fault["cause"] else "")
+    symptoms = [s for s in fault.get("symptoms", []) if s.get("event") == "failure_detected"]
+    return text + (f" ({len(symptoms)} symptom report(s) from other ranks)" if symptoms else "")
+
+
 def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
@@ -190,7 +200,7 @@ def render_html(m: dict[str, Any], title: str) -> str:
         ("wall time", _fmt(m["wall_seconds"], " s", 1), f"downtime {_fmt(m['downtime_seconds'], ' s', 1)}"),
     ]
     fault_rows = "".join(
-        f"<tr><td>{i + 1}</td><td>{e(str(f['fault'] or '–'))}</td><td>{e(str(f['cause']))}</td><td>{e(f['layer'])}</td>"
+        f"<tr><td>{i + 1}</td><td>{e(str(f['fault'] or '–'))}</td><td>{e(_root_cause(f))}</td><td>{e(f['layer'])}</td>"
         f"<td>{_fmt(f['fault_step'])}</td><td>{_fmt(f['restored_step'])}</td><td>{_fmt(f['rollback_steps'])}</td>"
         f"<td>{_fmt(f['recovery_seconds'], ' s')}</td><td>{_fmt(f['start'], ' s', 1)}</td></tr>"
         for i, f in enumerate(m["faults"]))
