@@ -1,5 +1,5 @@
-"""launch_training as a KFP component under kfp.local: the pytorchjob backend against the kube
-API stand-in (found through KUBECONFIG), and the local backend running the real trainer."""
+"""launch_training as a KFP component under kfp.local: the pytorchjob and trainjob backends against
+the kube API stand-in (found through KUBECONFIG), and the local backend running the real trainer."""
 
 from __future__ import annotations
 
@@ -46,6 +46,37 @@ def test_pytorchjob_backend_through_the_local_runner(kfp_local, cluster):
                         ("--model-d-model", "1024"), ("--run-dir", "/mnt/run/runs/run-7")):
         assert args[args.index(flag) + 1] == value
     assert json.loads({e["name"]: e["value"] for e in container["env"]}["RT_STORAGE_REF"])["fsx_id"] == REF.fsx_id
+
+
+def test_trainjob_backend_through_the_local_runner(kfp_local, cluster):
+    task = launch_training(storage_ref=REF.to_json(), run_id="run-7", launcher="trainjob", nodes=8, steps=100,
+                           faults="sigkill@50:9", efa_per_node=32, train_overrides={"heartbeat_timeout": 120.0},
+                           tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                           service_account="trainer-s3", poll_seconds=0.05, timeout_seconds=30)
+    assert task.outputs["job_name"] == job_name_for_run("run-7")
+    job = cluster.get("trainjobs", job_name_for_run("run-7"), "team-a")
+    trainer = job["spec"]["trainer"]
+    args = trainer["args"]
+    assert job["spec"]["runtimeRef"]["name"] == "nvrx-ft-launcher"
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (8, 8)
+    assert trainer["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
+    for flag, value in (("--steps", "100"), ("--faults", "sigkill@50:9"), ("--heartbeat-timeout", "120.0"),
+                        ("--run-dir", "/mnt/run/runs/run-7")):
+        assert args[args.index(flag) + 1] == value
+    pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "trainer-s3"
+    assert {v["name"]: v for v in pod["volumes"]}["run-storage"]["persistentVolumeClaim"]["claimName"] == REF.pvc_name
+    assert cluster.names("pytorchjobs") == []
+
+
+def test_trainjob_backend_refuses_what_a_trainjob_cannot_express(kfp_local, cluster, capfd):
+    with pytest.raises(RuntimeError):  # kfp.local reports the step's ValueError as a failed task
+        launch_training(storage_ref=REF.to_json(), run_id="run-7", launcher="trainjob", nodes=8, min_nodes=6,
+                        poll_seconds=0.05, timeout_seconds=30)
+    out, err = capfd.readouterr()
+    assert "a TrainJob is not elastic" in out + err
+    assert cluster.names("trainjobs") == []  # refused before anything was created
 
 
 def test_failed_job_fails_the_step(kfp_local, cluster):
