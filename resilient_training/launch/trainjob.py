@@ -105,8 +105,9 @@ def command_and_args(spec: JobSpec) -> tuple[list[str] | None, list[str]]:
         return None, [rdzv_id, *args]
     # torchrun reads the same PET_* variables; only the rendezvous flags must be given.
     head = command + args
-    flags_end = head.index("-m", len(TORCHRUN))  # the worker module follows torchrun's own flags
-    return [*head[:len(TORCHRUN)], *RENDEZVOUS_FLAGS, rdzv_id], head[len(TORCHRUN):flags_end] + head[flags_end:]
+    if head[:len(TORCHRUN)] != TORCHRUN:
+        raise ValueError(f"expected a torchrun command, got {head[:3]}")
+    return [*TORCHRUN, *RENDEZVOUS_FLAGS, rdzv_id], head[len(TORCHRUN):]
 
 
 def build_job(spec: JobSpec, *, runtime: str = RUNTIME_NAME) -> Any:
