@@ -68,8 +68,9 @@ class PyTorchJobs:
 class TrainJobs:
     """Kubeflow Trainer v2 TrainJobs of one namespace through the Kubernetes ``CustomObjectsApi``.
 
-    The ``kubeflow`` SDK's ``TrainerClient`` is not used: it names jobs itself, resolves the
-    runtime (one more RBAC grant) and reports a summary without the Failed condition's reason.
+    The ``kubeflow`` SDK's ``TrainerClient`` is not used: it builds the TrainJob from its own
+    trainer types (no ``numProcPerNode``), reads the runtime first (one more RBAC grant) and
+    reports a summary without the Failed condition's reason (docs/cluster.md, section 6).
     """
 
     kind = "TrainJob"
