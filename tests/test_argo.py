@@ -387,3 +387,29 @@ def test_compile_argo_prints_what_it_wrote(tmp_path, capsys):
     assert "CronWorkflow 'resilient-training': 0 2 * * * UTC, concurrency Forbid, starting deadline none" in out
     assert sorted(p.name for p in (tmp_path / "argo").iterdir()) == [
         "resilient-training.cronworkflow.yaml", "resilient-training.workflowtemplate.yaml"]
+
+
+# --- the cluster side ---------------------------------------------------------------------------
+
+
+def test_argo_overlay_builds_and_lets_the_steps_service_account_report_outputs():
+    import shutil
+
+    import kubernetes_validate
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    out = subprocess.run(["kubectl", "kustomize", str(Path(__file__).resolve().parents[1] / "manifests/overlays/argo")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.32", strict=True)
+    by_kind_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert ("ServiceAccount", argo.SERVICE_ACCOUNT) in by_kind_name  # the account the WorkflowTemplate names
+    role = by_kind_name[("Role", "resilient-training-argo-executor")]
+    assert role["rules"] == [{"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"],
+                              "verbs": ["create", "patch"]}]
+    binding = by_kind_name[("RoleBinding", "resilient-training-argo-executor")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": argo.SERVICE_ACCOUNT,
+                                    "namespace": "resilient-training"}]
