@@ -26,7 +26,8 @@ from resilient_training.pipelines.resilient_training import resilient_training
 from tests.support import crd_schema, runs
 
 CRON_FLAGS = ["--schedule", "15 4 * * 1-5", "--schedule", "@every 12h", "--timezone", "Europe/Berlin",
-              "--concurrency-policy", "Replace", "--starting-deadline", "900"]
+              "--concurrency-policy", "Replace", "--starting-deadline", "900",
+              "--cron-param", "storage=fsx", "--cron-param", "steps=400", "--cron-param", 'train_overrides={"lr": 0.001}']
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,12 @@ def test_cron_fields_come_from_the_flags_and_it_starts_the_template(compiled):
     assert spec["concurrencyPolicy"] == "Replace"
     assert spec["startingDeadlineSeconds"] == 900
     assert "schedule" not in spec  # removed in Argo v4
-    assert spec["workflowSpec"] == {"workflowTemplateRef": {"name": compiled["template"]["metadata"]["name"]}}
+    assert spec["workflowSpec"] == {
+        "workflowTemplateRef": {"name": compiled["template"]["metadata"]["name"]},
+        # --cron-param values, as the text the steps parse back (typed by the pipeline's inputs).
+        "arguments": {"parameters": [{"name": "storage", "value": "fsx"}, {"name": "steps", "value": "400"},
+                                     {"name": "train_overrides", "value": '{"lr": 0.001}'}]},
+    }
 
 
 def test_cron_defaults(tmp_path):
@@ -86,6 +92,7 @@ def test_cron_defaults(tmp_path):
     spec = yaml.safe_load(argo.output_paths(tmp_path).cron_workflow.read_text())["spec"]
     assert spec["schedules"] == ["0 2 * * *"] and spec["timezone"] == "UTC" and spec["concurrencyPolicy"] == "Forbid"
     assert "startingDeadlineSeconds" not in spec
+    assert spec["workflowSpec"] == {"workflowTemplateRef": {"name": "resilient-training"}}
 
 
 # --- the same pipeline as KFP -------------------------------------------------------------------
@@ -363,6 +370,11 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--starting-deadline", "-5"], "--starting-deadline must be 0 or more seconds"),
     (["--pipeline", "recovery-benchmark"], "writes the 'resilient-training' pipeline only"),
     (["-o", "one.yaml"], "-o must be a directory"),
+    (["--cron-param", "storage=local"], "--cron-param: storage must be one of pvc, fsx on Argo, got 'local'"),
+    (["--cron-param", "nodes=two"], "--cron-param: input 'nodes' must be an integer, got 'two'"),
+    (["--cron-param", "nodez=2"], "--cron-param: resilient-training has no input 'nodez'"),
+    (["--cron-param", "steps=4", "--cron-param", "steps=5"], "--cron-param: input 'steps' is given twice"),
+    (["--cron-param", "train_overrides=[]"], "must be a JSON object"),
 ])
 def test_compile_argo_refuses_bad_flags_with_one_line_and_writes_nothing(flags, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -375,8 +387,8 @@ def test_compile_argo_refuses_bad_flags_with_one_line_and_writes_nothing(flags, 
 
 def test_cron_flags_are_refused_without_format_argo(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert cli(["compile", "-o", "out", "--timezone", "UTC", "--starting-deadline", "60"]) == 2
-    assert "--timezone, --starting-deadline: only with --format argo" in capsys.readouterr().err
+    assert cli(["compile", "-o", "out", "--timezone", "UTC", "--starting-deadline", "60", "--cron-param", "steps=1"]) == 2
+    assert "--timezone, --starting-deadline, --cron-param: only with --format argo" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -384,7 +396,8 @@ def test_compile_argo_prints_what_it_wrote(tmp_path, capsys):
     assert cli(["compile", "--format", "argo", "-o", str(tmp_path / "argo")]) == 0
     out = capsys.readouterr().out
     assert "WorkflowTemplate 'resilient-training', 6 steps + teardown-storage on exit, 26 parameter(s)" in out
-    assert "CronWorkflow 'resilient-training': 0 2 * * * UTC, concurrency Forbid, starting deadline none" in out
+    assert ("CronWorkflow 'resilient-training': 0 2 * * * UTC, concurrency Forbid, starting deadline none; "
+            "parameters: the template's defaults") in out
     assert sorted(p.name for p in (tmp_path / "argo").iterdir()) == [
         "resilient-training.cronworkflow.yaml", "resilient-training.workflowtemplate.yaml"]
 

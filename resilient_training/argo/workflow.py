@@ -261,11 +261,30 @@ class Schedule:
     timezone: str = "UTC"
     concurrency_policy: str = "Forbid"
     starting_deadline_seconds: int | None = None
+    arguments: tuple[tuple[str, str], ...] = ()
+    """Parameter values the scheduled runs use instead of the template's defaults (:func:`cron_arguments`)."""
+
+
+def cron_arguments(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE`` items checked against the pipeline's inputs (name, type, the storage enum), as Argo text.
+
+    Raises:
+        StepError: an unknown or repeated name, a value of the wrong type, or storage not pvc/fsx.
+
+    """
+    from resilient_training.argo.step import StepError, parse_arguments
+    from resilient_training.pipelines.resilient_training import resilient_training
+
+    values = parse_arguments(resilient_training, items)
+    if "storage" in values and values["storage"] not in ARGO_STORAGE:
+        raise StepError(f"storage must be one of {', '.join(ARGO_STORAGE)} on Argo, got {values['storage']!r}")
+    return tuple((name, argo_value(value)) for name, value in values.items())
 
 
 def cron_workflow(schedule: Schedule) -> Any:
     """A hera ``CronWorkflow`` that starts the WorkflowTemplate :data:`NAME` on ``schedule``."""
     from hera.workflows import CronWorkflow
+    from hera.workflows.models import Parameter as ModelParameter
     from hera.workflows.models import WorkflowTemplateRef
 
     return CronWorkflow(
@@ -275,6 +294,7 @@ def cron_workflow(schedule: Schedule) -> Any:
         concurrency_policy=schedule.concurrency_policy,
         starting_deadline_seconds=schedule.starting_deadline_seconds,
         workflow_template_ref=WorkflowTemplateRef(name=NAME),
+        arguments=[ModelParameter(name=name, value=value) for name, value in schedule.arguments] or None,
     )
 
 

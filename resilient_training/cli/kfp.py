@@ -60,6 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       f"(default {ARGO_DEFAULT_SCHEDULE.concurrency_policy})")
     cron.add_argument("--starting-deadline", type=int, metavar="SECONDS",
                       help="start a missed run only within this many seconds of its time (default: no limit)")
+    cron.add_argument("--cron-param", action="append", metavar="KEY=VALUE",
+                      help="a pipeline parameter the scheduled runs use (repeatable; typed by the pipeline's inputs), "
+                      "e.g. --cron-param pvc_name=training-data")
     p.set_defaults(func=_compile)
 
     p = subparsers.add_parser(
@@ -167,7 +170,8 @@ def _compile(args: argparse.Namespace) -> int:
         return _compile_argo(args)
     cron_flags = [flag for flag, value in (("--schedule", args.schedule), ("--timezone", args.timezone),
                                            ("--concurrency-policy", args.concurrency_policy),
-                                           ("--starting-deadline", args.starting_deadline)) if value is not None]
+                                           ("--starting-deadline", args.starting_deadline),
+                                           ("--cron-param", args.cron_param)) if value is not None]
     if cron_flags:
         print(f"error: {', '.join(cron_flags)}: only with --format argo", file=sys.stderr)
         return 2
@@ -201,6 +205,7 @@ def _compile_argo(args: argparse.Namespace) -> int:
             timezone=argo_cron.validate_timezone(args.timezone if args.timezone is not None else default.timezone),
             concurrency_policy=argo_cron.validate_concurrency_policy(args.concurrency_policy or default.concurrency_policy),
             starting_deadline_seconds=args.starting_deadline,
+            arguments=_cron_arguments(args.cron_param or []),
         )
         paths = argo_workflow.write(output, schedule)
         steps, teardown = argo_workflow.pipeline_steps()
@@ -208,12 +213,22 @@ def _compile_argo(args: argparse.Namespace) -> int:
               f"{len(steps)} steps + {teardown.task} on exit, "
               f"{len(argo_workflow.workflow_parameters())} parameter(s))")
         deadline = "none" if schedule.starting_deadline_seconds is None else f"{schedule.starting_deadline_seconds}s"
+        overrides = ", ".join(f"{k}={v}" for k, v in schedule.arguments) or "the template's defaults"
         print(f"{ARGO_PIPELINE}: {paths.cron_workflow} (CronWorkflow {argo_workflow.NAME!r}: "
               f"{'; '.join(schedule.schedules)} {schedule.timezone}, concurrency {schedule.concurrency_policy}, "
-              f"starting deadline {deadline})")
+              f"starting deadline {deadline}; parameters: {overrides})")
         return 0
 
     return _run(body)
+
+
+def _cron_arguments(items: list[str]) -> tuple[tuple[str, str], ...]:
+    from resilient_training.argo.step import StepError
+
+    try:
+        return argo_workflow.cron_arguments(items)
+    except StepError as exc:
+        raise _InputError(f"--cron-param: {exc}") from None
 
 
 def _local_pipeline(args: argparse.Namespace, workdir: Path, package: str | Path | None) -> CompiledPipeline:
