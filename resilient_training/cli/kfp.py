@@ -197,8 +197,9 @@ def _compile_argo(args: argparse.Namespace) -> int:
         output = Path(args.output)
         if output.suffix in (".yaml", ".yml"):
             raise _InputError(f"--format argo writes two files; -o must be a directory, got {output}")
-        if args.starting_deadline is not None and args.starting_deadline < 0:
-            raise _InputError(f"--starting-deadline must be 0 or more seconds, got {args.starting_deadline}")
+        if args.starting_deadline is not None and args.starting_deadline < 1:
+            # 0 would read as "no deadline" to some and "never late" to others: leave it out instead.
+            raise _InputError(f"--starting-deadline must be a positive number of seconds, got {args.starting_deadline}")
         default = ARGO_DEFAULT_SCHEDULE
         schedule = argo_workflow.Schedule(
             schedules=tuple(argo_cron.validate_schedule(s) for s in args.schedule or default.schedules),
