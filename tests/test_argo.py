@@ -114,8 +114,10 @@ def kfp_tasks(ir: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     executors = platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get("executors", {})
     found: dict[str, dict[str, Any]] = {}
 
-    def walk(dag: dict[str, Any], env: dict[str, tuple], guards: frozenset, in_exit_handler: bool) -> None:
+    def walk(dag: dict[str, Any], env: dict[str, tuple], guards: frozenset, in_exit_handler: bool,
+             after: frozenset = frozenset()) -> None:
         for name, task in dag["tasks"].items():
+            task_after = after | set(task.get("dependentTasks", []))
             inputs = {k: _kfp_source(v, env) for k, v in task.get("inputs", {}).get("parameters", {}).items()}
             component = spec["components"][task["componentRef"]["name"]]
             condition = task.get("triggerPolicy", {}).get("condition")
@@ -126,16 +128,26 @@ def kfp_tasks(ir: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 inner = guards | {inputs[match.group(1)]}
             exit_task = task.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
             if "dag" in component:
-                walk(component["dag"], inputs, inner, in_exit_handler or name.startswith("exit-handler"))
+                walk(component["dag"], inputs, inner, in_exit_handler or name.startswith("exit-handler"), task_after)
                 continue
             mounts = executors.get(component["executorLabel"], {}).get("pvcMount", [])
             claims = [(_kfp_source(m["pvcNameParameter"], env), m["mountPath"]) for m in mounts]
             found[name] = {"component": task["componentRef"]["name"].removeprefix("comp-"), "inputs": inputs,
-                           "guards": inner, "exit": exit_task, "claims": claims}
+                           "guards": inner, "exit": exit_task, "claims": claims,
+                           "after": frozenset(task_after) if not exit_task else frozenset()}
 
     walk(spec["root"]["dag"], {name: ("param", name) for name in spec["root"]["inputDefinitions"]["parameters"]},
          frozenset(), False)
-    return found
+    return with_ancestors(found)
+
+
+def with_ancestors(tasks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Replace each task's direct predecessors ("after") by all its ancestors."""
+    def ancestors(name: str) -> frozenset:
+        direct = tasks[name]["after"]
+        return frozenset(direct).union(*(ancestors(d) for d in direct))
+
+    return {name: {**task, "after": ancestors(name)} for name, task in tasks.items()}
 
 
 def _argo_source(text: str) -> tuple:
@@ -163,8 +175,9 @@ def argo_tasks(wt: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "component": command[command.index("resilient_training.argo.step") + 1].replace("_", "-"),
                 "inputs": {k: _argo_source(v) for k, v in args.items()}, "guards": guards, "exit": is_exit,
                 "claims": [(_argo_source(claim), m["mountPath"]) for m in template["container"].get("volumeMounts", [])],
+                "after": frozenset(re.findall(r"[a-z][\w-]*", task.get("depends", ""))),
             }
-    return found
+    return with_ancestors(found)
 
 
 def test_same_tasks_inputs_guards_mounts_and_exit_handler_as_the_kfp_pipeline(compiled, kfp_ir):
@@ -174,17 +187,26 @@ def test_same_tasks_inputs_guards_mounts_and_exit_handler_as_the_kfp_pipeline(co
         "resilience-report", "teardown-storage"}
     for name in kfp:
         assert argo_view[name] == kfp[name], name
+    # Argo resolves {{tasks.X...}} only for ancestors: every upstream output a task reads is one.
+    for name, task in argo_view.items():
+        sources = [*task["inputs"].values(), *task["guards"], *(claim for claim, _ in task["claims"])]
+        assert {s[1] for s in sources if s[0] == "output"} <= task["after"], name
 
 
-def test_the_comparison_notices_a_changed_wiring(compiled, kfp_ir):
-    """The drift test can fail: rewire one input in a copy of the template and it is caught."""
+def test_the_comparison_notices_a_changed_wiring_or_order(compiled, kfp_ir):
+    """The drift test can fail: rewire one input, or start the report before the gate, and it is caught."""
     planted = json.loads(json.dumps(compiled["template"]))
     for task in templates(planted)["main"]["dag"]["tasks"]:
         if task["name"] == "check-convergence":
             for p in task["arguments"]["parameters"]:
                 if p["name"] == "min_improvement":
                     p["value"] = "{{workflow.parameters.max_final_loss}}"
-    assert argo_tasks(planted)["check-convergence"] != kfp_tasks(kfp_ir)["check-convergence"]
+        if task["name"] == "resilience-report":
+            task["depends"] = "launch-training"
+    kfp, changed = kfp_tasks(kfp_ir), argo_tasks(planted)
+    assert changed["check-convergence"]["inputs"] != kfp["check-convergence"]["inputs"]
+    assert changed["resilience-report"]["after"] == {"launch-training", "provision-storage"}
+    assert changed["resilience-report"] != kfp["resilience-report"]
 
 
 def test_promotion_is_guarded_by_both_gates_and_waits_for_both(compiled):
