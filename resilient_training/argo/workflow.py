@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_training.launch import images
+from resilient_training.run import layout
 
 NAME = "resilient-training"
 ENTRYPOINT = "main"
@@ -32,7 +33,7 @@ EXIT_HANDLER = "exit-handler"
 OUTPUTS_DIR = "/tmp/outputs"
 # Output artifacts (metrics, summaries, the HTML report) go to the run's shared storage, beside
 # the run, so no Argo artifact repository is needed: RUN/argo/<task>/<artifact>.
-ARTIFACTS_DIRNAME = "argo"
+ARTIFACTS_DIRNAME = layout.ARGO_DIRNAME
 # The service account the steps run as (manifests/rbac; creates PyTorchJobs, PVCs, FSx).
 SERVICE_ACCOUNT = "resilient-training-launcher"
 CLAIM_VOLUME = "run-storage"
