@@ -18,6 +18,8 @@ from typing import Any
 
 # These modules import only the standard library at the top (kfp is imported inside their
 # functions), so `resilient-training --help` stays instant.
+from resilient_training.argo import cron as argo_cron
+from resilient_training.argo import workflow as argo_workflow
 from resilient_training.kfp import client as kfp_client
 from resilient_training.kfp import compile as kfp_compile
 from resilient_training.kfp import params as kfp_params
@@ -28,19 +30,39 @@ from resilient_training.kfp.params import ParamError
 
 DEFAULT_EXPERIMENT = "resilient-training"
 DEFAULT_COMPILE_DIR = "compiled"
+ARGO_PIPELINE = argo_workflow.NAME  # the one pipeline --format argo writes
+ARGO_DEFAULT_SCHEDULE = argo_workflow.Schedule()
 MAX_CONCURRENCY_LIMIT = 10  # the KFP API server refuses recurring runs outside 1-10
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the compile and KFP server subcommands."""
     p = subparsers.add_parser(
-        "compile", help="compile the pipelines to KFP IR YAML",
-        description="Compile the registered pipelines to KFP IR YAML and check each file loads back with kfp.",
+        "compile", help="compile the pipelines to KFP IR YAML, or to an Argo WorkflowTemplate and CronWorkflow",
+        description="Compile the registered pipelines to KFP IR YAML and check each file loads back with kfp; "
+        f"or, with --format argo, write the {ARGO_PIPELINE} pipeline as an Argo Workflows WorkflowTemplate and a "
+        "CronWorkflow that starts it (for Argo users without KFP).",
     )
     p.add_argument("-o", "--output", default=DEFAULT_COMPILE_DIR, metavar="DIR_OR_FILE",
                    help=f"a directory (one NAME.yaml per pipeline; default {DEFAULT_COMPILE_DIR}/) "
-                   "or a .yaml file (one pipeline)")
+                   "or a .yaml file (one pipeline); --format argo: a directory")
+    p.add_argument("--format", choices=("kfp", "argo"), default="kfp",
+                   help="kfp (default): KFP IR YAML; argo: NAME.workflowtemplate.yaml and NAME.cronworkflow.yaml")
     _add_pipeline_args(p)
+    cron = p.add_argument_group("Argo CronWorkflow (--format argo)")
+    cron.add_argument("--schedule", action="append", metavar="CRON",
+                      help=f"5-field cron (minute hour day-of-month month day-of-week) or @daily / @every 6h; "
+                      f"repeatable (default {ARGO_DEFAULT_SCHEDULE.schedules[0]!r}: 02:00 every day)")
+    cron.add_argument("--timezone", metavar="TZ",
+                      help=f"IANA time zone of the schedule (default {ARGO_DEFAULT_SCHEDULE.timezone})")
+    cron.add_argument("--concurrency-policy", metavar="POLICY",
+                      help="Allow, Forbid (skip a start while a run is active) or Replace "
+                      f"(default {ARGO_DEFAULT_SCHEDULE.concurrency_policy})")
+    cron.add_argument("--starting-deadline", type=int, metavar="SECONDS",
+                      help="start a missed run only within this many seconds of its time (default: no limit)")
+    cron.add_argument("--cron-param", action="append", metavar="KEY=VALUE",
+                      help="a pipeline parameter the scheduled runs use (repeatable; typed by the pipeline's inputs), "
+                      "e.g. --cron-param pvc_name=training-data")
     p.set_defaults(func=_compile)
 
     p = subparsers.add_parser(
@@ -144,6 +166,16 @@ def _run(body: Callable[[], int]) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
+    if args.format == "argo":
+        return _compile_argo(args)
+    cron_flags = [flag for flag, value in (("--schedule", args.schedule), ("--timezone", args.timezone),
+                                           ("--concurrency-policy", args.concurrency_policy),
+                                           ("--starting-deadline", args.starting_deadline),
+                                           ("--cron-param", args.cron_param)) if value is not None]
+    if cron_flags:
+        print(f"error: {', '.join(cron_flags)}: only with --format argo", file=sys.stderr)
+        return 2
+
     def body() -> int:
         registry = kfp_compile.load_registry(args.registry)
         selected = kfp_compile.select(registry, args.pipeline)
@@ -155,6 +187,49 @@ def _compile(args: argparse.Namespace) -> int:
         return 0
 
     return _run(body)
+
+
+def _compile_argo(args: argparse.Namespace) -> int:
+    def body() -> int:
+        if args.registry != DEFAULT_REGISTRY or args.pipeline not in (None, ARGO_PIPELINE):
+            raise _InputError(f"--format argo writes the {ARGO_PIPELINE!r} pipeline only "
+                              f"(got --pipeline {args.pipeline!r}, --registry {args.registry!r})")
+        output = Path(args.output)
+        if output.suffix in (".yaml", ".yml"):
+            raise _InputError(f"--format argo writes two files; -o must be a directory, got {output}")
+        if args.starting_deadline is not None and args.starting_deadline < 1:
+            # 0 would read as "no deadline" to some and "never late" to others: leave it out instead.
+            raise _InputError(f"--starting-deadline must be a positive number of seconds, got {args.starting_deadline}")
+        default = ARGO_DEFAULT_SCHEDULE
+        schedule = argo_workflow.Schedule(
+            schedules=tuple(argo_cron.validate_schedule(s) for s in args.schedule or default.schedules),
+            timezone=argo_cron.validate_timezone(args.timezone if args.timezone is not None else default.timezone),
+            concurrency_policy=argo_cron.validate_concurrency_policy(args.concurrency_policy or default.concurrency_policy),
+            starting_deadline_seconds=args.starting_deadline,
+            arguments=_cron_arguments(args.cron_param or []),
+        )
+        paths = argo_workflow.write(output, schedule)
+        steps, teardown = argo_workflow.pipeline_steps()
+        print(f"{ARGO_PIPELINE}: {paths.workflow_template} (WorkflowTemplate {argo_workflow.NAME!r}, "
+              f"{len(steps)} steps + {teardown.task} on exit, "
+              f"{len(argo_workflow.workflow_parameters())} parameter(s))")
+        deadline = "none" if schedule.starting_deadline_seconds is None else f"{schedule.starting_deadline_seconds}s"
+        overrides = ", ".join(f"{k}={v}" for k, v in schedule.arguments) or "the template's defaults"
+        print(f"{ARGO_PIPELINE}: {paths.cron_workflow} (CronWorkflow {argo_workflow.NAME!r}: "
+              f"{'; '.join(schedule.schedules)} {schedule.timezone}, concurrency {schedule.concurrency_policy}, "
+              f"starting deadline {deadline}; parameters: {overrides})")
+        return 0
+
+    return _run(body)
+
+
+def _cron_arguments(items: list[str]) -> tuple[tuple[str, str], ...]:
+    from resilient_training.argo.step import StepError
+
+    try:
+        return argo_workflow.cron_arguments(items)
+    except StepError as exc:
+        raise _InputError(f"--cron-param: {exc}") from None
 
 
 def _local_pipeline(args: argparse.Namespace, workdir: Path, package: str | Path | None) -> CompiledPipeline:

@@ -86,9 +86,22 @@ def validate_cron(expression: str) -> str:
             "second minute hour day-of-month month day-of-week, e.g. '0 0 2 * * *' (02:00 every day)"
         )
     for field, part in zip(FIELDS, parts, strict=True):
-        for item in part.split(","):
-            _check_range(field, item)
+        check_field(field, part)
     return " ".join(parts)
+
+
+def check_field(field: _Field, part: str) -> None:
+    """Check one field (a comma list of items) against ``field``'s range and names.
+
+    Shared with Argo's five-field dialect (``resilient_training.argo.cron``), which has the same
+    fields less the seconds.
+
+    Raises:
+        CronError: an item is empty, malformed or out of range.
+
+    """
+    for item in part.split(","):
+        _check_range(field, item)
 
 
 def _check_range(field: _Field, item: str) -> None:

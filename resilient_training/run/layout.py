@@ -6,6 +6,7 @@ checkpoints/     step_N/ directories and the ``latest`` pointer (checkpoint_form
 events/          one JSONL file per writer (events)
 gates/           validation.json, convergence.json (gate_records)
 logs/            launcher and worker logs
+argo/            on Argo Workflows: each step's output artifacts, argo/<task>/<name> (resilient_training.argo)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ CHECKPOINTS_DIRNAME = "checkpoints"
 EVENTS_DIRNAME = "events"
 GATES_DIRNAME = "gates"
 LOGS_DIRNAME = "logs"
+ARGO_DIRNAME = "argo"
 
 PathLike = str | os.PathLike[str]
 

@@ -23,7 +23,8 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 def load_crd_schema(path: Path, version: str = "v1") -> dict[str, Any]:
     """``spec.versions[version].schema.openAPIV3Schema`` of the CRD file at ``path``."""
-    crd = yaml.safe_load(Path(path).read_text())
+    # libyaml when present: the full Argo CRDs (~3 MB) take ~17 s with the pure-Python loader, ~1.5 s with it.
+    crd = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     for entry in crd["spec"]["versions"]:
         if entry["name"] == version:
             return entry["schema"]["openAPIV3Schema"]

@@ -1,0 +1,1 @@
+"""The resilient-training pipeline for Argo Workflows users without KFP (WorkflowTemplate, CronWorkflow, step entry)."""

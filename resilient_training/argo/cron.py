@@ -1,0 +1,78 @@
+"""Argo CronWorkflow schedule fields, checked before anything is written.
+
+Argo Workflows reads ``spec.schedules`` with robfig/cron v3's standard parser: five fields,
+``minute hour day-of-month month day-of-week``, or a descriptor (``@daily``, ``@every 6h``). That
+is one field fewer than KFP's recurring runs (seconds first, :mod:`resilient_training.kfp.cron`),
+so a schedule copied from KFP is refused here with the five-field equivalent as the hint instead
+of being misread on the cluster.
+"""
+
+from __future__ import annotations
+
+import re
+import zoneinfo
+
+from resilient_training.kfp.cron import DESCRIPTORS, FIELDS, CronError, check_field
+
+CONCURRENCY_POLICIES: tuple[str, ...] = ("Allow", "Forbid", "Replace")
+# Go durations as `@every` takes them: 90m, 1h30m, 2h (no sign, at least one unit).
+_GO_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
+
+
+def validate_schedule(expression: str) -> str:
+    """One Argo cron schedule, normalised.
+
+    Raises:
+        CronError: not five fields (six: the KFP form, with the hint), an unknown descriptor, a
+            bad ``@every`` duration, or a field out of range.
+
+    """
+    parts = expression.split()
+    if parts and parts[0].startswith("@"):
+        if parts[0].lower() == "@every":
+            if len(parts) != 2 or not _GO_DURATION.match(parts[1]):
+                raise CronError(f"@every needs one duration such as 6h or 90m, got {expression!r}")
+            return f"@every {parts[1]}"
+        if len(parts) > 1 or parts[0].lower() not in DESCRIPTORS:
+            known = ", ".join(sorted(DESCRIPTORS | {"@every DURATION"}))
+            raise CronError(f"unknown cron descriptor {parts[0]!r}; use five fields or one of {known}")
+        return parts[0].lower()
+    if len(parts) == 6:
+        raise CronError(
+            f"schedule {' '.join(parts)!r} has 6 fields (KFP's form, seconds first), but Argo cron has 5: "
+            f"minute hour day-of-month month day-of-week. Did you mean {' '.join(parts[1:])!r}?"
+        )
+    if len(parts) != 5:
+        raise CronError(
+            f"schedule {expression!r} has {len(parts)} fields; Argo cron has 5: "
+            "minute hour day-of-month month day-of-week, e.g. '0 2 * * *' (02:00 every day)"
+        )
+    for field, part in zip(FIELDS[1:], parts, strict=True):
+        check_field(field, part)
+    return " ".join(parts)
+
+
+def validate_timezone(name: str) -> str:
+    """An IANA time zone name (``UTC``, ``Europe/Berlin``) the controller can load.
+
+    Raises:
+        CronError: the name is not in the time zone database.
+
+    """
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        raise CronError(f"unknown time zone {name!r}; use an IANA name such as UTC or Europe/Berlin") from None
+    return name
+
+
+def validate_concurrency_policy(policy: str) -> str:
+    """Allow, Forbid or Replace, spelt as Argo spells them.
+
+    Raises:
+        CronError: any other value (a wrong case too: the controller compares exactly).
+
+    """
+    if policy not in CONCURRENCY_POLICIES:
+        raise CronError(f"concurrency policy must be one of {', '.join(CONCURRENCY_POLICIES)}, got {policy!r}")
+    return policy

@@ -1,0 +1,320 @@
+"""The resilient-training pipeline for plain Argo Workflows: a WorkflowTemplate and a CronWorkflow.
+
+Built with hera, the Argo SDK, from two sources that the KFP pipeline also uses, so the two
+cannot drift:
+
+- the parameters (names, defaults, descriptions) are the ``@dsl.pipeline`` function's inputs,
+  as KFP parses them from its signature and docstring;
+- every step runs a component's own function through KFP's executor
+  (``python -m resilient_training.argo.step COMPONENT ...``, :mod:`resilient_training.argo.step`)
+  in the components image.
+
+The graph is :func:`pipeline_steps`: the same tasks, inputs and conditions as
+``pipelines/resilient_training.py`` (``tests/test_argo.py`` compares the two through the compiled
+KFP IR). Argo runs each step in its own pod, so the run's storage must be shared: ``storage`` is
+``pvc`` or ``fsx`` here (``local`` is refused by the parameter's enum at submit time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from resilient_training.launch import images
+from resilient_training.run import layout
+
+NAME = "resilient-training"
+ENTRYPOINT = "main"
+EXIT_HANDLER = "exit-handler"
+# Where a step writes its output parameters inside its pod (Argo reads them by path).
+OUTPUTS_DIR = "/tmp/outputs"
+# Output artifacts (metrics, summaries, the HTML report) go to the run's shared storage, beside
+# the run, so no Argo artifact repository is needed: RUN/argo/<task>/<artifact>.
+ARTIFACTS_DIRNAME = layout.ARGO_DIRNAME
+# The service account the steps run as (manifests/rbac; creates PyTorchJobs, PVCs, FSx).
+SERVICE_ACCOUNT = "resilient-training-launcher"
+CLAIM_VOLUME = "run-storage"
+# KFP passes dsl.PIPELINE_JOB_ID_PLACEHOLDER (a UUID); the Argo counterpart is the workflow's UID.
+# Object names and the FSx idempotency token derive from it, so a retried step finds its objects.
+RUN_ID = "{{workflow.uid}}"
+# Argo runs steps in separate pods: only shared storage works. The pipeline's default (local) is for kfp.local.
+ARGO_STORAGE = ("pvc", "fsx")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Param:
+    """A workflow parameter (a pipeline input of the same name)."""
+
+    name: str
+
+    def expression(self) -> str:
+        return f"{{{{workflow.parameters.{self.name}}}}}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Output:
+    """An output parameter of an earlier task."""
+
+    task: str
+    name: str
+
+    def expression(self) -> str:
+        return f"{{{{tasks.{self.task}.outputs.parameters.{self.name}}}}}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Const:
+    """A value fixed at compile time."""
+
+    value: str
+
+    def expression(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunId:
+    """The run's id (the KFP pipeline job id's counterpart)."""
+
+    def expression(self) -> str:
+        return RUN_ID
+
+
+Source = Param | Output | Const | RunId
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+    """One task of the DAG: a component, where each of its inputs comes from, and when it runs."""
+
+    task: str
+    """The Argo task and template name (the KFP IR's task name for the same component)."""
+    component: str
+    inputs: dict[str, Source]
+    claim: Source | None = None
+    """The PVC every later step mounts at the pipeline's MOUNT_PATH (provision_storage's output)."""
+    run_dir: Source | None = None
+    """Where the step's output artifacts go (under RUN/argo/<task>); None keeps them in the pod."""
+    depends: str = ""
+    when: str = ""
+
+
+def _params(*names: str) -> dict[str, Source]:
+    return {name: Param(name) for name in names}
+
+
+def _gate_passed(task: str) -> str:
+    return f"{Output(task, 'Output').expression()} == true"
+
+
+@functools.cache
+def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
+    """The DAG's steps in order, and the exit handler's teardown step.
+
+    A function, not a constant: it imports the KFP pipeline module (kfp), which ``--help`` must not.
+    """
+    from resilient_training.pipelines.resilient_training import MOUNT_PATH
+
+    claim = Output("provision-storage", "pvc_name")
+    run_dir = Output("launch-training", "run_dir")
+    steps = (
+        Step("provision-storage", "provision_storage", {
+            "run_id": RunId(), **_params("storage", "namespace"), "mount_path": Const(MOUNT_PATH),
+            **_params("local_root", "pvc_name", "fsx_file_system_id", "fsx_subnet_id", "fsx_security_group_ids",
+                      "fsx_capacity_gib", "fsx_deployment_type", "region"),
+        }),
+        Step("launch-training", "launch_training", {
+            "storage_ref": Output("provision-storage", "storage_ref"), "run_id": RunId(),
+            **_params("launcher", "steps", "checkpoint_every", "faults", "async_checkpoint", "inprocess",
+                      "ft_launcher", "train_overrides", "nodes", "gpus_per_node", "procs_per_node"),
+            "image": Param("trainer_image"),
+        }, claim=claim, depends="provision-storage"),
+        Step("validate-checkpoint", "validate_checkpoint", {"run_dir": run_dir},
+             claim=claim, run_dir=run_dir, depends="launch-training"),
+        Step("check-convergence", "check_convergence", {"run_dir": run_dir, **_params("max_final_loss", "min_improvement")},
+             claim=claim, run_dir=run_dir, depends="validate-checkpoint"),
+        # Promotion only when both gates returned true (the KFP pipeline's two nested dsl.If).
+        Step("promote-model", "promote_model", {"checkpoint": run_dir, "dest": Param("promote_to")},
+             claim=claim, run_dir=run_dir, depends="validate-checkpoint && check-convergence",
+             when=f"{_gate_passed('validate-checkpoint')} && {_gate_passed('check-convergence')}"),
+        Step("resilience-report", "resilience_report", {"run_dir": run_dir},
+             claim=claim, run_dir=run_dir, depends="check-convergence"),
+    )
+    teardown = Step("teardown-storage", "teardown_storage", {
+        "run_id": RunId(), **_params("storage", "namespace", "pvc_name", "fsx_file_system_id", "region",
+                                     "delete_file_system"),
+    })
+    return steps, teardown
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowParameter:
+    name: str
+    value: str
+    description: str
+    enum: tuple[str, ...] = ()
+
+
+def argo_value(value: Any) -> str:
+    """A pipeline default as Argo parameter text (what the step parses back by the component's types)."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if isinstance(value, bool | dict | list):
+        return json.dumps(value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def workflow_parameters() -> list[WorkflowParameter]:
+    """The pipeline's inputs, in signature order, with KFP's parsed defaults and descriptions."""
+    from resilient_training.pipelines.resilient_training import resilient_training
+
+    out = []
+    for name, spec in resilient_training.component_spec.inputs.items():
+        description = " ".join((spec.description or "").split())
+        if name == "storage":
+            out.append(WorkflowParameter(name, ARGO_STORAGE[0], description + " Argo: pvc or fsx (steps run in "
+                                         "separate pods and share the run through the claim).", ARGO_STORAGE))
+        else:
+            out.append(WorkflowParameter(name, argo_value(spec.default), description))
+    return out
+
+
+def _component_outputs(component: str) -> list[str]:
+    """The component's output parameters (not artifacts), as its KFP spec declares them."""
+    from resilient_training.argo.step import load_component
+
+    outputs = load_component(component).component_spec.outputs or {}
+    return [name for name, spec in outputs.items() if "@" not in spec.type]
+
+
+def _template(step: Step) -> Any:
+    from hera.workflows import Container, ExistingVolume, Parameter
+    from hera.workflows.models import ValueFrom
+
+    from resilient_training.pipelines.resilient_training import MOUNT_PATH
+
+    extra = {}
+    command = ["python", "-m", "resilient_training.argo.step", step.component, "--outputs", OUTPUTS_DIR]
+    if step.run_dir is not None:
+        extra["artifacts_dir"] = f"{step.run_dir.expression()}/{ARTIFACTS_DIRNAME}/{step.task}"
+        command += ["--artifacts", "{{inputs.parameters.artifacts_dir}}"]
+    volumes = None
+    if step.claim is not None:
+        extra["claim"] = step.claim.expression()
+        volumes = [ExistingVolume(name=CLAIM_VOLUME, claim_name="{{inputs.parameters.claim}}", mount_path=MOUNT_PATH)]
+    return Container(
+        name=step.task,
+        image=images.COMPONENTS_IMAGE,
+        command=command,
+        # One argv element per input, no shell: a parameter value is never parsed as a command.
+        args=[f"{name}={{{{inputs.parameters.{name}}}}}" for name in step.inputs],
+        inputs=[Parameter(name=name) for name in [*step.inputs, *extra]],
+        outputs=[Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS_DIR}/{name}"))
+                 for name in _component_outputs(step.component)],
+        volumes=volumes,
+    ), extra
+
+
+def _arguments(step: Step, extra: dict[str, str]) -> dict[str, str]:
+    return {**{name: source.expression() for name, source in step.inputs.items()}, **extra}
+
+
+def workflow_template() -> Any:
+    """The resilient-training pipeline as a hera ``WorkflowTemplate``."""
+    from hera.workflows import DAG, Task, WorkflowTemplate
+    from hera.workflows.models import Parameter as ModelParameter
+
+    from resilient_training.pipelines.resilient_training import resilient_training
+
+    arguments = [
+        ModelParameter(name=p.name, value=p.value, description=p.description, enum=list(p.enum) or None)
+        for p in workflow_parameters()
+    ]
+    with WorkflowTemplate(
+        name=NAME,
+        annotations={"workflows.argoproj.io/description": resilient_training.component_spec.description or ""},
+        entrypoint=ENTRYPOINT,
+        on_exit=EXIT_HANDLER,
+        service_account_name=SERVICE_ACCOUNT,
+        arguments=arguments,
+    ) as template:
+        steps, teardown = pipeline_steps()
+        built = {step.task: _template(step) for step in (*steps, teardown)}
+        with DAG(name=ENTRYPOINT):
+            for step in steps:
+                container, extra = built[step.task]
+                Task(name=step.task, template=container, arguments=_arguments(step, extra),
+                     depends=step.depends or None, when=step.when or None)
+        with DAG(name=EXIT_HANDLER):
+            container, extra = built[teardown.task]
+            Task(name=teardown.task, template=container, arguments=_arguments(teardown, extra))
+    return template
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Schedule:
+    """The CronWorkflow's schedule fields (checked by :mod:`resilient_training.argo.cron`)."""
+
+    schedules: tuple[str, ...] = ("0 2 * * *",)
+    timezone: str = "UTC"
+    concurrency_policy: str = "Forbid"
+    starting_deadline_seconds: int | None = None
+    arguments: tuple[tuple[str, str], ...] = ()
+    """Parameter values the scheduled runs use instead of the template's defaults (:func:`cron_arguments`)."""
+
+
+def cron_arguments(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE`` items checked against the pipeline's inputs (name, type, the storage enum), as Argo text.
+
+    Raises:
+        StepError: an unknown or repeated name, a value of the wrong type, or storage not pvc/fsx.
+
+    """
+    from resilient_training.argo.step import StepError, parse_arguments
+    from resilient_training.pipelines.resilient_training import resilient_training
+
+    values = parse_arguments(resilient_training, items)
+    if "storage" in values and values["storage"] not in ARGO_STORAGE:
+        raise StepError(f"storage must be one of {', '.join(ARGO_STORAGE)} on Argo, got {values['storage']!r}")
+    return tuple((name, argo_value(value)) for name, value in values.items())
+
+
+def cron_workflow(schedule: Schedule) -> Any:
+    """A hera ``CronWorkflow`` that starts the WorkflowTemplate :data:`NAME` on ``schedule``."""
+    from hera.workflows import CronWorkflow
+    from hera.workflows.models import Parameter as ModelParameter
+    from hera.workflows.models import WorkflowTemplateRef
+
+    return CronWorkflow(
+        name=NAME,
+        schedules=list(schedule.schedules),
+        timezone=schedule.timezone,
+        concurrency_policy=schedule.concurrency_policy,
+        starting_deadline_seconds=schedule.starting_deadline_seconds,
+        workflow_template_ref=WorkflowTemplateRef(name=NAME),
+        arguments=[ModelParameter(name=name, value=value) for name, value in schedule.arguments] or None,
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ArgoFiles:
+    workflow_template: Path
+    cron_workflow: Path
+
+
+def output_paths(directory: Path) -> ArgoFiles:
+    return ArgoFiles(directory / f"{NAME}.workflowtemplate.yaml", directory / f"{NAME}.cronworkflow.yaml")
+
+
+def write(directory: Path, schedule: Schedule) -> ArgoFiles:
+    """Write both objects as YAML under ``directory`` (created)."""
+    paths = output_paths(directory)
+    documents = {paths.workflow_template: workflow_template().to_yaml(),
+                 paths.cron_workflow: cron_workflow(schedule).to_yaml()}
+    directory.mkdir(parents=True, exist_ok=True)
+    for path, text in documents.items():
+        path.write_text(text)
+    return paths

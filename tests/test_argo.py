@@ -1,0 +1,452 @@
+"""`compile --format argo`: the resilient-training pipeline as an Argo WorkflowTemplate and CronWorkflow.
+
+Valid against the shipped Argo v4.1.2 CRDs; the same tasks, inputs, guards, mounts and exit
+handler as the KFP pipeline (compared through the compiled KFP IR, so a change to one that is
+not made to the other fails here); each step's command line is real: the gate and promotion
+steps run here as Argo would start them, against a real `resilient-training train` run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from resilient_training.argo import step as argo_step
+from resilient_training.argo import workflow as argo
+from resilient_training.cli.main import main as cli
+from resilient_training.launch import images
+from resilient_training.pipelines.resilient_training import resilient_training
+from tests.support import crd_schema, runs
+
+CRON_FLAGS = ["--schedule", "15 4 * * 1-5", "--schedule", "@every 12h", "--timezone", "Europe/Berlin",
+              "--concurrency-policy", "Replace", "--starting-deadline", "900",
+              "--cron-param", "storage=fsx", "--cron-param", "steps=400", "--cron-param", 'train_overrides={"lr": 0.001}']
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("argo")
+    assert cli(["compile", "--format", "argo", "-o", str(out), *CRON_FLAGS]) == 0
+    paths = argo.output_paths(out)
+    return {"template": yaml.safe_load(paths.workflow_template.read_text()),
+            "cron": yaml.safe_load(paths.cron_workflow.read_text()), "dir": out}
+
+
+@pytest.fixture(scope="module")
+def kfp_ir(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    from resilient_training.kfp import compile as kfp_compile
+
+    path = tmp_path_factory.mktemp("kfp") / "resilient-training.yaml"
+    kfp_compile.compile_pipeline("resilient-training", resilient_training, path)
+    return list(yaml.safe_load_all(path.read_text()))
+
+
+def templates(wt: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t for t in wt["spec"]["templates"]}
+
+
+def dag_tasks(wt: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t for t in templates(wt)[name]["dag"]["tasks"]}
+
+
+# --- valid objects ------------------------------------------------------------------------------
+
+
+def test_both_objects_are_valid_against_the_argo_crds(compiled, shared_schemas):
+    for key, crd in (("template", "argoproj.io_workflowtemplates.yaml"), ("cron", "argoproj.io_cronworkflows.yaml")):
+        schema = crd_schema.load_crd_schema(shared_schemas / crd, "v1alpha1")
+        assert crd_schema.schema_errors(compiled[key], schema) == [], key
+        if key == "template":
+            # The check is strict down in the templates: a misspelt field would be caught.
+            planted = json.loads(json.dumps(compiled[key]))
+            planted["spec"]["templates"][0]["container"]["imagePullPolicyy"] = "Always"
+            assert any("imagePullPolicyy" in e for e in crd_schema.schema_errors(planted, schema))
+    assert compiled["template"]["kind"] == "WorkflowTemplate" and compiled["cron"]["kind"] == "CronWorkflow"
+    assert compiled["template"]["apiVersion"] == compiled["cron"]["apiVersion"] == "argoproj.io/v1alpha1"
+
+
+def test_cron_fields_come_from_the_flags_and_it_starts_the_template(compiled):
+    spec = compiled["cron"]["spec"]
+    assert spec["schedules"] == ["15 4 * * 1-5", "@every 12h"]
+    assert spec["timezone"] == "Europe/Berlin"
+    assert spec["concurrencyPolicy"] == "Replace"
+    assert spec["startingDeadlineSeconds"] == 900
+    assert "schedule" not in spec  # removed in Argo v4
+    assert spec["workflowSpec"] == {
+        "workflowTemplateRef": {"name": compiled["template"]["metadata"]["name"]},
+        # --cron-param values, as the text the steps parse back (typed by the pipeline's inputs).
+        "arguments": {"parameters": [{"name": "storage", "value": "fsx"}, {"name": "steps", "value": "400"},
+                                     {"name": "train_overrides", "value": '{"lr": 0.001}'}]},
+    }
+
+
+def test_cron_defaults(tmp_path):
+    assert cli(["compile", "--format", "argo", "-o", str(tmp_path)]) == 0
+    spec = yaml.safe_load(argo.output_paths(tmp_path).cron_workflow.read_text())["spec"]
+    assert spec["schedules"] == ["0 2 * * *"] and spec["timezone"] == "UTC" and spec["concurrencyPolicy"] == "Forbid"
+    assert "startingDeadlineSeconds" not in spec
+    assert spec["workflowSpec"] == {"workflowTemplateRef": {"name": "resilient-training"}}
+
+
+# --- the same pipeline as KFP -------------------------------------------------------------------
+
+
+def _kfp_source(spec: dict[str, Any], env: dict[str, tuple]) -> tuple:
+    if "componentInputParameter" in spec:
+        return env[spec["componentInputParameter"]]
+    if "taskOutputParameter" in spec:
+        out = spec["taskOutputParameter"]
+        return ("output", out["producerTask"], out["outputParameterKey"])
+    constant = spec["runtimeValue"]["constant"]
+    return ("run_id",) if constant == "{{$.pipeline_job_uuid}}" else ("const", str(constant))
+
+
+def kfp_tasks(ir: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every component task of the KFP IR: component, inputs by source, guards, exit handler or not."""
+    spec, platform = ir[0], (ir[1] if len(ir) > 1 else {})
+    executors = platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get("executors", {})
+    found: dict[str, dict[str, Any]] = {}
+
+    def walk(dag: dict[str, Any], env: dict[str, tuple], guards: frozenset, in_exit_handler: bool,
+             after: frozenset = frozenset()) -> None:
+        for name, task in dag["tasks"].items():
+            task_after = after | set(task.get("dependentTasks", []))
+            inputs = {k: _kfp_source(v, env) for k, v in task.get("inputs", {}).get("parameters", {}).items()}
+            component = spec["components"][task["componentRef"]["name"]]
+            condition = task.get("triggerPolicy", {}).get("condition")
+            inner = guards
+            if condition:
+                match = re.fullmatch(r"inputs\.parameter_values\['(.+)'\] == true", condition)
+                assert match, condition
+                inner = guards | {inputs[match.group(1)]}
+            exit_task = task.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
+            if "dag" in component:
+                walk(component["dag"], inputs, inner, in_exit_handler or name.startswith("exit-handler"), task_after)
+                continue
+            mounts = executors.get(component["executorLabel"], {}).get("pvcMount", [])
+            claims = [(_kfp_source(m["pvcNameParameter"], env), m["mountPath"]) for m in mounts]
+            found[name] = {"component": task["componentRef"]["name"].removeprefix("comp-"), "inputs": inputs,
+                           "guards": inner, "exit": exit_task, "claims": claims,
+                           "after": frozenset(task_after) if not exit_task else frozenset()}
+
+    walk(spec["root"]["dag"], {name: ("param", name) for name in spec["root"]["inputDefinitions"]["parameters"]},
+         frozenset(), False)
+    return with_ancestors(found)
+
+
+def with_ancestors(tasks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Replace each task's direct predecessors ("after") by all its ancestors."""
+    def ancestors(name: str) -> frozenset:
+        direct = tasks[name]["after"]
+        return frozenset(direct).union(*(ancestors(d) for d in direct))
+
+    return {name: {**task, "after": ancestors(name)} for name, task in tasks.items()}
+
+
+def _argo_source(text: str) -> tuple:
+    for pattern, kind in ((r"\{\{workflow\.parameters\.([\w-]+)\}\}", "param"),
+                          (r"\{\{tasks\.([\w-]+)\.outputs\.parameters\.([\w-]+)\}\}", "output")):
+        if match := re.fullmatch(pattern, text):
+            return (kind, *match.groups())
+    return ("run_id",) if text == "{{workflow.uid}}" else ("const", text)
+
+
+def argo_tasks(wt: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The same view of the WorkflowTemplate."""
+    by_name = templates(wt)
+    found = {}
+    for dag_name, is_exit in ((wt["spec"]["entrypoint"], False), (wt["spec"]["onExit"], True)):
+        for task in by_name[dag_name]["dag"]["tasks"]:
+            args = {p["name"]: p["value"] for p in task["arguments"]["parameters"]}
+            template = by_name[task["template"]]
+            command = template["container"]["command"]
+            guards = frozenset(_argo_source(m.group(1)) for m in re.finditer(r"(\{\{[^}]+\}\}) == true",
+                                                                               task.get("when", "")))
+            claim = args.pop("claim", "")
+            args.pop("artifacts_dir", None)
+            found[task["name"]] = {
+                "component": command[command.index("resilient_training.argo.step") + 1].replace("_", "-"),
+                "inputs": {k: _argo_source(v) for k, v in args.items()}, "guards": guards, "exit": is_exit,
+                "claims": [(_argo_source(claim), m["mountPath"]) for m in template["container"].get("volumeMounts", [])],
+                "after": frozenset(re.findall(r"[a-z][\w-]*", task.get("depends", ""))),
+            }
+    return with_ancestors(found)
+
+
+def test_same_tasks_inputs_guards_mounts_and_exit_handler_as_the_kfp_pipeline(compiled, kfp_ir):
+    kfp, argo_view = kfp_tasks(kfp_ir), argo_tasks(compiled["template"])
+    assert set(kfp) == set(argo_view) == {
+        "provision-storage", "launch-training", "validate-checkpoint", "check-convergence", "promote-model",
+        "resilience-report", "teardown-storage"}
+    for name in kfp:
+        assert argo_view[name] == kfp[name], name
+    # Argo resolves {{tasks.X...}} only for ancestors: every upstream output a task reads is one.
+    for name, task in argo_view.items():
+        sources = [*task["inputs"].values(), *task["guards"], *(claim for claim, _ in task["claims"])]
+        assert {s[1] for s in sources if s[0] == "output"} <= task["after"], name
+
+
+def test_the_comparison_notices_a_changed_wiring_or_order(compiled, kfp_ir):
+    """The drift test can fail: rewire one input, or start the report before the gate, and it is caught."""
+    planted = json.loads(json.dumps(compiled["template"]))
+    for task in templates(planted)["main"]["dag"]["tasks"]:
+        if task["name"] == "check-convergence":
+            for p in task["arguments"]["parameters"]:
+                if p["name"] == "min_improvement":
+                    p["value"] = "{{workflow.parameters.max_final_loss}}"
+        if task["name"] == "resilience-report":
+            task["depends"] = "launch-training"
+    kfp, changed = kfp_tasks(kfp_ir), argo_tasks(planted)
+    assert changed["check-convergence"]["inputs"] != kfp["check-convergence"]["inputs"]
+    assert changed["resilience-report"]["after"] == {"launch-training", "provision-storage"}
+    assert changed["resilience-report"] != kfp["resilience-report"]
+
+
+def test_promotion_is_guarded_by_both_gates_and_waits_for_both(compiled):
+    promote = dag_tasks(compiled["template"], "main")["promote-model"]
+    assert promote["when"] == ("{{tasks.validate-checkpoint.outputs.parameters.Output}} == true && "
+                               "{{tasks.check-convergence.outputs.parameters.Output}} == true")
+    assert set(re.findall(r"[\w-]+", promote["depends"])) == {"validate-checkpoint", "check-convergence"}
+
+
+def test_teardown_runs_on_exit_only(compiled):
+    wt = compiled["template"]
+    assert wt["spec"]["onExit"] == "exit-handler"
+    assert list(dag_tasks(wt, "exit-handler")) == ["teardown-storage"]
+    assert "teardown-storage" not in dag_tasks(wt, "main")
+
+
+def test_parameters_are_the_pipelines_with_its_defaults_and_descriptions(compiled):
+    params = compiled["template"]["spec"]["arguments"]["parameters"]
+    inputs = resilient_training.component_spec.inputs
+    assert [p["name"] for p in params] == list(inputs)
+    for p in params:
+        spec = inputs[p["name"]]
+        assert p["description"].startswith(" ".join(spec.description.split())), p["name"]
+        if p["name"] == "storage":
+            # Steps run in separate pods: only shared storage; the enum refuses local at submit.
+            assert p["enum"] == ["pvc", "fsx"] and p["value"] == "pvc"
+        else:
+            assert "enum" not in p
+            assert p["value"] == argo.argo_value(spec.default), p["name"]
+    # What the steps parse back is the pipeline's default value again.
+    as_text = {p["name"]: p["value"] for p in params}
+    assert json.loads(as_text["train_overrides"]) == {} and as_text["async_checkpoint"] == "true"
+    assert float(as_text["max_final_loss"]) == inputs["max_final_loss"].default
+
+
+def test_steps_run_the_component_in_the_components_image_without_a_shell_or_memoization(compiled):
+    wt = compiled["template"]
+    assert "memoize" not in json.dumps(wt)
+    containers = [t for t in wt["spec"]["templates"] if "container" in t]
+    assert len(containers) == 7
+    for template in containers:
+        container = template["container"]
+        assert container["image"] == images.COMPONENTS_IMAGE
+        command = container["command"]
+        assert command[:3] == ["python", "-m", "resilient_training.argo.step"]
+        assert command[3] in argo_step.COMPONENTS and command[4:6] == ["--outputs", argo.OUTPUTS_DIR]
+        # One argv element per component input, each exactly NAME={{inputs.parameters.NAME}}.
+        component = argo_step.load_component(command[3])
+        names = [arg.partition("=")[0] for arg in container["args"]]
+        assert set(names) <= set(component.component_spec.inputs)
+        assert container["args"] == [f"{n}={{{{inputs.parameters.{n}}}}}" for n in names]
+        outputs = [p["name"] for p in template.get("outputs", {}).get("parameters", [])]
+        assert outputs == [n for n, s in (component.component_spec.outputs or {}).items() if "@" not in s.type]
+
+
+# --- the command lines are real -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real, short run: 8 steps, 2 gloo workers under ft_launcher (the gates' wiring is what is tested here)."""
+    run = runs.train(tmp_path_factory.mktemp("argo-run") / "run", "--steps", "8", "--checkpoint-every", "4",
+                     "--nproc", "2", "--no-async-checkpoint")
+    assert run.returncode == 0, run.output[-3000:]
+    return run.run_dir
+
+
+def run_argo_task(wt: dict[str, Any], task_name: str, context: dict[str, str], work: Path) -> dict[str, str]:
+    """Start one DAG task's container command the way Argo would, here; return its output parameters."""
+    task = dag_tasks(wt, "main")[task_name]
+    template = templates(wt)[task["template"]]
+
+    def substitute(text: str, values: dict[str, str]) -> str:
+        def one(match: re.Match) -> str:
+            assert match.group(1) in values, f"{task_name}: nothing for {match.group(1)}"
+            return values[match.group(1)]
+        return re.sub(r"\{\{([^}]+)\}\}", one, text)
+
+    inputs = {f"inputs.parameters.{p['name']}": substitute(p["value"], context)
+              for p in task["arguments"]["parameters"]}
+    outputs_dir = work / task_name
+    command = [substitute(part, inputs) for part in template["container"]["command"] + template["container"]["args"]]
+    command = [sys.executable if part == "python" else str(outputs_dir) if part == argo.OUTPUTS_DIR else part
+               for part in command]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    found = {}
+    for p in template["outputs"]["parameters"]:
+        path = Path(p["valueFrom"]["path"].replace(argo.OUTPUTS_DIR, str(outputs_dir)))
+        found[p["name"]] = path.read_text()
+        context[f"tasks.{task_name}.outputs.parameters.{p['name']}"] = found[p["name"]]
+    return found
+
+
+def when_holds(expression: str, context: dict[str, str]) -> bool:
+    """Argo's `when` for the only form used here: `A == true && B == true`."""
+    clauses = [c.strip() for c in re.sub(r"\{\{([^}]+)\}\}", lambda m: context[m.group(1)], expression).split("&&")]
+    assert all(re.fullmatch(r"\w+ == true", c) for c in clauses), clauses
+    return all(c == "true == true" for c in clauses)
+
+
+@pytest.mark.slow
+def test_gate_promotion_and_report_steps_run_as_argo_starts_them(compiled, tiny_run, tmp_path):
+    wt = compiled["template"]
+    context = {f"workflow.parameters.{p['name']}": p["value"] for p in wt["spec"]["arguments"]["parameters"]}
+    # The run has 8 steps: a lenient convergence gate lets it pass; promote to a local directory.
+    context |= {"workflow.parameters.max_final_loss": "100.0", "workflow.parameters.min_improvement": "0.01",
+                "workflow.parameters.promote_to": str(tmp_path / "promoted"),
+                "tasks.launch-training.outputs.parameters.run_dir": str(tiny_run),
+                "tasks.provision-storage.outputs.parameters.pvc_name": "run-claim"}
+    assert run_argo_task(wt, "validate-checkpoint", context, tmp_path) == {"Output": "true"}
+    assert run_argo_task(wt, "check-convergence", context, tmp_path) == {"Output": "true"}
+    artifacts = tiny_run / argo.ARTIFACTS_DIRNAME
+    assert json.loads((artifacts / "validate-checkpoint" / "metrics").read_text())["valid"] == 1.0
+    assert "Convergence gate: PASSED" in (artifacts / "check-convergence" / "summary").read_text()
+    promote = dag_tasks(wt, "main")["promote-model"]
+    assert when_holds(promote["when"], context)
+    assert run_argo_task(wt, "promote-model", context, tmp_path) == {"Output": str(tmp_path / "promoted")}
+    record = json.loads((artifacts / "promote-model" / "promotion").read_text())
+    assert record["outcome"]["step"] == 8
+    report = run_argo_task(wt, "resilience-report", context, tmp_path)
+    assert 0.0 < float(report["Output"]) <= 1.0
+    assert (artifacts / "resilience-report" / "report").read_text().lstrip().lower().startswith("<!doctype html")
+
+    # The default gate (10% improvement, a loss limit from the vocabulary) fails this short run:
+    # the step succeeds, says false, and the guard keeps promotion from starting.
+    context |= {"workflow.parameters.max_final_loss": "-1.0", "workflow.parameters.min_improvement": "0.5"}
+    assert run_argo_task(wt, "check-convergence", context, tmp_path / "strict") == {"Output": "false"}
+    assert not when_holds(promote["when"], context)
+
+
+# --- the step entry point -----------------------------------------------------------------------
+
+
+def test_provision_step_takes_arguments_literally_and_writes_its_outputs(tmp_path, capsys):
+    """No shell between Argo and the component: a value with shell syntax is data, not a command."""
+    root = tmp_path / "runs; touch pwned"
+    outputs = tmp_path / "out"
+    rc = argo_step.main(["provision_storage", "--outputs", str(outputs), "run_id=wf-1234", "storage=local",
+                         f"local_root={root}"])
+    assert rc == 0, capsys.readouterr()
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+    run_dir = Path((outputs / "run_dir").read_text())
+    assert run_dir.is_dir() and run_dir.is_relative_to(root)
+    assert json.loads((outputs / "storage_ref").read_text())["run_dir"] == str(run_dir)
+    assert (outputs / "pvc_name").read_text() == ""
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["no_such_component", "x=1"], "unknown component 'no_such_component'"),
+    (["os", "x=1"], "unknown component 'os'"),
+    (["validate_checkpoint", "run_dir=/r", "bogus=1"], "has no input 'bogus'"),
+    (["validate_checkpoint", "run_dir=/r", "metrics=/x"], "has no input 'metrics'"),  # an artifact, not an argument
+    (["validate_checkpoint", "run_dir=/r", "load=maybe"], "'load' must be true or false, got 'maybe'"),
+    (["validate_checkpoint", "run_dir=/r", "run_dir=/s"], "'run_dir' is given twice"),
+    (["validate_checkpoint", "load=true"], "validate-checkpoint needs run_dir"),
+    (["validate_checkpoint", "run_dir"], "'run_dir' is not NAME=VALUE"),
+    (["check_convergence", "run_dir=/r", "max_final_loss=nan"], "'max_final_loss' must be a number"),
+    (["launch_training", "storage_ref={}", "run_id=r", "steps=4.5"], "'steps' must be an integer"),
+    (["launch_training", "storage_ref={}", "run_id=r", "train_overrides=[1]"], "must be a JSON object"),
+])
+def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, message, tmp_path, capsys):
+    outputs = tmp_path / "out"
+    assert argo_step.main([argv[0], "--outputs", str(outputs), *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not outputs.exists()
+
+
+# --- bad compile flags --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--schedule", "0 0 2 * * *"], "has 6 fields (KFP's form, seconds first), but Argo cron has 5"),
+    (["--schedule", "0 2 * *"], "has 4 fields"),
+    (["--schedule", "61 2 * * *"], "minute field: 61 is outside 0-59"),
+    (["--schedule", "0 2 * * mon-fri", "--schedule", "@fortnightly"], "unknown cron descriptor '@fortnightly'"),
+    (["--schedule", "@every"], "@every needs one duration"),
+    (["--schedule", "@every 1 h"], "@every needs one duration"),
+    (["--timezone", "Mars/Olympus"], "unknown time zone 'Mars/Olympus'"),
+    (["--timezone", "../../etc/passwd"], "unknown time zone"),
+    (["--concurrency-policy", "forbid"], "concurrency policy must be one of Allow, Forbid, Replace"),
+    (["--starting-deadline", "-5"], "--starting-deadline must be a positive number of seconds"),
+    (["--starting-deadline", "0"], "--starting-deadline must be a positive number of seconds, got 0"),
+    (["--pipeline", "recovery-benchmark"], "writes the 'resilient-training' pipeline only"),
+    (["-o", "one.yaml"], "-o must be a directory"),
+    (["--cron-param", "storage=local"], "--cron-param: storage must be one of pvc, fsx on Argo, got 'local'"),
+    (["--cron-param", "nodes=two"], "--cron-param: input 'nodes' must be an integer, got 'two'"),
+    (["--cron-param", "nodez=2"], "--cron-param: resilient-training has no input 'nodez'"),
+    (["--cron-param", "steps=4", "--cron-param", "steps=5"], "--cron-param: input 'steps' is given twice"),
+    (["--cron-param", "train_overrides=[]"], "must be a JSON object"),
+])
+def test_compile_argo_refuses_bad_flags_with_one_line_and_writes_nothing(flags, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["compile", "--format", "argo", *(["-o", "out"] if "-o" not in flags else []), *flags]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cron_flags_are_refused_without_format_argo(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli(["compile", "-o", "out", "--timezone", "UTC", "--starting-deadline", "60", "--cron-param", "steps=1"]) == 2
+    assert "--timezone, --starting-deadline, --cron-param: only with --format argo" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compile_argo_prints_what_it_wrote(tmp_path, capsys):
+    assert cli(["compile", "--format", "argo", "-o", str(tmp_path / "argo")]) == 0
+    out = capsys.readouterr().out
+    count = len(resilient_training.component_spec.inputs)
+    assert f"WorkflowTemplate 'resilient-training', 6 steps + teardown-storage on exit, {count} parameter(s)" in out
+    assert ("CronWorkflow 'resilient-training': 0 2 * * * UTC, concurrency Forbid, starting deadline none; "
+            "parameters: the template's defaults") in out
+    assert sorted(p.name for p in (tmp_path / "argo").iterdir()) == [
+        "resilient-training.cronworkflow.yaml", "resilient-training.workflowtemplate.yaml"]
+
+
+# --- the cluster side ---------------------------------------------------------------------------
+
+
+def test_argo_overlay_builds_and_lets_the_steps_service_account_report_outputs():
+    import shutil
+
+    import kubernetes_validate
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    out = subprocess.run(["kubectl", "kustomize", str(Path(__file__).resolve().parents[1] / "manifests/overlays/argo")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.32", strict=True)
+    by_kind_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert ("ServiceAccount", argo.SERVICE_ACCOUNT) in by_kind_name  # the account the WorkflowTemplate names
+    role = by_kind_name[("Role", "resilient-training-argo-executor")]
+    assert role["rules"] == [{"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"],
+                              "verbs": ["create", "patch"]}]
+    binding = by_kind_name[("RoleBinding", "resilient-training-argo-executor")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": argo.SERVICE_ACCOUNT,
+                                    "namespace": "resilient-training"}]
