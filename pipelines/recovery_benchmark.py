@@ -19,14 +19,14 @@ from resilient_training.components.provision_storage import provision_storage
 from resilient_training.components.run_strategies import run_strategies
 from resilient_training.components.teardown_storage import teardown_storage
 
-from .defaults import BENCH_CHECKPOINT_EVERY, BENCH_FAULTS, BENCH_STEPS
-from .resilient_training import MOUNT_PATH, mount_run_storage
+from .defaults import BENCH_CHECKPOINT_EVERY, BENCH_FAULTS, BENCH_STEPS, CACHING_NOTE, PROVISION_RETRY, TEARDOWN_RETRY
+from .resilient_training import MOUNT_PATH, mount_run_storage, side_effecting
 
 
 @dsl.pipeline(
     name="recovery-benchmark",
     description="The same training run under each recovery strategy (NVRx layers on or off), "
-    "compared on goodput and recovery time.",
+    "compared on goodput and recovery time. " + CACHING_NOTE,
 )
 def recovery_benchmark(
     strategies: list[dict] = DEFAULT_STRATEGIES,  # noqa: B006 - KFP reads the default
@@ -77,12 +77,14 @@ def recovery_benchmark(
         run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
         fsx_file_system_id=fsx_file_system_id, region=region,
     ).set_display_name("teardown")
+    side_effecting(cleanup, TEARDOWN_RETRY)
     with dsl.ExitHandler(cleanup, name="benchmark-and-clean-up"):
         provisioned = provision_storage(
             run_id=run_id, storage=storage, namespace=namespace, mount_path=MOUNT_PATH, local_root=local_root,
             pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
             fsx_security_group_ids=fsx_security_group_ids, region=region,
         ).set_display_name("provision storage")
+        side_effecting(provisioned, PROVISION_RETRY)
         claim = provisioned.outputs["pvc_name"]
         trained = run_strategies(
             storage_ref=provisioned.outputs["storage_ref"], run_id=run_id, strategies=strategies,
@@ -90,6 +92,8 @@ def recovery_benchmark(
             train_overrides=train_overrides, procs_per_node=procs_per_node, nodes=nodes,
             gpus_per_node=gpus_per_node, image=trainer_image,
         ).set_display_name("train each strategy")
+        # No retry: a strategy's timing is the measurement, and a retried run would mix two attempts.
+        side_effecting(trained)
         mount_run_storage(trained, claim)
-        compared = compare_strategies(run_dirs=trained.output).set_display_name("compare")
+        compared = side_effecting(compare_strategies(run_dirs=trained.output).set_display_name("compare"))
         mount_run_storage(compared, claim)

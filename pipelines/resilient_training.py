@@ -21,7 +21,15 @@ from resilient_training.components.resilience_report import resilience_report
 from resilient_training.components.teardown_storage import teardown_storage
 from resilient_training.components.validate_checkpoint import validate_checkpoint
 
-from .defaults import RUN_CHECKPOINT_EVERY, RUN_FAULTS, RUN_STEPS
+from .defaults import (
+    CACHING_NOTE,
+    LAUNCH_RETRY,
+    PROVISION_RETRY,
+    RUN_CHECKPOINT_EVERY,
+    RUN_FAULTS,
+    RUN_STEPS,
+    TEARDOWN_RETRY,
+)
 
 # Where every step mounts the run's claim on a cluster (kfp-kubernetes needs it at compile time).
 MOUNT_PATH = "/mnt/run"
@@ -32,10 +40,24 @@ def mount_run_storage(task: dsl.PipelineTask, pvc_name: str) -> dsl.PipelineTask
     return kubernetes.mount_pvc(task, pvc_name=pvc_name, mount_path=MOUNT_PATH)
 
 
+def side_effecting(task: dsl.PipelineTask, retry: tuple[int, str, float, str] | None = None) -> dsl.PipelineTask:
+    """Never serve this step from the cache; retry it (with an explicit max duration) when idempotent.
+
+    A KFP server caches by default: a scheduled run with last night's parameters would otherwise
+    provision nothing, train nothing and report last night's result again.
+    """
+    task.set_caching_options(enable_caching=False)
+    if retry is not None:
+        num_retries, backoff, factor, max_duration = retry
+        task.set_retry(num_retries=num_retries, backoff_duration=backoff, backoff_factor=factor,
+                       backoff_max_duration=max_duration)
+    return task
+
+
 @dsl.pipeline(
     name="resilient-training",
     description="NVRx-wrapped FSDP training with injected faults; checkpoints validated and the model "
-    "promoted only when integrity and convergence gates pass; a resilience report always.",
+    "promoted only when integrity and convergence gates pass; a resilience report always. " + CACHING_NOTE,
 )
 def resilient_training(
     storage: str = "local",
@@ -105,6 +127,7 @@ def resilient_training(
         run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
         fsx_file_system_id=fsx_file_system_id, region=region, delete_file_system=delete_file_system,
     ).set_display_name("teardown")
+    side_effecting(cleanup, TEARDOWN_RETRY)
     with dsl.ExitHandler(cleanup, name="run-and-clean-up"):
         provisioned = provision_storage(
             run_id=run_id, storage=storage, namespace=namespace, mount_path=MOUNT_PATH, local_root=local_root,
@@ -112,6 +135,7 @@ def resilient_training(
             fsx_security_group_ids=fsx_security_group_ids, fsx_capacity_gib=fsx_capacity_gib,
             fsx_deployment_type=fsx_deployment_type, region=region,
         ).set_display_name("provision storage")
+        side_effecting(provisioned, PROVISION_RETRY)
         claim = provisioned.outputs["pvc_name"]
         trained = launch_training(
             storage_ref=provisioned.outputs["storage_ref"], run_id=run_id, launcher=launcher, steps=steps,
@@ -119,6 +143,7 @@ def resilient_training(
             inprocess=inprocess, ft_launcher=ft_launcher, train_overrides=train_overrides, nodes=nodes,
             gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=trainer_image,
         ).set_display_name("train (NVRx)")
+        side_effecting(trained, LAUNCH_RETRY)
         run_dir = trained.outputs["run_dir"]
         valid = validate_checkpoint(run_dir=run_dir).set_display_name("validate checkpoint")
         converged = check_convergence(
@@ -128,5 +153,7 @@ def resilient_training(
             with dsl.If(converged.outputs["Output"] == True, name="converged"):  # noqa: E712
                 promoted = promote_model(checkpoint=run_dir, dest=promote_to).set_display_name("promote model")
         report = resilience_report(run_dir=run_dir).set_display_name("resilience report").after(converged)
+        for task in (valid, converged, promoted, report):
+            side_effecting(task)  # deterministic: a retry would give the same answer
         for task in (trained, valid, converged, promoted, report):
             mount_run_storage(task, claim)
