@@ -138,6 +138,18 @@ def test_compiled_pipelines_cache_no_side_effect_and_retry_with_an_explicit_wind
     assert _seconds(launch["retryPolicy"]["backoffMaxDuration"]) > job_limit["defaultValue"]
 
 
+def test_local_runs_get_the_same_dags_without_retries_and_still_uncached(tmp_path):
+    from resilient_training.kfp.compile import executor_tasks
+    from resilient_training.pipelines import LOCAL_PIPELINES
+
+    for name, pipeline in LOCAL_PIPELINES.items():
+        path = tmp_path / f"{name}.yaml"
+        compiler.Compiler().compile(pipeline, str(path))
+        tasks = executor_tasks(yaml.safe_load_all(path.read_text()).__next__())
+        assert set(tasks) == SIDE_EFFECTING[name]
+        assert not [key for key, task in tasks.items() if "retryPolicy" in task or task.get("cachingOptions")]
+
+
 def test_the_caching_check_fails_on_a_cached_step_and_an_implicit_retry_window(tmp_path):
     from kfp import dsl
 

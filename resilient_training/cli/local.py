@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--train-overrides must be a JSON object")
     _check_training_input(args.steps, args.checkpoint_every, args.faults, args.nproc, overrides)
     kfp_root = _init_local(output)
-    from resilient_training.pipelines import PIPELINES
+    from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
 
     started = time.time()
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -154,7 +154,7 @@ def bench(args: argparse.Namespace) -> int:
                 raise UsageError(str(exc)) from None
     _check_training_input(args.steps, args.checkpoint_every, args.faults, args.nproc, {})
     kfp_root = _init_local(output)
-    from resilient_training.pipelines import PIPELINES
+    from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
 
     started = time.time()
     print(f"running the recovery-benchmark pipeline locally: outputs in {output}", flush=True)
