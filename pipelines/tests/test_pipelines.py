@@ -206,6 +206,19 @@ def test_run_trains_through_faults_validates_gates_reports_and_promotes(tmp_path
     injected = [json.loads(line)["fault"] for f in (run_dir / "events").glob("*.jsonl")
                 for line in f.read_text().splitlines() if '"fault_injected"' in line]
     assert sorted(injected) == ["exception@22:0", "hang@33:1", "sigkill@12:1"]
+    # A demo a person can read: a line as each step starts and ends, the trainer's own lines, the
+    # summary; the local runner's executor JSON and warnings only in the log the summary names.
+    lines = text.splitlines()
+    assert len(lines) < 80, text
+    for step in ("provision-storage", "launch-training", "validate-checkpoint", "check-convergence",
+                 "resilience-report", "promote-model", "teardown-storage"):
+        assert sum(line.endswith(f"▶ {step}") for line in lines) == 1, step
+        assert sum(f"✓ {step} (" in line for line in lines) == 1, step
+    assert any("fault sigkill@12:1 injected" in line for line in lines)
+    assert "KFP Executor" not in text and "executor_input" not in text and "Warning" not in proc.stderr
+    log = Path(text.split("local runner log:")[1].split()[0])
+    assert log.parent == out / "logs"
+    assert "Got executor_input:" in log.read_text() and "fault sigkill@12:1 injected" in log.read_text()
 
 
 @pytest.mark.slow
