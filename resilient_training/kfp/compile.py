@@ -49,7 +49,8 @@ class CompiledPipeline:
         steps = executor_tasks(self.spec)
         cached = cached_tasks(self.spec)
         if not cached:
-            return f"caching: off for all {len(steps)} steps (compiled in: a KFP server runs each step anew, never from an earlier run)"
+            return (f"caching: off for all {len(steps)} steps (compiled in: a KFP server runs each step anew, "
+                    "never from an earlier run)")
         return (f"caching: ON for {len(cached)} of {len(steps)} steps ({', '.join(cached)}): a KFP server may serve "
                 "them from an earlier run with the same inputs")
 
