@@ -288,8 +288,10 @@ def build_job(spec: JobSpec) -> Any:
         ports=[k8s.V1ContainerPort(name=PORT_NAME, container_port=spec.rdzv_port, protocol="TCP")],
         # Extended resources need requests == limits; giving both keeps cpu/memory Guaranteed.
         resources=k8s.V1ResourceRequirements(limits=limits or None, requests=dict(limits) or None),
-        # IPC_LOCK: NCCL/EFA pin (mlock) communication buffers.
-        security_context=k8s.V1SecurityContext(capabilities=k8s.V1Capabilities(add=["IPC_LOCK"])),
+        # IPC_LOCK: NCCL/EFA pin (mlock) communication buffers. The trainer image runs as UID 1000;
+        # the kubelet refuses to start an image that would run as root.
+        security_context=k8s.V1SecurityContext(capabilities=k8s.V1Capabilities(add=["IPC_LOCK"]),
+                                               run_as_non_root=True, allow_privilege_escalation=False),
         volume_mounts=[
             k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
             k8s.V1VolumeMount(name="run-storage", mount_path=spec.storage.mount_path),
