@@ -19,77 +19,93 @@ from resilient_training.components.provision_storage import provision_storage
 from resilient_training.components.run_strategies import run_strategies
 from resilient_training.components.teardown_storage import teardown_storage
 
-from .defaults import BENCH_CHECKPOINT_EVERY, BENCH_FAULTS, BENCH_STEPS
-from .resilient_training import MOUNT_PATH, mount_run_storage
+from .defaults import BENCH_CHECKPOINT_EVERY, BENCH_FAULTS, BENCH_STEPS, CACHING_NOTE, PROVISION_RETRY, TEARDOWN_RETRY
+from .resilient_training import MOUNT_PATH, mount_run_storage, side_effecting
 
 
-@dsl.pipeline(
-    name="recovery-benchmark",
-    description="The same training run under each recovery strategy (NVRx layers on or off), "
-    "compared on goodput and recovery time.",
-)
-def recovery_benchmark(
-    strategies: list[dict] = DEFAULT_STRATEGIES,  # noqa: B006 - KFP reads the default
-    steps: int = BENCH_STEPS,
-    checkpoint_every: int = BENCH_CHECKPOINT_EVERY,
-    faults: str = BENCH_FAULTS,
-    train_overrides: dict = {},  # noqa: B006
-    storage: str = "local",
-    launcher: str = "local",
-    procs_per_node: int = 2,
-    nodes: int = 1,
-    gpus_per_node: int = 8,
-    trainer_image: str = "",
-    namespace: str = "",
-    local_root: str = "runs",
-    pvc_name: str = "",
-    fsx_file_system_id: str = "",
-    fsx_subnet_id: str = "",
-    fsx_security_group_ids: str = "",
-    region: str = "",
-):
-    """Run each strategy with the same schedule and compare them.
+def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
+    """The recovery-benchmark pipeline; ``retries=False`` for ``kfp.local`` runs (``run``/``bench``).
 
-    Args:
-        strategies: One dict per strategy: a "name" plus trainer settings, e.g. {"name":
-            "torchrun+sync", "inprocess": false, "ft_launcher": false, "async_checkpoint": false}.
-        steps: Target step of every strategy.
-        checkpoint_every: Steps between persistent checkpoints, for every strategy.
-        faults: Fault schedule injected into every strategy (TYPE@STEP:RANK,...).
-        train_overrides: Trainer settings shared by all strategies (model size, local tier, ...).
-        storage: local, pvc or fsx (see the resilient-training pipeline).
-        launcher: local or pytorchjob.
-        procs_per_node: Worker processes per node (local: CPU workers).
-        nodes: Nodes for launcher=pytorchjob.
-        gpus_per_node: GPUs per node for launcher=pytorchjob.
-        trainer_image: Trainer image for launcher=pytorchjob.
-        namespace: Kubernetes namespace (pvc, fsx, pytorchjob).
-        local_root: Parent directory of run directories for storage=local.
-        pvc_name: Existing claim for storage=pvc.
-        fsx_file_system_id: Reuse this FSx file system instead of creating one.
-        fsx_subnet_id: Subnet for a new FSx file system.
-        fsx_security_group_ids: Security groups for a new FSx file system, comma-separated.
-        region: AWS region (default: the client's).
-
+    kfp.local honours retry policies, and nothing on one machine fails transiently: a retried local
+    launch would train again after minutes of backoff. Caching is off either way.
     """
-    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-    cleanup = teardown_storage(
-        run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
-        fsx_file_system_id=fsx_file_system_id, region=region,
-    ).set_display_name("teardown")
-    with dsl.ExitHandler(cleanup, name="benchmark-and-clean-up"):
-        provisioned = provision_storage(
-            run_id=run_id, storage=storage, namespace=namespace, mount_path=MOUNT_PATH, local_root=local_root,
-            pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
-            fsx_security_group_ids=fsx_security_group_ids, region=region,
-        ).set_display_name("provision storage")
-        claim = provisioned.outputs["pvc_name"]
-        trained = run_strategies(
-            storage_ref=provisioned.outputs["storage_ref"], run_id=run_id, strategies=strategies,
-            launcher=launcher, steps=steps, checkpoint_every=checkpoint_every, faults=faults,
-            train_overrides=train_overrides, procs_per_node=procs_per_node, nodes=nodes,
-            gpus_per_node=gpus_per_node, image=trainer_image,
-        ).set_display_name("train each strategy")
-        mount_run_storage(trained, claim)
-        compared = compare_strategies(run_dirs=trained.output).set_display_name("compare")
-        mount_run_storage(compared, claim)
+
+    @dsl.pipeline(
+        name="recovery-benchmark",
+        description="The same training run under each recovery strategy (NVRx layers on or off), "
+        "compared on goodput and recovery time. " + CACHING_NOTE,
+    )
+    def recovery_benchmark(
+        strategies: list[dict] = DEFAULT_STRATEGIES,  # noqa: B006 - KFP reads the default
+        steps: int = BENCH_STEPS,
+        checkpoint_every: int = BENCH_CHECKPOINT_EVERY,
+        faults: str = BENCH_FAULTS,
+        train_overrides: dict = {},  # noqa: B006
+        storage: str = "local",
+        launcher: str = "local",
+        procs_per_node: int = 2,
+        nodes: int = 1,
+        gpus_per_node: int = 8,
+        trainer_image: str = "",
+        namespace: str = "",
+        local_root: str = "runs",
+        pvc_name: str = "",
+        fsx_file_system_id: str = "",
+        fsx_subnet_id: str = "",
+        fsx_security_group_ids: str = "",
+        region: str = "",
+    ):
+        """Run each strategy with the same schedule and compare them.
+
+        Args:
+            strategies: One dict per strategy: a "name" plus trainer settings, e.g. {"name":
+                "torchrun+sync", "inprocess": false, "ft_launcher": false, "async_checkpoint": false}.
+            steps: Target step of every strategy.
+            checkpoint_every: Steps between persistent checkpoints, for every strategy.
+            faults: Fault schedule injected into every strategy (TYPE@STEP:RANK,...).
+            train_overrides: Trainer settings shared by all strategies (model size, local tier, ...).
+            storage: local, pvc or fsx (see the resilient-training pipeline).
+            launcher: local or pytorchjob.
+            procs_per_node: Worker processes per node (local: CPU workers).
+            nodes: Nodes for launcher=pytorchjob.
+            gpus_per_node: GPUs per node for launcher=pytorchjob.
+            trainer_image: Trainer image for launcher=pytorchjob.
+            namespace: Kubernetes namespace (pvc, fsx, pytorchjob).
+            local_root: Parent directory of run directories for storage=local.
+            pvc_name: Existing claim for storage=pvc.
+            fsx_file_system_id: Reuse this FSx file system instead of creating one.
+            fsx_subnet_id: Subnet for a new FSx file system.
+            fsx_security_group_ids: Security groups for a new FSx file system, comma-separated.
+            region: AWS region (default: the client's).
+
+        """
+        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        cleanup = teardown_storage(
+            run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
+            fsx_file_system_id=fsx_file_system_id, region=region,
+        ).set_display_name("teardown")
+        side_effecting(cleanup, TEARDOWN_RETRY if retries else None)
+        with dsl.ExitHandler(cleanup, name="benchmark-and-clean-up"):
+            provisioned = provision_storage(
+                run_id=run_id, storage=storage, namespace=namespace, mount_path=MOUNT_PATH, local_root=local_root,
+                pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
+                fsx_security_group_ids=fsx_security_group_ids, region=region,
+            ).set_display_name("provision storage")
+            side_effecting(provisioned, PROVISION_RETRY if retries else None)
+            claim = provisioned.outputs["pvc_name"]
+            trained = run_strategies(
+                storage_ref=provisioned.outputs["storage_ref"], run_id=run_id, strategies=strategies,
+                launcher=launcher, steps=steps, checkpoint_every=checkpoint_every, faults=faults,
+                train_overrides=train_overrides, procs_per_node=procs_per_node, nodes=nodes,
+                gpus_per_node=gpus_per_node, image=trainer_image,
+            ).set_display_name("train each strategy")
+            # No retry: a strategy's timing is the measurement, and a retried run would mix two attempts.
+            side_effecting(trained)
+            mount_run_storage(trained, claim)
+            compared = side_effecting(compare_strategies(run_dirs=trained.output).set_display_name("compare"))
+            mount_run_storage(compared, claim)
+
+    return recovery_benchmark
+
+
+recovery_benchmark = build()

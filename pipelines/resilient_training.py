@@ -21,7 +21,15 @@ from resilient_training.components.resilience_report import resilience_report
 from resilient_training.components.teardown_storage import teardown_storage
 from resilient_training.components.validate_checkpoint import validate_checkpoint
 
-from .defaults import RUN_CHECKPOINT_EVERY, RUN_FAULTS, RUN_STEPS
+from .defaults import (
+    CACHING_NOTE,
+    LAUNCH_RETRY,
+    PROVISION_RETRY,
+    RUN_CHECKPOINT_EVERY,
+    RUN_FAULTS,
+    RUN_STEPS,
+    TEARDOWN_RETRY,
+)
 
 # Where every step mounts the run's claim on a cluster (kfp-kubernetes needs it at compile time).
 MOUNT_PATH = "/mnt/run"
@@ -32,101 +40,132 @@ def mount_run_storage(task: dsl.PipelineTask, pvc_name: str) -> dsl.PipelineTask
     return kubernetes.mount_pvc(task, pvc_name=pvc_name, mount_path=MOUNT_PATH)
 
 
-@dsl.pipeline(
-    name="resilient-training",
-    description="NVRx-wrapped FSDP training with injected faults; checkpoints validated and the model "
-    "promoted only when integrity and convergence gates pass; a resilience report always.",
-)
-def resilient_training(
-    storage: str = "local",
-    launcher: str = "local",
-    steps: int = RUN_STEPS,
-    checkpoint_every: int = RUN_CHECKPOINT_EVERY,
-    faults: str = RUN_FAULTS,
-    async_checkpoint: bool = True,
-    inprocess: bool = True,
-    ft_launcher: bool = True,
-    train_overrides: dict = {},  # noqa: B006 - KFP reads the default as the parameter's default
-    nodes: int = 1,
-    gpus_per_node: int = 8,
-    procs_per_node: int = 2,
-    trainer_image: str = "",
-    namespace: str = "",
-    local_root: str = "runs",
-    pvc_name: str = "",
-    fsx_file_system_id: str = "",
-    fsx_subnet_id: str = "",
-    fsx_security_group_ids: str = "",
-    fsx_capacity_gib: int = 1200,
-    fsx_deployment_type: str = "SCRATCH_2",
-    region: str = "",
-    promote_to: str = "promoted",
-    max_final_loss: float = -1.0,
-    min_improvement: float = 0.1,
-    delete_file_system: bool = True,
-):
-    """Train with injected faults, prove the recovery was clean, and promote only then.
+def side_effecting(task: dsl.PipelineTask, retry: tuple[int, str, float, str] | None = None) -> dsl.PipelineTask:
+    """Never serve this step from the cache; retry it (with an explicit max duration) when idempotent.
 
-    Args:
-        storage: Where checkpoints and the event log live: local (a directory; laptop only),
-            pvc (an existing PersistentVolumeClaim) or fsx (Amazon FSx for Lustre, created or reused).
-        launcher: How workers start: local (ft_launcher on this machine, gloo on CPU) or pytorchjob
-            (a Kubeflow Training Operator PyTorchJob, ft_launcher on every node).
-        steps: Target training step; the run succeeds once it is reached.
-        checkpoint_every: Steps between persistent checkpoints.
-        faults: Injected fault schedule, TYPE@STEP:RANK comma-separated (exception, sigkill, hang,
-            oom, nan, ckpt-kill, writer-kill); empty for none.
-        async_checkpoint: Write checkpoints in NVRx's background process (false: synchronous saves).
-        inprocess: Enable NVRx in-process restart.
-        ft_launcher: Run workers under NVRx ft_launcher (false: plain torchrun).
-        train_overrides: Further trainer settings by name (e.g. {"model": {"d_model": 1024},
-            "local_checkpoint_every": 25, "lr": 0.0003}).
-        nodes: Nodes (PyTorchJob worker pods) for launcher=pytorchjob.
-        gpus_per_node: GPUs per node for launcher=pytorchjob.
-        procs_per_node: Worker processes per node; for launcher=local, the CPU workers (default 2).
-        trainer_image: Trainer image for launcher=pytorchjob (default: the release's trainer image).
-        namespace: Kubernetes namespace of the claim and the job (pvc, fsx, pytorchjob).
-        local_root: Parent directory of run directories for storage=local.
-        pvc_name: Existing claim for storage=pvc.
-        fsx_file_system_id: Reuse this FSx file system instead of creating one (never deleted).
-        fsx_subnet_id: Subnet for a new FSx file system.
-        fsx_security_group_ids: Security groups for a new FSx file system, comma-separated.
-        fsx_capacity_gib: Capacity of a new FSx file system (1200, 2400 or a multiple of 2400).
-        fsx_deployment_type: SCRATCH_2 or PERSISTENT_2.
-        region: AWS region (default: the client's).
-        promote_to: Where a model that passed both gates is copied: a directory or s3://bucket/prefix.
-        max_final_loss: Convergence gate: the final loss must be below this (negative: no limit).
-        min_improvement: Convergence gate: relative loss improvement over the first window.
-        delete_file_system: Delete an FSx file system this run created when the run ends.
-
+    A KFP server caches by default: a scheduled run with last night's parameters would otherwise
+    provision nothing, train nothing and report last night's result again.
     """
-    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-    cleanup = teardown_storage(
-        run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
-        fsx_file_system_id=fsx_file_system_id, region=region, delete_file_system=delete_file_system,
-    ).set_display_name("teardown")
-    with dsl.ExitHandler(cleanup, name="run-and-clean-up"):
-        provisioned = provision_storage(
-            run_id=run_id, storage=storage, namespace=namespace, mount_path=MOUNT_PATH, local_root=local_root,
-            pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
-            fsx_security_group_ids=fsx_security_group_ids, fsx_capacity_gib=fsx_capacity_gib,
-            fsx_deployment_type=fsx_deployment_type, region=region,
-        ).set_display_name("provision storage")
-        claim = provisioned.outputs["pvc_name"]
-        trained = launch_training(
-            storage_ref=provisioned.outputs["storage_ref"], run_id=run_id, launcher=launcher, steps=steps,
-            checkpoint_every=checkpoint_every, faults=faults, async_checkpoint=async_checkpoint,
-            inprocess=inprocess, ft_launcher=ft_launcher, train_overrides=train_overrides, nodes=nodes,
-            gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=trainer_image,
-        ).set_display_name("train (NVRx)")
-        run_dir = trained.outputs["run_dir"]
-        valid = validate_checkpoint(run_dir=run_dir).set_display_name("validate checkpoint")
-        converged = check_convergence(
-            run_dir=run_dir, max_final_loss=max_final_loss, min_improvement=min_improvement,
-        ).set_display_name("check convergence").after(valid)
-        with dsl.If(valid.outputs["Output"] == True, name="checkpoint-valid"):  # noqa: E712 - a KFP condition
-            with dsl.If(converged.outputs["Output"] == True, name="converged"):  # noqa: E712
-                promoted = promote_model(checkpoint=run_dir, dest=promote_to).set_display_name("promote model")
-        report = resilience_report(run_dir=run_dir).set_display_name("resilience report").after(converged)
-        for task in (trained, valid, converged, promoted, report):
-            mount_run_storage(task, claim)
+    task.set_caching_options(enable_caching=False)
+    if retry is not None:
+        num_retries, backoff, factor, max_duration = retry
+        task.set_retry(num_retries=num_retries, backoff_duration=backoff, backoff_factor=factor,
+                       backoff_max_duration=max_duration)
+    return task
+
+
+def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
+    """The resilient-training pipeline; ``retries=False`` for ``kfp.local`` runs (``run``/``bench``).
+
+    kfp.local honours retry policies, and nothing on one machine fails transiently: a retried local
+    launch would train again after minutes of backoff. Caching is off either way.
+    """
+
+    @dsl.pipeline(
+        name="resilient-training",
+        description="NVRx-wrapped FSDP training with injected faults; checkpoints validated and the model "
+        "promoted only when integrity and convergence gates pass; a resilience report always. " + CACHING_NOTE,
+    )
+    def resilient_training(
+        storage: str = "local",
+        launcher: str = "local",
+        steps: int = RUN_STEPS,
+        checkpoint_every: int = RUN_CHECKPOINT_EVERY,
+        faults: str = RUN_FAULTS,
+        async_checkpoint: bool = True,
+        inprocess: bool = True,
+        ft_launcher: bool = True,
+        train_overrides: dict = {},  # noqa: B006 - KFP reads the default as the parameter's default
+        nodes: int = 1,
+        gpus_per_node: int = 8,
+        procs_per_node: int = 2,
+        trainer_image: str = "",
+        namespace: str = "",
+        local_root: str = "runs",
+        pvc_name: str = "",
+        fsx_file_system_id: str = "",
+        fsx_subnet_id: str = "",
+        fsx_security_group_ids: str = "",
+        fsx_capacity_gib: int = 1200,
+        fsx_deployment_type: str = "SCRATCH_2",
+        region: str = "",
+        promote_to: str = "promoted",
+        max_final_loss: float = -1.0,
+        min_improvement: float = 0.1,
+        delete_file_system: bool = True,
+    ):
+        """Train with injected faults, prove the recovery was clean, and promote only then.
+
+        Args:
+            storage: Where checkpoints and the event log live: local (a directory; laptop only),
+                pvc (an existing PersistentVolumeClaim) or fsx (Amazon FSx for Lustre, created or reused).
+            launcher: How workers start: local (ft_launcher on this machine, gloo on CPU) or pytorchjob
+                (a Kubeflow Training Operator PyTorchJob, ft_launcher on every node).
+            steps: Target training step; the run succeeds once it is reached.
+            checkpoint_every: Steps between persistent checkpoints.
+            faults: Injected fault schedule, TYPE@STEP:RANK comma-separated (exception, sigkill, hang,
+                oom, nan, ckpt-kill, writer-kill); empty for none.
+            async_checkpoint: Write checkpoints in NVRx's background process (false: synchronous saves).
+            inprocess: Enable NVRx in-process restart.
+            ft_launcher: Run workers under NVRx ft_launcher (false: plain torchrun).
+            train_overrides: Further trainer settings by name (e.g. {"model": {"d_model": 1024},
+                "local_checkpoint_every": 25, "lr": 0.0003}).
+            nodes: Nodes (PyTorchJob worker pods) for launcher=pytorchjob.
+            gpus_per_node: GPUs per node for launcher=pytorchjob.
+            procs_per_node: Worker processes per node; for launcher=local, the CPU workers (default 2).
+            trainer_image: Trainer image for launcher=pytorchjob (default: the release's trainer image).
+            namespace: Kubernetes namespace of the claim and the job (pvc, fsx, pytorchjob).
+            local_root: Parent directory of run directories for storage=local.
+            pvc_name: Existing claim for storage=pvc.
+            fsx_file_system_id: Reuse this FSx file system instead of creating one (never deleted).
+            fsx_subnet_id: Subnet for a new FSx file system.
+            fsx_security_group_ids: Security groups for a new FSx file system, comma-separated.
+            fsx_capacity_gib: Capacity of a new FSx file system (1200, 2400 or a multiple of 2400).
+            fsx_deployment_type: SCRATCH_2 or PERSISTENT_2.
+            region: AWS region (default: the client's).
+            promote_to: Where a model that passed both gates is copied: a directory or s3://bucket/prefix.
+            max_final_loss: Convergence gate: the final loss must be below this (negative: no limit).
+            min_improvement: Convergence gate: relative loss improvement over the first window.
+            delete_file_system: Delete an FSx file system this run created when the run ends.
+
+        """
+        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        cleanup = teardown_storage(
+            run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
+            fsx_file_system_id=fsx_file_system_id, region=region, delete_file_system=delete_file_system,
+        ).set_display_name("teardown")
+        side_effecting(cleanup, TEARDOWN_RETRY if retries else None)
+        with dsl.ExitHandler(cleanup, name="run-and-clean-up"):
+            provisioned = provision_storage(
+                run_id=run_id, storage=storage, namespace=namespace, mount_path=MOUNT_PATH, local_root=local_root,
+                pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
+                fsx_security_group_ids=fsx_security_group_ids, fsx_capacity_gib=fsx_capacity_gib,
+                fsx_deployment_type=fsx_deployment_type, region=region,
+            ).set_display_name("provision storage")
+            side_effecting(provisioned, PROVISION_RETRY if retries else None)
+            claim = provisioned.outputs["pvc_name"]
+            trained = launch_training(
+                storage_ref=provisioned.outputs["storage_ref"], run_id=run_id, launcher=launcher, steps=steps,
+                checkpoint_every=checkpoint_every, faults=faults, async_checkpoint=async_checkpoint,
+                inprocess=inprocess, ft_launcher=ft_launcher, train_overrides=train_overrides, nodes=nodes,
+                gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=trainer_image,
+            ).set_display_name("train (NVRx)")
+            side_effecting(trained, LAUNCH_RETRY if retries else None)
+            run_dir = trained.outputs["run_dir"]
+            valid = validate_checkpoint(run_dir=run_dir).set_display_name("validate checkpoint")
+            converged = check_convergence(
+                run_dir=run_dir, max_final_loss=max_final_loss, min_improvement=min_improvement,
+            ).set_display_name("check convergence").after(valid)
+            with dsl.If(valid.outputs["Output"] == True, name="checkpoint-valid"):  # noqa: E712 - a KFP condition
+                with dsl.If(converged.outputs["Output"] == True, name="converged"):  # noqa: E712
+                    promoted = promote_model(checkpoint=run_dir, dest=promote_to).set_display_name("promote model")
+            report = resilience_report(run_dir=run_dir).set_display_name("resilience report").after(converged)
+            for task in (valid, converged, promoted, report):
+                side_effecting(task)  # deterministic: a retry would give the same answer
+            for task in (trained, valid, converged, promoted, report):
+                mount_run_storage(task, claim)
+
+    return resilient_training
+
+
+resilient_training = build()

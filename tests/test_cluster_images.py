@@ -3,11 +3,14 @@ and the Dockerfiles install it without letting pip replace torch."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,3 +54,40 @@ def test_dockerfiles_pin_every_package_and_install_this_one_without_dependencies
     trainer = _pip_installs((ROOT / "images" / "trainer" / "Dockerfile").read_text())
     assert "nvidia-resiliency-ext==0.7.0" in trainer[0]
     assert not any(arg.startswith("torch") for args in trainer for arg in args)
+
+
+IMAGE_UID = "1000"  # both images: files on the shared run storage have one owner
+
+
+def _instructions(dockerfile: str) -> list[tuple[str, str]]:
+    joined = dockerfile.replace("\\\n", " ")
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip()) for line in joined.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize("image", ["trainer", "components"])
+def test_images_run_as_a_fixed_non_root_numeric_user(image):
+    steps = _instructions((ROOT / "images" / image / "Dockerfile").read_text())
+    users = [arg for op, arg in steps if op == "USER"]
+    assert users, f"{image}: runs as root (no USER)"
+    assert re.fullmatch(r"(\d+):(\d+)", users[-1]), f"{image}: USER {users[-1]} is not numeric UID:GID"
+    uid, gid = users[-1].split(":")
+    assert uid == gid == IMAGE_UID, image
+    # Nothing after the last USER switches back or installs as that user.
+    after = steps[[i for i, (op, _) in enumerate(steps) if op == "USER"][-1] + 1:]
+    assert all(op in ("WORKDIR", "CMD", "ENTRYPOINT", "ENV", "LABEL", "EXPOSE") for op, _ in after), after
+
+
+DIGEST = "@sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize("image", ["trainer", "components"])
+def test_the_base_image_takes_a_digest_build_arg(image):
+    steps = _instructions((ROOT / "images" / image / "Dockerfile").read_text())
+    args = {arg.split("=", 1)[0]: (arg.split("=", 1) + [""])[1].strip('"') for op, arg in steps if op == "ARG"}
+    [base] = [arg for op, arg in steps if op == "FROM"]
+    assert base.endswith("${BASE_DIGEST}") and args["BASE_DIGEST"] == "", base  # declared before FROM, empty
+    resolved = base.replace("${BASE_IMAGE}", args.get("BASE_IMAGE", "")).replace("${BASE_DIGEST}", DIGEST)
+    # name:tag@sha256:<64 hex>: Docker pulls by the digest (the tag stays for people reading it).
+    assert re.fullmatch(r"[a-z0-9./-]+:[\w.-]+@sha256:[0-9a-f]{64}", resolved), resolved
+    assert "latest" not in base and "latest" not in resolved

@@ -230,6 +230,26 @@ def test_submit_with_the_package_sends_the_spec_and_needs_no_upload(cli, server,
     assert bench["runtime_config"]["parameters"] == {"repeats": 5}
 
 
+def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(cli, server, tmp_path):
+    # The project's own pipeline: caching compiled off in every DAG (exit handler, conditions).
+    code, out, err = cli("submit", "--host", server.url, "--package")
+    assert code == 0, err
+    assert "caching: off for all 7 steps (compiled in: a KFP server runs each step anew, never from an earlier run)" in out
+    [run] = server.runs.values()
+    assert "enableCache: true" not in yaml.safe_dump(run["pipeline_spec"])
+    code, out, err = cli("schedule", "--host", server.url, "--package", "--pipeline", "recovery-benchmark",
+                         "--cron", "0 0 2 * * *")
+    assert code == 0, err
+    assert "caching: off for all 4 steps" in out
+    # A pipeline compiled with KFP's default (caching on) is named as such, step by step; kfp.Client's
+    # enable_caching=False still reaches the top-level tasks of a sent package.
+    code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--package", "--param", "run_id=c")
+    assert code == 0, err
+    assert "caching: ON for 3 of 3 steps (comp-condition-2/promote, comp-exit-handler-1/train, root/teardown)" in out
+    root = list(server.runs.values())[-1]["pipeline_spec"]["pipeline_spec"]["root"]["dag"]["tasks"]
+    assert root["teardown"]["cachingOptions"] == {}
+
+
 def test_submit_before_upload_says_how_to_upload(cli, server):
     code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--param", "run_id=x")
     assert code == 1

@@ -117,7 +117,8 @@ def test_container_runs_ft_launcher_with_operator_env_and_nvrx_switches():
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32",
                                                 "cpu": "180", "memory": "1800Gi"}
     assert container["resources"]["requests"] == container["resources"]["limits"]
-    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}, "runAsNonRoot": True,
+                                            "allowPrivilegeEscalation": False}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts == {"dshm": "/dev/shm", "run-storage": MOUNT}
     volumes = {v["name"]: v for v in pod["volumes"]}

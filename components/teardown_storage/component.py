@@ -51,5 +51,5 @@ def teardown_storage(
     done = teardown(run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
                     fsx_file_system_id=fsx_file_system_id, region=region, storage_ref=storage_ref,
                     delete_job=delete_job, job_name=job_name, delete_file_system=delete_file_system)
-    print(json.dumps(done, indent=1))
+    print("teardown: " + (", ".join(f"{key} {what}" for key, what in done.items()) or f"nothing to delete ({storage})"))
     return json.dumps(done, sort_keys=True)

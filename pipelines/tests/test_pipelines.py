@@ -74,6 +74,112 @@ def test_benchmark_dag_runs_strategies_then_compares(tmp_path):
                                               "torchrun+sync"]
 
 
+# --------------------------------------------------------------------------- caching and retries
+
+# Every container step of both pipelines has side effects; a new step must be added here on purpose.
+SIDE_EFFECTING = {
+    "resilient-training": {"root/teardown-storage", "comp-exit-handler-1/provision-storage",
+                           "comp-exit-handler-1/launch-training", "comp-exit-handler-1/validate-checkpoint",
+                           "comp-exit-handler-1/check-convergence", "comp-exit-handler-1/resilience-report",
+                           "comp-condition-3/promote-model"},
+    "recovery-benchmark": {"root/teardown-storage", "comp-exit-handler-1/provision-storage",
+                           "comp-exit-handler-1/run-strategies", "comp-exit-handler-1/compare-strategies"},
+}
+# Idempotent steps that meet transient failures (cloud throttling, an API blip while watching the job).
+RETRIED = {"root/teardown-storage", "comp-exit-handler-1/provision-storage", "comp-exit-handler-1/launch-training"}
+KFP_IMPLICIT_WINDOW = 3600  # what the IR says when set_retry was given no backoff_max_duration
+
+
+def _seconds(duration: str) -> float:
+    assert duration.endswith("s"), duration
+    return float(duration[:-1])
+
+
+def caching_and_retry_problems(spec: dict) -> list[str]:
+    """What is wrong with a compiled pipeline's caching and retry settings, one line per problem."""
+    from resilient_training.kfp.compile import cached_tasks, executor_tasks
+
+    problems = [f"{key}: cached" for key in cached_tasks(spec)]
+    for key, task in executor_tasks(spec).items():
+        policy = task.get("retryPolicy")
+        if policy is None:
+            continue
+        window = _seconds(policy.get("backoffMaxDuration", "0s"))
+        if window == KFP_IMPLICIT_WINDOW:
+            problems.append(f"{key}: retry window is KFP's implicit 1 h (set backoff_max_duration)")
+        elif window <= _seconds(policy.get("backoffDuration", "0s")):
+            problems.append(f"{key}: retry window shorter than its first backoff")
+    return problems
+
+
+def _compiled_by_cli(tmp_path: Path) -> dict[str, dict]:
+    proc = _cli("compile", "-o", str(tmp_path / "ir"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return {name: yaml.safe_load_all((tmp_path / "ir" / f"{name}.yaml").read_text()).__next__()
+            for name in SIDE_EFFECTING}
+
+
+def test_compiled_pipelines_cache_no_side_effect_and_retry_with_an_explicit_window(tmp_path):
+    from resilient_training.kfp.compile import executor_tasks
+
+    compiled = _compiled_by_cli(tmp_path)
+    for name, spec in compiled.items():
+        tasks = executor_tasks(spec)
+        assert set(tasks) == SIDE_EFFECTING[name], name  # every step classified, none missed in a nested DAG
+        assert caching_and_retry_problems(spec) == [], name
+        for key, task in tasks.items():
+            assert not (task.get("cachingOptions") or {}).get("enableCache"), (name, key)
+            assert ("retryPolicy" in task) == (key in RETRIED), (name, key)
+        assert "Caching is off for every step" in spec["pipelineInfo"]["description"], name
+    spec = compiled["resilient-training"]
+    launch = executor_tasks(spec)["comp-exit-handler-1/launch-training"]
+    job_limit = spec["components"]["comp-launch-training"]["inputDefinitions"]["parameters"]["timeout_seconds"]
+    # Argo counts the window from the first attempt: it must outlast the job's own limit.
+    assert _seconds(launch["retryPolicy"]["backoffMaxDuration"]) > job_limit["defaultValue"]
+
+
+def test_local_runs_get_the_same_dags_without_retries_and_still_uncached(tmp_path):
+    from resilient_training.kfp.compile import executor_tasks
+    from resilient_training.pipelines import LOCAL_PIPELINES
+
+    for name, pipeline in LOCAL_PIPELINES.items():
+        path = tmp_path / f"{name}.yaml"
+        compiler.Compiler().compile(pipeline, str(path))
+        tasks = executor_tasks(yaml.safe_load_all(path.read_text()).__next__())
+        assert set(tasks) == SIDE_EFFECTING[name]
+        assert not [key for key, task in tasks.items() if "retryPolicy" in task or task.get("cachingOptions")]
+
+
+def test_the_caching_check_fails_on_a_cached_step_and_an_implicit_retry_window(tmp_path):
+    from kfp import dsl
+
+    from resilient_training.kfp.compile import cached_tasks
+
+    def step(x: int) -> int:
+        return x
+
+    step.__annotations__ = {"x": int, "return": int}  # real types: this module postpones annotations
+    step = dsl.component(step, base_image="python:3.11-slim")
+
+    @dsl.pipeline(name="careless")
+    def careless():
+        with dsl.ExitHandler(step(x=0).set_caching_options(False)):
+            step(x=1)  # cached by default, inside a nested DAG
+            step(x=2).set_caching_options(False).set_retry(2)  # no backoff_max_duration
+            step(x=3).set_caching_options(False).set_retry(2, backoff_duration="60s", backoff_max_duration="30s")
+
+    path = tmp_path / "careless.yaml"
+    compiler.Compiler().compile(careless, str(path))
+    spec = yaml.safe_load(path.read_text())
+    # KFP names the exit task "step" and the others step-2, step-3, step-4.
+    assert cached_tasks(spec) == ["comp-exit-handler-1/step-2"]
+    assert caching_and_retry_problems(spec) == [
+        "comp-exit-handler-1/step-2: cached",
+        "comp-exit-handler-1/step-3: retry window is KFP's implicit 1 h (set backoff_max_duration)",
+        "comp-exit-handler-1/step-4: retry window shorter than its first backoff",
+    ]
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -100,6 +206,19 @@ def test_run_trains_through_faults_validates_gates_reports_and_promotes(tmp_path
     injected = [json.loads(line)["fault"] for f in (run_dir / "events").glob("*.jsonl")
                 for line in f.read_text().splitlines() if '"fault_injected"' in line]
     assert sorted(injected) == ["exception@22:0", "hang@33:1", "sigkill@12:1"]
+    # A demo a person can read: a line as each step starts and ends, the trainer's own lines, the
+    # summary; the local runner's executor JSON and warnings only in the log the summary names.
+    lines = text.splitlines()
+    assert len(lines) < 80, text
+    for step in ("provision-storage", "launch-training", "validate-checkpoint", "check-convergence",
+                 "resilience-report", "promote-model", "teardown-storage"):
+        assert sum(line.endswith(f"▶ {step}") for line in lines) == 1, step
+        assert sum(f"✓ {step} (" in line for line in lines) == 1, step
+    assert any("fault sigkill@12:1 injected" in line for line in lines)
+    assert "KFP Executor" not in text and "executor_input" not in text and "Warning" not in proc.stderr
+    log = Path(text.split("local runner log:")[1].split()[0])
+    assert log.parent == out / "logs"
+    assert "Got executor_input:" in log.read_text() and "fault sigkill@12:1 injected" in log.read_text()
 
 
 @pytest.mark.slow

@@ -299,6 +299,7 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"{'created' if created else 'using'} experiment {args.experiment!r} (id {experiment_id})")
         print(f"run {run_name!r} created (id {run.run_id}) from {source.label}")
         print(f"parameters: {_format_params(params)}")
+        print(compiled.caching_summary())
         print(kfp_client.ui_link(conn, "runs", run.run_id))
         return 0
 
@@ -326,6 +327,7 @@ def _schedule(args: argparse.Namespace) -> int:
         print(f"recurring run {job_name!r} created (id {job.recurring_run_id}) from {source.label}")
         print(f"cron {cron!r}, max concurrency {args.max_concurrency}, catchup {'off' if args.no_catchup else 'on'}")
         print(f"parameters: {_format_params(params)}")
+        print(compiled.caching_summary())
         print(kfp_client.ui_link(conn, "recurringrun", job.recurring_run_id))
         return 0
 

@@ -2,8 +2,10 @@
 
 Both check their input before anything starts, run the real pipeline DAG through
 ``kfp.local.SubprocessRunner(use_venv=False)`` (every component in a subprocess of this
-Python, the trainer under ft_launcher with gloo workers), show each step's output as it runs,
-and finish with where the results are, or the failing step and its reason.
+Python, the trainer under ft_launcher with gloo workers), show one line as each step starts and
+ends and the components' own progress lines (the local runner's full output goes to a log file,
+or to the console with ``--verbose``), and finish with where the results are, or the failing step
+and its reason.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from resilient_training.cli import runner_log
 
 DEFAULT_OUTPUT = "local_outputs"
 # `run` exit codes: 0 promoted, 1 a step failed, 2 bad input, 3 the gates refused promotion.
@@ -57,6 +61,10 @@ def _task_output(kfp_root: Path, since: float, task: str, output: str) -> Path |
     return _newest(found)
 
 
+def _log_path(output: Path, pipeline: str, stamp: str) -> Path:
+    return output / "logs" / f"{pipeline}-{stamp}.log"
+
+
 def _failure_reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[-1] if text else type(exc).__name__
@@ -74,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--train-overrides must be a JSON object")
     _check_training_input(args.steps, args.checkpoint_every, args.faults, args.nproc, overrides)
     kfp_root = _init_local(output)
-    from resilient_training.pipelines import PIPELINES
+    from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
 
     started = time.time()
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -82,14 +90,16 @@ def run(args: argparse.Namespace) -> int:
     runs_root = output / "runs"  # provision_storage puts each run in <local_root>/runs/<run id>
     print(f"running the resilient-training pipeline locally: outputs in {output}", flush=True)
     failure = None
-    try:
-        PIPELINES["resilient-training"](
-            storage="local", launcher="local", steps=args.steps, checkpoint_every=args.checkpoint_every,
-            faults=args.faults, procs_per_node=args.nproc, local_root=str(output),
-            promote_to=str(promote_to), train_overrides=overrides, min_improvement=args.min_improvement,
-        )
-    except Exception as exc:  # kfp.local raises when a task fails; teardown has run by then
-        failure = _failure_reason(exc)
+    log_path = _log_path(output, "resilient-training", stamp)
+    with runner_log.capture(log_path, verbose=args.verbose):
+        try:
+            PIPELINES["resilient-training"](
+                storage="local", launcher="local", steps=args.steps, checkpoint_every=args.checkpoint_every,
+                faults=args.faults, procs_per_node=args.nproc, local_root=str(output),
+                promote_to=str(promote_to), train_overrides=overrides, min_improvement=args.min_improvement,
+            )
+        except Exception as exc:  # kfp.local raises when a task fails; teardown has run by then
+            failure = _failure_reason(exc)
     run_dir = _newest([p.parent for p in runs_root.glob("**/events") if p.stat().st_mtime >= started])
     report = _task_output(kfp_root, started, "resilience-report", "report")
     print("\n=== resilient-training: summary")
@@ -118,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"promoted model:     {promote_to}")
     else:
         print("promoted model:     none (promotion runs only when both gates pass)")
+    print(f"local runner log:   {log_path}")
     if failure is not None:
         print(f"\nFAILED: {failure}", file=sys.stderr)
         return 1
@@ -154,7 +165,7 @@ def bench(args: argparse.Namespace) -> int:
                 raise UsageError(str(exc)) from None
     _check_training_input(args.steps, args.checkpoint_every, args.faults, args.nproc, {})
     kfp_root = _init_local(output)
-    from resilient_training.pipelines import PIPELINES
+    from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
 
     started = time.time()
     print(f"running the recovery-benchmark pipeline locally: outputs in {output}", flush=True)
@@ -162,10 +173,16 @@ def bench(args: argparse.Namespace) -> int:
                               "procs_per_node": args.nproc, "local_root": str(output)}
     if strategies is not None:
         kwargs["strategies"] = strategies
-    try:
-        PIPELINES["recovery-benchmark"](**kwargs)
-    except Exception as exc:
-        print(f"\nFAILED: {_failure_reason(exc)}", file=sys.stderr)
+    log_path = _log_path(output, "recovery-benchmark", time.strftime("%Y%m%d-%H%M%S"))
+    failure = None
+    with runner_log.capture(log_path, verbose=args.verbose):
+        try:
+            PIPELINES["recovery-benchmark"](**kwargs)
+        except Exception as exc:  # kfp.local raises when a task fails
+            failure = _failure_reason(exc)
+    if failure is not None:
+        print(f"local runner log:   {log_path}")
+        print(f"\nFAILED: {failure}", file=sys.stderr)
         return 1
     table = _task_output(kfp_root, started, "compare-strategies", "table")
     page = _task_output(kfp_root, started, "compare-strategies", "comparison")
@@ -174,7 +191,7 @@ def bench(args: argparse.Namespace) -> int:
         from resilient_training.bench.compare import text_table
 
         print("\n=== recovery benchmark\n" + text_table(json.loads(rows.read_text())))
-    print(f"\ncomparison (HTML):  {page}\ncomparison (table): {table}")
+    print(f"\ncomparison (HTML):  {page}\ncomparison (table): {table}\nlocal runner log:   {log_path}")
     return 0
 
 
@@ -210,6 +227,9 @@ def _add_common(parser: argparse.ArgumentParser, *, steps: int, every: int, faul
     parser.add_argument("--faults", default=faults, help=f"fault schedule TYPE@STEP:RANK,... (default {faults!r})")
     parser.add_argument("--nproc", type=int, default=2, help="CPU worker processes (default 2)")
     parser.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"where everything goes ({DEFAULT_OUTPUT}/)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print the local runner's full output (executor inputs, outputs, warnings) as it runs; "
+                        "without it, that goes to OUTPUT/logs/PIPELINE-TIME.log")
 
 
 def _guard(func: Any) -> Any:

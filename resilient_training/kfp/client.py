@@ -461,8 +461,11 @@ def submit(
 
     """
     with api_errors(conn.host, f"creating run {run_name!r}", conn.auth), _quiet():
+        # enable_caching=False: kfp applies it to a sent package's top-level tasks (a stored version keeps
+        # what was compiled in, which is off for every step of this project's pipelines).
         return conn.client.run_pipeline(
-            experiment_id=experiment_id, job_name=run_name, params=dict(params), **_source_kwargs(source)
+            experiment_id=experiment_id, job_name=run_name, params=dict(params), enable_caching=False,
+            **_source_kwargs(source)
         )
 
 
@@ -506,6 +509,7 @@ def schedule(
             no_catchup=no_catchup,
             params=dict(params),
             enabled=True,
+            enable_caching=False,  # as in submit
             **_source_kwargs(source),
         )
 

@@ -44,6 +44,38 @@ class CompiledPipeline:
     def inputs(self) -> dict[str, PipelineInput]:
         return pipeline_inputs(self.spec)
 
+    def caching_summary(self) -> str:
+        """One line for ``submit``/``schedule``: is any step of this pipeline served from a KFP cache?"""
+        steps = executor_tasks(self.spec)
+        cached = cached_tasks(self.spec)
+        if not cached:
+            return (f"caching: off for all {len(steps)} steps (compiled in: a KFP server runs each step anew, "
+                    "never from an earlier run)")
+        return (f"caching: ON for {len(cached)} of {len(steps)} steps ({', '.join(cached)}): a KFP server may serve "
+                "them from an earlier run with the same inputs")
+
+
+def executor_tasks(spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every task of a PipelineSpec that runs a container, in every DAG (root, exit handler, conditions).
+
+    Keys are ``<dag component>/<task>`` (``root/teardown-storage``, ``comp-condition-3/promote-model``).
+    """
+    components = spec.get("components", {})
+    dags = {"root": spec.get("root", {}), **components}
+    found = {}
+    for dag_name, component in dags.items():
+        for task_name, task in (component.get("dag") or {}).get("tasks", {}).items():
+            ref = components.get(task.get("componentRef", {}).get("name", ""), {})
+            if "executorLabel" in ref:
+                found[f"{dag_name}/{task_name}"] = task
+    return found
+
+
+def cached_tasks(spec: Mapping[str, Any]) -> list[str]:
+    """The container tasks a KFP server may serve from its cache (``cachingOptions.enableCache``)."""
+    return sorted(key for key, task in executor_tasks(spec).items()
+                  if (task.get("cachingOptions") or {}).get("enableCache"))
+
 
 def load_registry(reference: str = DEFAULT_REGISTRY) -> dict[str, Callable[..., Any]]:
     """Import a pipeline registry.

@@ -318,8 +318,10 @@ def resource_limits(spec: JobSpec) -> dict[str, str]:
 def security_context() -> Any:
     from kubernetes import client as k8s
 
-    # IPC_LOCK: NCCL/EFA pin (mlock) communication buffers.
-    return k8s.V1SecurityContext(capabilities=k8s.V1Capabilities(add=["IPC_LOCK"]))
+    # IPC_LOCK: NCCL/EFA pin (mlock) communication buffers. The trainer image runs as UID 1000;
+    # the kubelet refuses to start an image that would run as root.
+    return k8s.V1SecurityContext(capabilities=k8s.V1Capabilities(add=["IPC_LOCK"]),
+                                 run_as_non_root=True, allow_privilege_escalation=False)
 
 
 def volume_mounts(spec: JobSpec) -> list[Any]:

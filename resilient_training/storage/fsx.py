@@ -18,7 +18,12 @@ from typing import Any
 DEPLOYMENT_TYPES = ("SCRATCH_2", "PERSISTENT_2")
 PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)  # MB/s per TiB
 LUSTRE_VERSIONS = ("2.12", "2.15")
+# Tags on everything this module creates (file system, data repository association), set in the
+# create call itself: manifests/iam/fsx-provisioner-policy.json allows creation only with them,
+# tagging only during creation (fsx:CreateAction), and deletion only of what carries them.
 TOKEN_TAG = "resilient-training.io/run-token"
+"""Each run's own value (``request_token``): delete() refuses a file system without the run's value."""
+TOKEN_PREFIX = "rt-"
 RUN_TAG = "resilient-training.io/run-id"
 MANAGED_TAG = "resilient-training.io/managed-by"
 MANAGED_VALUE = "resilient-training"
@@ -37,7 +42,7 @@ class FsxError(RuntimeError):
 
 def request_token(run_id: str) -> str:
     """The run's idempotency token: stable, at most 63 characters of ``[A-Za-z0-9_.-]``."""
-    return "rt-" + hashlib.sha256(run_id.encode()).hexdigest()[:40]
+    return TOKEN_PREFIX + hashlib.sha256(run_id.encode()).hexdigest()[:40]
 
 
 def check_capacity(deployment_type: str, capacity_gib: int) -> None:
@@ -136,6 +141,11 @@ class FsxRequest:
         return request_token(self.run_id)
 
     @property
+    def ownership_tags(self) -> dict[str, str]:
+        """The run's tags on what it creates (the IAM policy's conditions name these keys)."""
+        return {TOKEN_TAG: self.token, RUN_TAG: self.run_id[:256], MANAGED_TAG: MANAGED_VALUE}
+
+    @property
     def links_by_association(self) -> bool:
         """PERSISTENT_2 links S3 through a data repository association made after creation."""
         return self.deployment_type == "PERSISTENT_2" and bool(self.import_path)
@@ -151,7 +161,7 @@ class FsxRequest:
             lustre["AutoImportPolicy"] = "NEW_CHANGED_DELETED"
             if self.export_path:
                 lustre["ExportPath"] = self.export_path
-        tags = {**self.tags, TOKEN_TAG: self.token, RUN_TAG: self.run_id[:256], MANAGED_TAG: MANAGED_VALUE}
+        tags = {**self.tags, **self.ownership_tags}
         return {
             "ClientRequestToken": self.token,
             "FileSystemType": "LUSTRE",
@@ -258,6 +268,7 @@ def link_data_repository(
         association_id = client.create_data_repository_association(
             FileSystemId=fs_id, FileSystemPath="/", DataRepositoryPath=request.import_path,
             BatchImportMetaDataOnCreate=True, S3=s3, ClientRequestToken=request.token,
+            Tags=[{"Key": k, "Value": v} for k, v in request.ownership_tags.items()],
         )["Association"]["AssociationId"]
         progress(f"fsx: linking {request.import_path} to {fs_id} ({association_id})")
     start, last = time.monotonic(), None

@@ -133,8 +133,7 @@ def _provision_fsx(request: ProvisionRequest, *, core_api: Any, fsx_client: Any,
                    progress: Callable[[str], None]) -> StorageRef:
     created: dict[str, Any] = {}
     pv_name, pvc_name = request.volume_names
-    labels = {"app.kubernetes.io/name": "resilient-training", "app.kubernetes.io/managed-by": "resilient-training",
-              **request.labels}
+    labels = {**request.labels, **volumes.LABELS}  # ours last: a caller's label cannot unset the policy's one
     try:
         if request.existing_fsx_id:
             progress(f"fsx: reusing existing file system {request.existing_fsx_id} (teardown will not delete it)")

@@ -13,6 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 CSI_DRIVER = "fsx.csi.aws.com"
+# On every PV/PVC provision_storage creates. manifests/rbac/pv-admission-policy.yaml lets the
+# launcher create or delete only PVs carrying the managed-by label: keep the two in step.
+LABELS = {"app.kubernetes.io/name": "resilient-training", "app.kubernetes.io/managed-by": "resilient-training"}
 
 
 def pv_manifest(*, name: str, claim: str, namespace: str, fs_id: str, dns_name: str, mount_name: str,

@@ -130,7 +130,10 @@ def _expect_persistent_create(stubber):
                          {"FileSystemId": FS_ID, "FileSystemPath": "/", "DataRepositoryPath": "s3://training-data/c4",
                           "BatchImportMetaDataOnCreate": True,
                           "S3": {"AutoImportPolicy": events, "AutoExportPolicy": events},
-                          "ClientRequestToken": fsx.request_token("run-1")})
+                          "ClientRequestToken": fsx.request_token("run-1"),
+                          "Tags": [{"Key": fsx.TOKEN_TAG, "Value": fsx.request_token("run-1")},
+                                   {"Key": fsx.RUN_TAG, "Value": "run-1"},
+                                   {"Key": fsx.MANAGED_TAG, "Value": fsx.MANAGED_VALUE}]})
 
 
 PERSISTENT = dict(fsx_capacity_gib=2400, fsx_deployment_type="PERSISTENT_2", fsx_per_unit_throughput=250,
