@@ -65,7 +65,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             faults: Fault schedule injected into every strategy (TYPE@STEP:RANK,...).
             train_overrides: Trainer settings shared by all strategies (model size, local tier, ...).
             storage: local, pvc or fsx (see the resilient-training pipeline).
-            launcher: local or pytorchjob.
+            launcher: local, pytorchjob or trainjob.
             procs_per_node: Worker processes per node (local: CPU workers).
             nodes: Nodes for launcher=pytorchjob.
             gpus_per_node: GPUs per node for launcher=pytorchjob.

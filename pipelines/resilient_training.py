@@ -5,7 +5,7 @@ provision_storage ─► launch_training ─► validate_checkpoint ─► check
                                                                       └─► resilience_report (whatever the gates say)
 exit handler: teardown_storage (job, claim, file system this run created)
 ```
-Backends are parameters: ``storage`` local | pvc | fsx and ``launcher`` local | pytorchjob.
+Backends are parameters: ``storage`` local | pvc | fsx and ``launcher`` local | pytorchjob | trainjob.
 ``local`` runs on a laptop through ``kfp.local``; on a cluster use pvc or fsx storage, which every
 step mounts (kfp-kubernetes; the local runner ignores it with a warning).
 """
@@ -99,8 +99,9 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         Args:
             storage: Where checkpoints and the event log live: local (a directory; laptop only),
                 pvc (an existing PersistentVolumeClaim) or fsx (Amazon FSx for Lustre, created or reused).
-            launcher: How workers start: local (ft_launcher on this machine, gloo on CPU) or pytorchjob
-                (a Kubeflow Training Operator PyTorchJob, ft_launcher on every node).
+            launcher: How workers start: local (ft_launcher on this machine, gloo on CPU), pytorchjob
+                (a Kubeflow Training Operator PyTorchJob, ft_launcher on every node) or trainjob (a
+                Kubeflow Trainer v2 TrainJob on the nvrx-ft-launcher ClusterTrainingRuntime).
             steps: Target training step; the run succeeds once it is reached.
             checkpoint_every: Steps between persistent checkpoints.
             faults: Injected fault schedule, TYPE@STEP:RANK comma-separated (exception, sigkill, hang,
@@ -110,11 +111,11 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             ft_launcher: Run workers under NVRx ft_launcher (false: plain torchrun).
             train_overrides: Further trainer settings by name (e.g. {"model": {"d_model": 1024},
                 "local_checkpoint_every": 25, "lr": 0.0003}).
-            nodes: Nodes (PyTorchJob worker pods) for launcher=pytorchjob.
-            gpus_per_node: GPUs per node for launcher=pytorchjob.
+            nodes: Nodes (worker pods) for launcher=pytorchjob or trainjob.
+            gpus_per_node: GPUs per node for launcher=pytorchjob or trainjob.
             procs_per_node: Worker processes per node; for launcher=local, the CPU workers (default 2).
-            trainer_image: Trainer image for launcher=pytorchjob (default: the release's trainer image).
-            namespace: Kubernetes namespace of the claim and the job (pvc, fsx, pytorchjob).
+            trainer_image: Trainer image for launcher=pytorchjob or trainjob (default: the release's trainer image).
+            namespace: Kubernetes namespace of the claim and the job (pvc, fsx, pytorchjob, trainjob).
             local_root: Parent directory of run directories for storage=local.
             pvc_name: Existing claim for storage=pvc.
             fsx_file_system_id: Reuse this FSx file system instead of creating one (never deleted).
