@@ -294,10 +294,14 @@ class Checkpointer:
             state = unflatten_state_dict(flat, paths)
             source, data_state = "memory", copy.deepcopy(self._staging.data_state)
         else:
+            import warnings
+
             import torch.distributed.checkpoint as dcp
 
             try:
-                dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+                with warnings.catch_warnings():  # no_dist on purpose (see above), not a fallback
+                    warnings.simplefilter("ignore", UserWarning)
+                    dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
             except Exception as exc:  # DCP names the key or shape that does not fit
                 raise fmt.CheckpointError(
                     f"{path} holds a different model or optimizer state than this run's task builds: {exc}"[:800]
@@ -461,6 +465,7 @@ class Checkpointer:
                 fmt.write_iteration_file(self.config.run_dir, in_flight.step)
         if self.rank == 0:
             self._emit("ckpt_committed", in_flight.step, bytes=size * (self.world_size if local else 1),
+                       world_size=self.world_size,
                        seconds=time.time() - in_flight.begin_ts, path=str(path), tier=in_flight.tier)
 
     def finish(self, timeout: float = 600.0) -> None:
