@@ -241,7 +241,7 @@ def save_bytes(data: bytes, path: Path) -> None:
 
 
 def save_replacing(obj: Any, path: Path) -> None:
-    """torch.save to a new file renamed over ``path``: load_shard memory-maps the old one, and
+    """torch.save to a new file renamed over ``path``: a reader may memory-map the old one, and
     truncating a mapped file in place would SIGBUS whoever still reads it.
     """
     import torch
