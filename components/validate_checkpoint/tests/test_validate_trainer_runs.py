@@ -15,7 +15,7 @@ def test_every_committed_checkpoint_of_a_healthy_run_is_valid(trainer_runs: Path
     assert report.valid, [str(f) for f in report.all_findings]
     assert len(report.checkpoints) == 3  # keep_last
     for ckpt in report.checkpoints:
-        assert len(ckpt.checks) == 9 and ckpt.bytes > 1_000_000
+        assert len(ckpt.checks) == 10 and ckpt.bytes > 1_000_000
 
 
 def test_a_run_killed_mid_save_leaves_only_ignored_leftovers(trainer_runs: Path) -> None:
