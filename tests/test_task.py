@@ -133,3 +133,16 @@ def test_the_built_in_task_resumes_at_another_world_size_at_the_same_global_samp
     assert after and after[-1] < losses_before[1]  # it resumed the trained model, not a fresh one
     report = validate(run_dir)
     assert report.valid, [str(f) for f in report.all_findings]
+
+
+def test_a_worker_that_cannot_import_the_task_asks_not_to_be_restarted(tmp_path):
+    """The launcher's preflight ran elsewhere (a cluster pod's image may lack the task): exit 93."""
+    from resilient_training.run import events as ev
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.runtime.worker", "--run-dir", str(run_dir),
+                           "--task", "no_such_module_here:task", "--no-inprocess", "--no-ft-launcher"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 93, proc.stderr[-2000:]
+    end = [e for e in ev.read_events(run_dir) if e.event == "end"]
+    assert end[-1]["status"] == "failed" and "task module no_such_module_here failed to import" in end[-1]["reason"]

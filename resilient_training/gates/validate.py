@@ -8,17 +8,21 @@ commit protocol guarantees nothing loads them, so they are not corruption.
 
 The stages, in order (a stage only looks at files the previous ones found whole):
 
-1. layout: ``latest`` names a committed ``step_N``; the manifest parses and lists every rank;
-   each listed file is present and no unknown file sits beside them;
+1. layout: ``latest`` names a committed ``step_N``; the manifest parses (format 2: PyTorch DCP)
+   and lists every rank's files and DCP's ``.metadata``; no unknown file sits beside them;
 2. bytes: every file is read once in large blocks, in parallel threads (xxhash releases the
-   GIL), and its size and xxh3_128 checksum compared with the manifest;
-3. contents: each shard loads with ``weights_only=True``; its recorded step, rank, world
-   size, optimizer step and data position agree with the manifest; its tensors match the
-   manifest's names, shapes, dtypes, layout and per-tensor checksums; floating tensors are
-   finite; optimizer state pairs with the model parameters (``exp_avg_sq`` >= 0);
-4. load: the slices assemble into global tensors (which is what resharding to another world
-   size needs), load strictly into a freshly built model, and every loaded tensor, sliced
-   again for the saved and for other world sizes, hashes the same as the saved one.
+   GIL), and its size and xxh3_128 checksum compared with the manifest; the world size is the
+   one the run's own event log recorded for this commit;
+3. contents: ``.metadata`` loads through a restricted unpickler and agrees with the manifest;
+   every tensor's chunks cover its full extent exactly (the proof that the whole state is
+   there); every chunk loads with ``weights_only=True`` and matches its recorded shape, dtype
+   and checksum, and is finite; optimizer values and data states load with ``weights_only=True``;
+4. load: DCP loads the checkpoint into a fresh model and optimizer of the run's task in one
+   process (resharding from the saved world size), strictly, and every loaded model value
+   hashes the same as the chunk the trainer saved.
+
+Only ``validate`` finds problems; it never repairs. A check it cannot make is a finding, never
+a silent skip.
 """
 
 from __future__ import annotations

@@ -305,6 +305,16 @@ def test_corruption_is_caught_with_the_right_finding(name: str, target: Target) 
     assert got == want, [str(f) for f in report.all_findings]
 
 
+def test_a_metadata_pickle_that_runs_a_command_is_refused_not_run(run_copy: Path, tmp_path: Path) -> None:
+    marker = Path("/tmp/rt-validate-pwned")
+    marker.unlink(missing_ok=True)
+    evil_metadata(Target(run_copy, run_copy / STEP4, run_copy / "checkpoints/step_2"))
+    report = validate(run_copy)
+    assert [f.code for f in report.all_findings] == ["metadata_invalid"]
+    assert "posix.system is not part of DCP metadata" in report.all_findings[0].message
+    assert not marker.exists()
+
+
 def test_healthy_run_has_no_findings(synthetic_run: Path) -> None:
     report = validate(synthetic_run, all_checkpoints=True)
     assert report.valid, [str(f) for f in report.all_findings]
