@@ -19,7 +19,16 @@ from resilient_training.components.provision_storage import provision_storage
 from resilient_training.components.run_strategies import run_strategies
 from resilient_training.components.teardown_storage import teardown_storage
 
-from .defaults import BENCH_CHECKPOINT_EVERY, BENCH_FAULTS, BENCH_STEPS, CACHING_NOTE, PROVISION_RETRY, TEARDOWN_RETRY
+from .defaults import (
+    BENCH_CHECKPOINT_EVERY,
+    BENCH_FAULTS,
+    BENCH_STEPS,
+    CACHING_NOTE,
+    PROVISION_RETRY,
+    TASK,
+    TASK_ARGS,
+    TEARDOWN_RETRY,
+)
 from .resilient_training import MOUNT_PATH, mount_run_storage, side_effecting
 
 
@@ -41,6 +50,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         checkpoint_every: int = BENCH_CHECKPOINT_EVERY,
         faults: str = BENCH_FAULTS,
         train_overrides: dict = {},  # noqa: B006
+        task: str = TASK,
+        task_args: dict = TASK_ARGS,  # noqa: B006
         storage: str = "local",
         launcher: str = "local",
         procs_per_node: int = 2,
@@ -64,6 +75,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             checkpoint_every: Steps between persistent checkpoints, for every strategy.
             faults: Fault schedule injected into every strategy (TYPE@STEP:RANK,...).
             train_overrides: Trainer settings shared by all strategies (model size, local tier, ...).
+            task: The training task, MODULE:ATTR or path/to/file.py:ATTR (default: the built-in GPT).
+            task_args: Settings passed to the task ({"KEY": "VALUE"}).
             storage: local, pvc or fsx (see the resilient-training pipeline).
             launcher: local, pytorchjob or trainjob.
             procs_per_node: Worker processes per node (local: CPU workers).
@@ -96,7 +109,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             trained = run_strategies(
                 storage_ref=provisioned.outputs["storage_ref"], run_id=run_id, strategies=strategies,
                 launcher=launcher, steps=steps, checkpoint_every=checkpoint_every, faults=faults,
-                train_overrides=train_overrides, procs_per_node=procs_per_node, nodes=nodes,
+                train_overrides=train_overrides, task=task, task_args=task_args,
+                procs_per_node=procs_per_node, nodes=nodes,
                 gpus_per_node=gpus_per_node, image=trainer_image,
             ).set_display_name("train each strategy")
             # No retry: a strategy's timing is the measurement, and a retried run would mix two attempts.

@@ -129,7 +129,8 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
         Step("launch-training", "launch_training", {
             "storage_ref": Output("provision-storage", "storage_ref"), "run_id": RunId(),
             **_params("launcher", "steps", "checkpoint_every", "faults", "async_checkpoint", "inprocess",
-                      "ft_launcher", "train_overrides", "nodes", "gpus_per_node", "procs_per_node"),
+                      "ft_launcher", "train_overrides", "task", "task_args", "nodes", "gpus_per_node",
+                      "procs_per_node"),
             "image": Param("trainer_image"),
         }, claim=claim, depends="provision-storage"),
         Step("validate-checkpoint", "validate_checkpoint", {"run_dir": run_dir},
