@@ -4,6 +4,9 @@
 #
 #   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
 #   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | recovery+efficiency | all
+#          | fault-matrix | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
+#            this one, interleaved, same model and intervals: OLD_TREE=.old holds `git archive REV
+#            resilient_training components pipelines`)
 #   (all: recovery, efficiency, then goodput-half; what fits one 10-minute device call on 2 GPUs)
 #
 # Needs NVRx 0.7.0 wheels in .whl/ (../shared/device/nvrx-wheels.sh downloads them) on a machine
@@ -24,6 +27,12 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/site:/tmp/rt PATH=/tmp/site/bin:$PATH
 else
   export PYTHONPATH=/tmp/rt
+fi
+site=${PYTHONPATH%/tmp/rt}
+if [ -n "${OLD_TREE:-}" ]; then  # the same layout for the older tree, selected per run through PYTHONPATH
+  rm -rf /tmp/rt-old && mkdir -p /tmp/rt-old && cp -r "$OLD_TREE/resilient_training" /tmp/rt-old/
+  ln -s "$PWD/$OLD_TREE/components" /tmp/rt-old/resilient_training/components
+  ln -s "$PWD/$OLD_TREE/pipelines" /tmp/rt-old/resilient_training/pipelines
 fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
@@ -111,6 +120,19 @@ case $suite in
       run baseline_sync_launcher --steps 1000 --checkpoint-every 250 --no-async-checkpoint --no-inprocess \
           --faults "$faults"
     fi
+    ;;
+  format-compare)  # older tree (OLD_TREE) vs this one, interleaved so drift hits both alike
+    specs=("no_ckpt:--checkpoint-every 100000" "async_roomy:--checkpoint-every 50" "async_tight:--checkpoint-every 20")
+    if [ "${FULL:-0}" = 1 ]; then specs+=("sync_tight:--checkpoint-every 20 --no-async-checkpoint"); fi
+    for spec in "${specs[@]}"; do
+      name=${spec%%:*}; read -r -a extra <<< "${spec#*:}"
+      PYTHONPATH=${site}/tmp/rt-old run "old_$name" --steps "${FC_STEPS:-200}" "${extra[@]}"
+      PYTHONPATH=${site}/tmp/rt run "dcp_$name" --steps "${FC_STEPS:-200}" "${extra[@]}"
+    done
+    ;;
+  fault-matrix)  # every fault type once, in one run: layer, fault -> first step, root cause (report_gpu.py)
+    run matrix --steps 450 --checkpoint-every 50 --local-checkpoint-every 25 \
+        --faults "exception@60:0,sigkill@110:1,oom@160:1,nan@210:0,ckpt-kill@250:1,hang@300:1,writer-kill@350:0"
     ;;
   recovery+efficiency)
     "$0" recovery "$out"

@@ -3,7 +3,8 @@
     python benchmarks/report_gpu.py benchmarks/results/h200/*.tar.gz
 
 Every number is computed by resilient_training.gates.metrics from the runs' event logs; efficiency is
-the no-checkpoint run's training span divided by each run's (first step to last step).
+the no-checkpoint run's training span divided by each run's (first step to last step); runs named
+``old_*``/``dcp_*`` (the format-compare suite) are compared with their own ``*_no_ckpt``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def main(paths: list[str]) -> None:
         machine = (suite_dir / "machine.txt").read_text().strip().splitlines()
         print(f"\n### {label}\n\n{machine[0]}; {machine[1]}; {machine[2]}\n")
         runs = sorted(p for p in suite_dir.iterdir() if (p / "events").is_dir())
-        baseline = next((training_span(p) for p in runs if p.name == "no_ckpt"), None)
+        spans = {p.name: training_span(p) for p in runs if p.name.endswith("no_ckpt")}
         print("| run | args | status | train goodput | infra goodput | recoveries (layer: s) | rollback steps "
               "| stall/save s | saves (deferred) | efficiency |")
         print("|---|---|---|---|---|---|---|---|---|---|")
@@ -93,6 +94,9 @@ def main(paths: list[str]) -> None:
                                    if f.get("recovery_seconds") is not None) or "–"
             ck = m["checkpoints"]
             span = training_span(run)
+            # The baseline of "old_async_tight" is "old_no_ckpt"; of "async_tight", "no_ckpt".
+            prefix = run.name.split("_", 1)[0] + "_" if run.name.split("_", 1)[0] in ("old", "dcp") else ""
+            baseline = spans.get(f"{prefix}no_ckpt")
             efficiency = f"{baseline / span:.1%}" if baseline else "–"
             args = (run / "args.txt").read_text().strip() if (run / "args.txt").exists() else ""
             print(f"| {run.name} | `{args}` | {m['status']} | {m['training_goodput']:.1%} | "
