@@ -187,8 +187,9 @@ def test_dest_without_permission(gated_run: Path, tmp_path: Path) -> None:
     finally:
         subprocess.run(["chattr", "-i", str(locked)], capture_output=True)
         locked.chmod(0o755)
+    (tmp_path / "a-file").write_text("")
     with pytest.raises(PromotionUsageError, match="cannot write to"):
-        promote(gated_run / CKPT, str(gated_run / CKPT / "manifest.json" / "model"))  # parent is a file
+        promote(gated_run / CKPT, str(tmp_path / "a-file" / "model"))  # parent is a file
 
 
 @pytest.fixture
