@@ -90,6 +90,8 @@ def _print_json(data: Any) -> None:
 def validate_main(args: argparse.Namespace) -> int:
     from resilient_training.gates.validate import UsageError, format_validation, validate, write_validation_record
 
+    if args.threads is not None and args.threads < 1:
+        return _fail_usage(f"--threads must be at least 1, got {args.threads}")
     try:
         report = validate(args.path, all_checkpoints=args.all, load=args.load, threads=args.threads)
     except UsageError as exc:
@@ -153,9 +155,19 @@ def promote_main(args: argparse.Namespace) -> int:
 def report_main(args: argparse.Namespace) -> int:
     from resilient_training.gates.metrics import RunError, compute_metrics
     from resilient_training.gates.report import write_report
+    from resilient_training.run.paths import check_writable
 
     if args.output is None and args.json is None:
         return _fail_usage("give -o report.html and/or --json [FILE]")
+    try:
+        if args.output is not None:
+            check_writable(args.output, "-o", directory=False)
+        if args.json not in (None, "-"):
+            check_writable(args.json, "--json", directory=False)
+        if args.output is not None and args.output == args.json:
+            raise ValueError(f"-o and --json both name {args.output}")
+    except ValueError as exc:
+        return _fail_usage(str(exc))
     try:
         metrics = compute_metrics(args.run_dir)
     except RunError as exc:

@@ -10,14 +10,14 @@ from __future__ import annotations
 import hashlib
 import re
 
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 def check_dns1123_label(value: str, what: str) -> None:
-    if not value or len(value) > 63 or not _DNS1123_LABEL.match(value):
+    if not value or len(value) > 63 or not _DNS1123_LABEL.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a DNS-1123 label: at most 63 lowercase letters, digits or '-', "
             "starting and ending with a letter or digit"
@@ -25,7 +25,7 @@ def check_dns1123_label(value: str, what: str) -> None:
 
 
 def check_dns1123_subdomain(value: str, what: str) -> None:
-    if not value or len(value) > 253 or not all(_DNS1123_LABEL.match(p) for p in value.split(".")):
+    if not value or len(value) > 253 or not all(_DNS1123_LABEL.fullmatch(p) for p in value.split(".")):
         raise ValueError(
             f"{what} {value!r} is not a DNS-1123 subdomain: at most 253 lowercase letters, digits, '-' or '.', "
             "each dot-separated part starting and ending with a letter or digit"
@@ -33,7 +33,7 @@ def check_dns1123_subdomain(value: str, what: str) -> None:
 
 
 def check_dns1035_label(value: str, what: str) -> None:
-    if not value or len(value) > 63 or not _DNS1035_LABEL.match(value):
+    if not value or len(value) > 63 or not _DNS1035_LABEL.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a DNS-1035 label: at most 63 lowercase letters, digits or '-', "
             "starting with a letter and ending with a letter or digit"
@@ -41,7 +41,7 @@ def check_dns1035_label(value: str, what: str) -> None:
 
 
 def check_label_value(value: str, what: str) -> None:
-    if len(value) > 63 or not _LABEL_VALUE.match(value):
+    if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
         raise ValueError(f"{what} {value!r} is not a valid label value (<= 63 of [A-Za-z0-9-_.], alphanumeric ends)")
 
 
@@ -49,7 +49,7 @@ def check_label_key(key: str, what: str) -> None:
     prefix, _, name = key.rpartition("/")
     if prefix:
         check_dns1123_subdomain(prefix, f"{what} prefix")
-    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+    if not name or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
         raise ValueError(f"{what} {key!r} is not a valid label key ([prefix/]name, name <= 63 of [A-Za-z0-9-_.])")
 
 

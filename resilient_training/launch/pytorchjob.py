@@ -29,7 +29,7 @@ WORKER_MODULE = "resilient_training.runtime.worker"
 DEFAULT_NVRX_VERSION = "0.7.0"  # what images/trainer installs
 MAX_NODES = 4096
 _TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -127,7 +127,7 @@ def validate(spec: JobSpec) -> None:
     if not spec.image or any(ch.isspace() for ch in spec.image):
         raise ValueError(f"image must be a non-empty image reference without spaces, got {spec.image!r}")
     for what, value in (("cpu", spec.cpu), ("memory", spec.memory), ("shm_size", spec.shm_size)):
-        if value and not _QUANTITY.match(value):
+        if value and not _QUANTITY.fullmatch(value):
             raise ValueError(f"{what} {value!r} is not a Kubernetes quantity (e.g. 32, 500m, 64Gi)")
     if not spec.storage.shared:
         raise ValueError(
@@ -164,7 +164,7 @@ def validate(spec: JobSpec) -> None:
         raise ValueError(f"image_pull_policy must be Always, IfNotPresent or Never, got {spec.image_pull_policy!r}")
     _check_faults(spec)
     for key in spec.env:
-        if not re.match(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", key):
+        if not re.fullmatch(r"[-._a-zA-Z][-._a-zA-Z0-9]*", key):
             raise ValueError(f"environment variable name {key!r} is invalid")
         if key.startswith("PET_"):
             raise ValueError(f"{key}: PET_* variables are set by the Training Operator from the job spec")

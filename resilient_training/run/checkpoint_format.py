@@ -40,7 +40,7 @@ LATEST_NAME = "latest"
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGORITHM = "xxh3_128"
 TMP_PREFIX = ".tmp-"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+_STEP_DIR = re.compile(r"step_(\d+)")
 _READ_CHUNK = 8 << 20
 
 
@@ -65,7 +65,7 @@ def step_dirname(step: int) -> str:
 
 
 def parse_step_dirname(name: str) -> int | None:
-    match = _STEP_DIR.match(name)
+    match = _STEP_DIR.fullmatch(name)
     return int(match.group(1)) if match else None
 
 
