@@ -87,8 +87,11 @@ def build_spec(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from resilient_training.launch import pytorchjob
+    from resilient_training.run.paths import check_writable
 
     try:
+        if args.output != "-":
+            check_writable(args.output, "-o", directory=False)
         spec = build_spec(args)
     except ValueError as exc:
         print(f"render-job: {exc}", file=sys.stderr)

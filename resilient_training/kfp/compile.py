@@ -94,7 +94,7 @@ def output_paths(keys: list[str], output: Path) -> dict[str, Path]:
     """Where each pipeline's YAML goes: ``output`` itself when it names a .yaml file, else ``output/<key>.yaml``.
 
     Raises:
-        CompileError: a single file was asked for several pipelines.
+        CompileError: a single file was asked for several pipelines, or a path cannot be written.
 
     """
     if output.suffix in (".yaml", ".yml"):
@@ -103,8 +103,17 @@ def output_paths(keys: list[str], output: Path) -> dict[str, Path]:
                 f"-o {output} is one file but {len(keys)} pipelines are selected ({', '.join(keys)}); "
                 "give a directory or --pipeline NAME"
             )
-        return {keys[0]: output}
-    return {key: output / f"{key}.yaml" for key in keys}
+        paths = {keys[0]: output}
+    else:
+        paths = {key: output / f"{key}.yaml" for key in keys}
+    from resilient_training.run.paths import check_writable
+
+    try:  # before anything is compiled or created
+        for path in paths.values():
+            check_writable(path, "-o", directory=False)
+    except ValueError as exc:
+        raise CompileError(str(exc)) from None
+    return paths
 
 
 def compile_pipeline(key: str, pipeline: Callable[..., Any], path: Path) -> CompiledPipeline:

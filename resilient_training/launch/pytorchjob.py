@@ -12,6 +12,7 @@ ft_launcher's own 1 after its restart budget).
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,8 @@ WORKER_MODULE = "resilient_training.runtime.worker"
 DEFAULT_NVRX_VERSION = "0.7.0"  # what images/trainer installs
 MAX_NODES = 4096
 _TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# Mounting the claim on (or over, or inside) these would hide what the pod itself needs there.
+_RESERVED_MOUNTS = ("/dev/shm", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/lib", "/var/run/secrets")
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?")
 
 
@@ -139,10 +142,12 @@ def validate(spec: JobSpec) -> None:
             f"the job in {spec.namespace!r}: pods can only mount claims of their own namespace"
         )
     k8s_names.check_dns1123_subdomain(spec.storage.pvc_name, "claim name")
-    mount = spec.storage.mount_path.rstrip("/")
-    if not spec.storage.mount_path.startswith("/") or spec.storage.mount_path in ("/", "/dev/shm"):
-        raise ValueError(f"mount path must be an absolute directory other than / and /dev/shm, got {mount!r}")
-    if not spec.train.run_dir.startswith(mount + "/"):
+    mount = _clean_absolute(spec.storage.mount_path, "mount path")
+    for reserved in _RESERVED_MOUNTS:  # the pod's own /dev/shm volume, and what the container needs
+        if mount == "/" or mount == reserved or reserved.startswith(mount + "/") or mount.startswith(reserved + "/"):
+            raise ValueError(f"mount path {mount!r} collides with {reserved} (mount the claim elsewhere, e.g. /mnt/run)")
+    run_dir = _clean_absolute(spec.train.run_dir, "run_dir")
+    if not run_dir.startswith(mount + "/"):
         raise ValueError(f"run_dir {spec.train.run_dir!r} must lie under the storage mount {mount!r}")
     for key, value in spec.node_selector.items():
         k8s_names.check_label_key(key, "node selector key")
@@ -187,6 +192,14 @@ def _check_faults(spec: JobSpec) -> None:
         raise ValueError(f"faults: {exc}") from None
 
 
+def _clean_absolute(path: str, what: str) -> str:
+    """``path`` without a trailing slash, refused unless absolute and already normal ('..' could escape a mount)."""
+    stripped = path.rstrip("/") or "/"
+    if not path.startswith("/") or posixpath.normpath(stripped) != stripped or any(ord(ch) < 32 for ch in path):
+        raise ValueError(f"{what} {path!r} must be an absolute directory without '.', '..', '//' or control characters")
+    return stripped
+
+
 def _check_toleration(tol: dict[str, Any]) -> None:
     unknown = set(tol) - {"key", "operator", "value", "effect", "tolerationSeconds"}
     if unknown:
@@ -198,6 +211,10 @@ def _check_toleration(tol: dict[str, Any]) -> None:
         raise ValueError(f"toleration {tol}: operator Exists takes no value")
     if operator == "Equal" and not tol.get("key"):
         raise ValueError(f"toleration {tol}: operator Equal needs a key")
+    if tol.get("key"):
+        k8s_names.check_label_key(tol["key"], "toleration key")
+    if tol.get("value"):
+        k8s_names.check_label_value(tol["value"], "toleration value")
     effect = tol.get("effect", "")
     if effect and effect not in _TOLERATION_EFFECTS:
         raise ValueError(f"toleration effect must be one of {', '.join(_TOLERATION_EFFECTS)}, got {effect!r}")

@@ -140,6 +140,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not self.run_dir.strip():
             raise ValueError("run_dir must not be empty")
+        if any(ord(ch) < 32 or ch == "\x7f" for ch in self.run_dir):
+            raise ValueError(f"run_dir {self.run_dir!r} contains a control character (a newline?)")
         if self.steps <= 0:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if not (math.isfinite(self.lr) and self.lr >= 0):
