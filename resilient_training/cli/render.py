@@ -63,10 +63,11 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 
 
 def build_spec(args: argparse.Namespace) -> Any:
-    from resilient_training.launch import pytorchjob
+    from resilient_training.launch import k8s_names, pytorchjob
     from resilient_training.run import config
     from resilient_training.run.storage_ref import StorageRef
 
+    k8s_names.check_dns1035_label(args.name, "job name")  # before the run dir is derived from it
     run_id = args.run_id or args.name
     mount = args.mount_path.rstrip("/") or "/"
     args.run_dir = args.run_dir or f"{mount}/runs/{run_id}"

@@ -48,6 +48,7 @@ from typing import Any
 
 from resilient_training.run import checkpoint_format as cf
 from resilient_training.run import gate_records, layout
+from resilient_training.run.paths import check_writable
 
 PROMOTION_NAME = "promotion.json"
 STAGING_PREFIX = ".tmp-promote-"
@@ -153,25 +154,34 @@ def promote(checkpoint: str | os.PathLike[str], dest: str, *, s3_client: Any = N
     if dest.startswith("s3://"):
         parse_s3(dest)  # a bad URL is a usage error before the checkpoint is even read
     ckpt_dir = resolve_checkpoint(checkpoint)
+    run_dir = gate_records.run_dir_of(ckpt_dir)
+    local = None if dest.startswith("s3://") or run_dir is None else _local_dest(dest, run_dir)
     record = check_gates(ckpt_dir)
     record["promoted_at"] = time.time()
-    if dest.startswith("s3://"):
+    if local is None:
         outcome = _promote_s3(ckpt_dir, dest, record, s3_client)
     else:
-        outcome = _promote_local(ckpt_dir, _local_dest(dest, record), record)
+        outcome = _promote_local(ckpt_dir, local, record)
     size = sum(int(e["bytes"]) for e in record["files"].values())
     return {"dest": dest, "step": record["source"]["step"], "bytes": size, **outcome}
 
 
-def _local_dest(dest: str, record: dict[str, Any]) -> Path:
+def _local_dest(dest: str, run_dir: Path) -> Path:
+    """DEST as an absolute real path, refused (usage) inside or around the source run or where it cannot be made."""
     path = Path(dest).resolve()  # symlinks and '..' resolved: the inside-the-run check sees the real place
     if not path.name:
         raise PromotionUsageError(f"DEST {dest} is the file system root")
-    run_dir = Path(record["source"]["run_dir"]).resolve()
+    run_dir = run_dir.resolve()
     if path == run_dir or run_dir in path.parents:
         raise PromotionUsageError(f"DEST {dest} lies inside the source run {run_dir}: promote to a place outside it")
     if path in run_dir.parents:
         raise PromotionUsageError(f"DEST {dest} contains the source run {run_dir}: promote to a place outside it")
+    try:  # DEST, and the staging directory beside it, can be created: found out before anything is written
+        check_writable(path, "DEST", directory=True)
+        check_writable(path.parent / f"{STAGING_PREFIX}{path.name}-{os.getpid()}", "DEST (its staging name)",
+                       directory=True)
+    except ValueError as exc:
+        raise PromotionUsageError(str(exc)) from None
     return path
 
 
