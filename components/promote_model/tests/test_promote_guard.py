@@ -4,7 +4,6 @@ a marker without the model behind it, DEST inside the run, a half-validated chec
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from resilient_training.gates.promote import PROMOTION_NAME, S3_LOCK_NAME, Promo
 from resilient_training.gates.validate import validate, write_validation_record
 from resilient_training.run import checkpoint_format as cf
 from resilient_training.run import gate_records
+from tests.support.s3_server import keys, moto_s3_server
 
 CKPT = "checkpoints/step_4"
 
@@ -177,33 +177,14 @@ def test_promoters_started_together_leave_one_consistent_model(gated_run: Path, 
 
 
 @pytest.fixture
-def s3_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str, str], Any]]:
-    """A moto S3 server that real promoter processes share (AWS_ENDPOINT_URL), with bucket 'models'."""
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    import urllib.request
-
-    urllib.request.urlopen(urllib.request.Request(f"{env['AWS_ENDPOINT_URL']}/moto-api/reset", method="POST"))
-    client = boto3.client("s3")
-    client.create_bucket(Bucket="models")
-    try:
-        yield {**os.environ, **env}, client
-    finally:
-        server.stop()
+def s3_server() -> Iterator[tuple[dict[str, str], Any]]:
+    """A moto S3 server that real promoter processes share, with bucket 'models'."""
+    with moto_s3_server("models") as (env, client):
+        yield env, client
 
 
 def s3_keys(client: Any) -> list[str]:
-    return sorted(o["Key"] for o in client.list_objects_v2(Bucket="models").get("Contents", []))
+    return keys(client, "models")
 
 
 def assert_s3_copy_of(client: Any, prefix: str, run: Path) -> None:
