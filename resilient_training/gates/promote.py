@@ -253,7 +253,8 @@ def _flock(path: Path, what: str, holder: dict[str, Any]) -> Iterator[None]:
     """
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # O_NOFOLLOW: a symlink planted at the lock's name must not make us truncate what it points to.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             raise PromotionUsageError(f"cannot write to {path.parent}: {exc.strerror or exc}") from None
         try:
@@ -293,6 +294,10 @@ def _holder(record: dict[str, Any]) -> dict[str, Any]:
 def _verify_local_copy(dest: Path, record: dict[str, Any]) -> None:
     """DEST holds exactly the files of this checkpoint, byte for byte, and its marker."""
     expected = set(_files_to_copy(record)) | {PROMOTION_NAME}
+    links = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_symlink())
+    if links:  # a link to the source (or anywhere) is not a copy: it changes when its target does
+        raise PromotionRefused(f"{dest} is marked as this checkpoint's promotion but {', '.join(links[:5])} "
+                               "is a symbolic link, not a copy; remove DEST and promote again")
     present = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if not p.is_dir()}
     extra = sorted(present - expected)
     if extra:

@@ -148,6 +148,8 @@ class TrainConfig:
             raise ValueError(f"lr must be a finite number >= 0, got {self.lr}")
         if not (math.isfinite(self.step_seconds) and self.step_seconds >= 0):
             raise ValueError(f"step_seconds must be >= 0, got {self.step_seconds}")
+        if self.memory_limit_mb < 0:
+            raise ValueError(f"memory_limit_mb must be >= 0 (0 = auto), got {self.memory_limit_mb}")
         if self.restart.inprocess and self.restart.ft_launcher and self.timeouts.heartbeat <= self.timeouts.soft:
             raise ValueError(
                 f"heartbeat_timeout ({self.timeouts.heartbeat}) must exceed soft_timeout ({self.timeouts.soft}) "
@@ -253,6 +255,8 @@ def _coerce(f: dataclasses.Field[Any], value: Any, name: str, where: str = "") -
         return value
     if not isinstance(value, str):
         raise ValueError(f"{name} must be a string, got {value!r}")
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in value):  # paths and specs: a newline is a mistake, not data
+        raise ValueError(f"{name} {value!r} contains a control character (a newline?)")
     return value
 
 

@@ -86,7 +86,8 @@ def test_a_record_that_does_not_say_what_was_checked_is_not_enough(gated_run: Pa
 # --------------------------------------------------------------------------- item 4: re-promotion verifies
 
 
-@pytest.mark.parametrize("damage", ["flip-a-byte", "delete-a-file", "only-the-marker", "extra-file", "swap-files"])
+@pytest.mark.parametrize("damage", ["flip-a-byte", "delete-a-file", "only-the-marker", "extra-file", "swap-files",
+                                    "links-to-the-source"])
 def test_repromotion_verifies_the_content_not_the_marker(gated_run: Path, tmp_path: Path, damage: str) -> None:
     dest = tmp_path / "dest"
     promote(gated_run, str(dest))
@@ -104,14 +105,27 @@ def test_repromotion_verifies_the_content_not_the_marker(gated_run: Path, tmp_pa
         (dest / PROMOTION_NAME).write_bytes(marker)
     elif damage == "extra-file":
         (dest / "payload.pt").write_bytes(b"not from this checkpoint")
+    elif damage == "links-to-the-source":  # right bytes today, whatever the source holds tomorrow
+        for name in files:
+            (dest / name).unlink()
+            (dest / name).symlink_to(latest(gated_run) / name)
     else:  # same names and sizes, contents exchanged: only checksums tell
         a, b = (dest / files[0]).read_bytes(), (dest / files[1]).read_bytes()
         (dest / files[0]).write_bytes(b)
         (dest / files[1]).write_bytes(a)
-    before = {p.name: p.read_bytes() for p in dest.iterdir()}
+    before = {p.name: (p.is_symlink(), p.read_bytes()) for p in dest.iterdir()}
     with pytest.raises(PromotionRefused, match="marked as this checkpoint's promotion but"):
         promote(gated_run, str(dest))
-    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before  # refused, not "repaired"
+    assert {p.name: (p.is_symlink(), p.read_bytes()) for p in dest.iterdir()} == before  # refused, not "repaired"
+
+
+def test_a_symlink_planted_at_the_lock_name_is_not_followed(gated_run: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / ".tmp-promote-dest.lock").symlink_to(victim)
+    with pytest.raises(PromotionUsageError, match="symbolic links"):
+        promote(gated_run, str(tmp_path / "dest"))
+    assert victim.read_text() == "precious" and not (tmp_path / "dest").exists()
 
 
 # --------------------------------------------------------------------------- item 4: DEST inside the run
