@@ -74,7 +74,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train-rdzv-last-call-nan", ["train", "--run-dir", "r", "--nodes", "2", "--rdzv-last-call", "nan"],
      "last_call_timeout must be at least 1"),
     ("train-pod-restart-delay-nan", ["train", "--run-dir", "r", "--nodes", "2", "--pod-restart-delay", "nan"],
-     "pod_restart_delay must be a finite number"),
+     "pod_restart_delay must be >= 0 and finite"),
     # --- run / bench
     ("run-overrides-model-int", ["run", "--train-overrides", '{"model": 5}'], "setting model must be a mapping"),
     ("run-overrides-model-field", ["run", "--train-overrides", '{"model": {"d_model": "big"}}'],

@@ -83,7 +83,7 @@ class ClusterSpec:
             raise ValueError(f"min_nodes must be 0 (fixed size) or between 1 and nodes ({self.nodes}), "
                              f"got {self.min_nodes}")
         if not (math.isfinite(self.pod_restart_delay) and self.pod_restart_delay >= 0):
-            raise ValueError(f"pod_restart_delay must be a finite number >= 0, got {self.pod_restart_delay}")
+            raise ValueError(f"pod_restart_delay must be >= 0 and finite, got {self.pod_restart_delay}")
         if self.network not in NETWORK_KINDS:
             raise ValueError(f"network must be one of {', '.join(NETWORK_KINDS)}, got {self.network!r}")
         if not (math.isfinite(self.last_call_timeout) and self.last_call_timeout >= 1):  # NaN too
