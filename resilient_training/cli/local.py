@@ -26,7 +26,7 @@ class UsageError(ValueError):
 
 
 def _check_training_input(output: Path, steps: int, checkpoint_every: int, faults: str, nproc: int,
-                          overrides: dict[str, Any]) -> None:
+                          overrides: dict[str, Any], strategy: dict[str, Any] | None = None) -> None:
     """The trainer's own checks (config fields, fault schedule against the world size, a writable output)."""
     from resilient_training.launch import local as launcher
     from resilient_training.run import config as cfg
@@ -35,8 +35,9 @@ def _check_training_input(output: Path, steps: int, checkpoint_every: int, fault
         raise UsageError("--train-overrides cannot set run_dir: each run gets its own under --output-dir")
     try:
         # Runs live in OUTPUT/runs/<run id>: checking one such path checks the whole output tree.
+        # A benchmark strategy's settings win over the shared ones, as in run_strategy.
         config = cfg.from_dict({**overrides, "run_dir": str(output / "runs" / "preflight"), "steps": steps,
-                                "checkpoint_every": checkpoint_every, "faults": faults})
+                                "checkpoint_every": checkpoint_every, "faults": faults, **(strategy or {})})
         launcher.preflight(config, world_size=nproc)
     except (ValueError, launcher.LaunchError) as exc:
         raise UsageError(str(exc)) from None
@@ -197,15 +198,24 @@ def bench(args: argparse.Namespace) -> int:
     strategies = _json_flag(args.strategies, "--strategies") if args.strategies else None
     if strategies is not None and not (isinstance(strategies, list) and all(isinstance(s, dict) for s in strategies)):
         raise UsageError("--strategies must be a JSON list of objects")
+    _check_training_input(output, args.steps, args.checkpoint_every, args.faults, args.nproc, {})
     if strategies is not None:
         from resilient_training.bench.strategy import parse_strategy
 
+        names = []
         for strategy in strategies:
             try:
-                parse_strategy(strategy)
+                name, settings = parse_strategy(strategy)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-    _check_training_input(output, args.steps, args.checkpoint_every, args.faults, args.nproc, {})
+            try:  # each strategy's settings must make a valid trainer config, as the pipeline will build it
+                _check_training_input(output, args.steps, args.checkpoint_every, args.faults, args.nproc, {},
+                                      strategy=settings)
+            except UsageError as exc:
+                raise UsageError(f"strategy {name}: {exc}") from None
+            names.append(name)
+        if not names or len(set(names)) != len(names):
+            raise UsageError("--strategies needs at least one strategy, with unique names")
     kfp_root = _init_local(output)
     from resilient_training.pipelines import PIPELINES
 

@@ -74,14 +74,19 @@ def select(registry: Mapping[str, Callable[..., Any]], name: str | None) -> dict
     """The pipelines a command works on: all of them, or the one named.
 
     Raises:
-        CompileError: ``name`` is not in the registry (the message lists the known names).
+        CompileError: ``name`` is not in the registry (the message lists the known names), or
+            an entry is not a pipeline.
 
     """
-    if name is None:
-        return dict(registry)
-    if name not in registry:
-        raise CompileError(f"unknown pipeline {name!r}; known pipelines: {', '.join(registry)}")
-    return {name: registry[name]}
+    if name is not None and name not in registry:
+        raise CompileError(f"unknown pipeline {name!r}; known pipelines: {', '.join(map(str, registry))}")
+    selected = dict(registry) if name is None else {name: registry[name]}
+    from kfp.dsl.base_component import BaseComponent
+
+    for key, pipeline in selected.items():  # before anything is compiled or written
+        if not isinstance(pipeline, BaseComponent):
+            raise CompileError(f"registry entry {key!r} is a {type(pipeline).__name__}, not a @dsl.pipeline")
+    return selected
 
 
 def default_pipeline(registry: Mapping[str, Callable[..., Any]], name: str | None) -> tuple[str, Callable[..., Any]]:
