@@ -151,16 +151,19 @@ def promote(checkpoint: str | os.PathLike[str], dest: str, *, s3_client: Any = N
         raise PromotionUsageError("DEST is empty")
     if dest != dest.strip() or "\0" in dest:
         raise PromotionUsageError(f"DEST {dest!r} has leading or trailing whitespace or a NUL byte")
-    if dest.startswith("s3://"):
+    to_s3 = dest.startswith("s3://")
+    if to_s3:
         parse_s3(dest)  # a bad URL is a usage error before the checkpoint is even read
     ckpt_dir = resolve_checkpoint(checkpoint)
     run_dir = gate_records.run_dir_of(ckpt_dir)
-    local = None if dest.startswith("s3://") or run_dir is None else _local_dest(dest, run_dir)
-    record = check_gates(ckpt_dir)
+    # DEST's own problems (inside the run, not creatable) are usage errors, found before the gates are read.
+    local = _local_dest(dest, run_dir) if not to_s3 and run_dir is not None else None
+    record = check_gates(ckpt_dir)  # refuses a checkpoint outside a run, too
     record["promoted_at"] = time.time()
-    if local is None:
+    if to_s3:
         outcome = _promote_s3(ckpt_dir, dest, record, s3_client)
     else:
+        assert local is not None  # check_gates refused a checkpoint without a run
         outcome = _promote_local(ckpt_dir, local, record)
     size = sum(int(e["bytes"]) for e in record["files"].values())
     return {"dest": dest, "step": record["source"]["step"], "bytes": size, **outcome}

@@ -169,7 +169,7 @@ def test_dest_without_permission(gated_run: Path, tmp_path: Path) -> None:
         subprocess.run(["chattr", "-i", str(locked)], capture_output=True)
         locked.chmod(0o755)
     (tmp_path / "a-file").write_text("")
-    with pytest.raises(PromotionUsageError, match="cannot write to"):
+    with pytest.raises(PromotionUsageError, match="a-file is a file, not a directory"):
         promote(gated_run / CKPT, str(tmp_path / "a-file" / "model"))  # parent is a file
 
 
