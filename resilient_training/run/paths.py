@@ -30,6 +30,9 @@ def check_writable(path: str | os.PathLike[str], what: str, *, directory: bool) 
     if ancestor != target and not ancestor.is_dir():
         raise ValueError(f"{what} {text}: {ancestor} is a file, not a directory")
     name_max = os.pathconf(ancestor if ancestor.is_dir() else ancestor.parent, "PC_NAME_MAX")
+    path_max = os.pathconf(ancestor if ancestor.is_dir() else ancestor.parent, "PC_PATH_MAX")
+    if len(os.fsencode(str(target))) >= path_max:
+        raise ValueError(f"{what} is {len(os.fsencode(str(target)))} bytes long, past the system's limit ({path_max})")
     for part in target.relative_to(ancestor).parts:
         if len(os.fsencode(part)) > name_max:
             raise ValueError(f"{what}: the name {part[:24]}... is {len(os.fsencode(part))} bytes, longer than "
