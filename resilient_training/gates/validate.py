@@ -86,6 +86,7 @@ class CheckpointResult:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["valid"] = self.valid
+        data["full_check"] = self.full_check
         data["read_gbps"] = self.bytes / self.read_seconds / 1e9 if self.read_seconds else None
         return data
 

@@ -61,6 +61,9 @@ def test_no_load_validation_is_recorded_as_partial_and_promotion_refuses_it(
     assert record["passed"] is True and record["full_check"] is False
     assert entry["full_check"] is False and entry["skipped"] == ["load into a freshly built model (--no-load)"]
     assert "sizes and checksums" in " ".join(entry["checks"])
+    assert main(["validate-checkpoint", "--no-load", "--json", "--no-record", str(gated_run)]) == 0
+    (checked,) = json.loads(capsys.readouterr().out)["checkpoints"]
+    assert checked["full_check"] is False and checked["skipped"] == entry["skipped"]
     assert main(["promote", str(gated_run), str(tmp_path / "dest")]) == 1
     err = capsys.readouterr().err
     assert "not fully validated" in err and "--no-load" in err and err.count("\n") == 1
