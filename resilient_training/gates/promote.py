@@ -390,12 +390,11 @@ class _S3Expect:
 
     size: int
     xxh3: str
-    crc32: str  # base64, as S3 reports it, of the whole object
-    composite: str | None  # base64 CRC32 of the parts' CRC32s, for a multipart upload
+    crc32: str  # base64, as S3 reports it: the object's CRC32, or for a multipart upload the CRC32 of its parts'
 
     def matches(self, head: dict[str, Any]) -> bool:
-        stored = str(head.get("ChecksumCRC32") or "").split("-")[0]
-        return head.get("ContentLength") == self.size and bool(stored) and stored in (self.crc32, self.composite)
+        stored = str(head.get("ChecksumCRC32") or "").split("-")[0]  # a composite carries "-<parts>"
+        return head.get("ContentLength") == self.size and stored == self.crc32
 
 
 def _b64_crc(value: int) -> str:
@@ -403,31 +402,31 @@ def _b64_crc(value: int) -> str:
 
 
 def _read_source(path: Path) -> _S3Expect:
-    """One read: size, xxh3_128 and the CRC32 values S3 will store (whole object and per part)."""
+    """One read: size, xxh3_128 and the CRC32 S3 will store (whole object, or composite of the parts)."""
     from s3transfer.utils import ChunksizeAdjuster
 
     size = path.stat().st_size
-    part = ChunksizeAdjuster().adjust_chunksize(S3_PART_BYTES, size) if size >= S3_PART_BYTES else 0
-    hasher, crc, part_crc, part_fill, parts = cf.new_hasher(), 0, 0, 0, bytearray()
-    read = 0
+    # upload_file goes multipart from S3_PART_BYTES on, in parts of this size (enlarged past 10,000 parts).
+    part = ChunksizeAdjuster().adjust_chunksize(S3_PART_BYTES, size) if size >= S3_PART_BYTES else size + 1
+    hasher, crc, fill, parts, read = cf.new_hasher(), 0, 0, bytearray(), 0
     with open(path, "rb", buffering=0) as handle:
         while block := handle.read(_READ_CHUNK):
             hasher.update(block)
-            crc = zlib.crc32(block, crc)
             read += len(block)
             view = memoryview(block)
-            while part and view:
-                take = min(len(view), part - part_fill)
-                part_crc = zlib.crc32(view[:take], part_crc)
-                part_fill += take
+            while view:
+                take = min(len(view), part - fill)
+                crc = zlib.crc32(view[:take], crc)
+                fill += take
                 view = view[take:]
-                if part_fill == part:
-                    parts += part_crc.to_bytes(4, "big")
-                    part_crc, part_fill = 0, 0
-    if part and part_fill:
-        parts += part_crc.to_bytes(4, "big")
-    composite = _b64_crc(zlib.crc32(bytes(parts))) if part else None
-    return _S3Expect(read, hasher.hexdigest(), _b64_crc(crc), composite)
+                if fill == part:
+                    parts += crc.to_bytes(4, "big")
+                    crc, fill = 0, 0
+    if size < S3_PART_BYTES:
+        return _S3Expect(read, hasher.hexdigest(), _b64_crc(crc))
+    if fill:
+        parts += crc.to_bytes(4, "big")
+    return _S3Expect(read, hasher.hexdigest(), _b64_crc(zlib.crc32(bytes(parts))))
 
 
 def _s3_code(exc: Exception) -> str:
