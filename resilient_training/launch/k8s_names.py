@@ -8,6 +8,7 @@ PyTorchJob names (the operator's webhook; service names derive from them), label
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import re
 
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -51,6 +52,28 @@ def check_label_key(key: str, what: str) -> None:
         check_dns1123_subdomain(prefix, f"{what} prefix")
     if not name or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
         raise ValueError(f"{what} {key!r} is not a valid label key ([prefix/]name, name <= 63 of [A-Za-z0-9-_.])")
+
+
+# Mounting a volume on (or over, or inside) these would hide what the pod itself needs there:
+# the pod's own /dev/shm volume, the container's system directories and its service-account token.
+RESERVED_MOUNTS = ("/dev/shm", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/lib", "/var/run/secrets")
+
+
+def check_absolute_path(path: str, what: str) -> str:
+    """``path`` without a trailing slash, refused unless absolute and already normal ('..' could escape a mount)."""
+    stripped = path.rstrip("/") or "/"
+    if not path.startswith("/") or posixpath.normpath(stripped) != stripped or any(ord(ch) < 32 for ch in path):
+        raise ValueError(f"{what} {path!r} must be an absolute directory without '.', '..', '//' or control characters")
+    return stripped
+
+
+def check_mount_path(path: str, what: str) -> str:
+    """Where a volume may be mounted in a pod: a normal absolute path clear of :data:`RESERVED_MOUNTS`."""
+    mount = check_absolute_path(path, what)
+    for reserved in RESERVED_MOUNTS:
+        if mount == "/" or mount == reserved or reserved.startswith(mount + "/") or mount.startswith(reserved + "/"):
+            raise ValueError(f"{what} {mount!r} collides with {reserved} (mount the claim elsewhere, e.g. /mnt/run)")
+    return mount
 
 
 def name_for_run(prefix: str, run_id: str, *, max_len: int = 40) -> str:

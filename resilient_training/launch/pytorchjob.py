@@ -12,7 +12,6 @@ ft_launcher's own 1 after its restart budget).
 
 from __future__ import annotations
 
-import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +29,6 @@ WORKER_MODULE = "resilient_training.runtime.worker"
 DEFAULT_NVRX_VERSION = "0.7.0"  # what images/trainer installs
 MAX_NODES = 4096
 _TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-# Mounting the claim on (or over, or inside) these would hide what the pod itself needs there.
-_RESERVED_MOUNTS = ("/dev/shm", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/lib", "/var/run/secrets")
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?")
 
 
@@ -142,11 +139,8 @@ def validate(spec: JobSpec) -> None:
             f"the job in {spec.namespace!r}: pods can only mount claims of their own namespace"
         )
     k8s_names.check_dns1123_subdomain(spec.storage.pvc_name, "claim name")
-    mount = _clean_absolute(spec.storage.mount_path, "mount path")
-    for reserved in _RESERVED_MOUNTS:  # the pod's own /dev/shm volume, and what the container needs
-        if mount == "/" or mount == reserved or reserved.startswith(mount + "/") or mount.startswith(reserved + "/"):
-            raise ValueError(f"mount path {mount!r} collides with {reserved} (mount the claim elsewhere, e.g. /mnt/run)")
-    run_dir = _clean_absolute(spec.train.run_dir, "run_dir")
+    mount = k8s_names.check_mount_path(spec.storage.mount_path, "mount path")
+    run_dir = k8s_names.check_absolute_path(spec.train.run_dir, "run_dir")
     if not run_dir.startswith(mount + "/"):
         raise ValueError(f"run_dir {spec.train.run_dir!r} must lie under the storage mount {mount!r}")
     for key, value in spec.node_selector.items():
@@ -190,14 +184,6 @@ def _check_faults(spec: JobSpec) -> None:
                         async_checkpoint=spec.train.checkpoint.async_save, checkpoint_every=spec.train.checkpoint.every)
     except faults.FaultSpecError as exc:
         raise ValueError(f"faults: {exc}") from None
-
-
-def _clean_absolute(path: str, what: str) -> str:
-    """``path`` without a trailing slash, refused unless absolute and already normal ('..' could escape a mount)."""
-    stripped = path.rstrip("/") or "/"
-    if not path.startswith("/") or posixpath.normpath(stripped) != stripped or any(ord(ch) < 32 for ch in path):
-        raise ValueError(f"{what} {path!r} must be an absolute directory without '.', '..', '//' or control characters")
-    return stripped
 
 
 def _check_toleration(tol: dict[str, Any]) -> None:
