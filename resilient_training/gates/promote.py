@@ -41,6 +41,7 @@ import re
 import shutil
 import socket
 import time
+import uuid
 import zlib
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -289,9 +290,10 @@ def _flock(path: Path, what: str, holder: dict[str, Any]) -> Iterator[None]:
 
 
 def _holder(record: dict[str, Any]) -> dict[str, Any]:
+    """Who holds a lock: shown to the promoter that is refused; ``token`` tells holders apart."""
     return {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ",
             time.gmtime()), "step": record["source"]["step"], "run_dir": record["source"]["run_dir"],
-            "manifest_checksum": record["source"]["manifest_checksum"]}
+            "manifest_checksum": record["source"]["manifest_checksum"], "token": uuid.uuid4().hex}
 
 
 def _verify_local_copy(dest: Path, record: dict[str, Any]) -> None:
@@ -512,7 +514,11 @@ def _promote_s3(ckpt_dir: Path, url: str, record: dict[str, Any], client: Any) -
                     f"another promotion to {url} holds its lock (step {other.get('step')} of {other.get('run_dir')}, "
                     f"{other.get('host')} pid {other.get('pid')}, since {other.get('since')}); this one uploaded "
                     f"nothing. If that promotion died, delete s3://{bucket}/{key(S3_LOCK_NAME)}")
-            break  # ours: a crashed or concurrent attempt of this very checkpoint, whose objects are the same bytes
+            # Ours: a crashed or concurrent attempt of this very checkpoint, whose objects are the same bytes.
+            # Take it over by name, so that attempt (if alive) finds it is no longer its lock and leaves it be.
+            client.put_object(Bucket=bucket, Key=key(S3_LOCK_NAME), Body=json.dumps(holder, sort_keys=True).encode(),
+                              ContentType="application/json", ChecksumAlgorithm="CRC32")
+            break
         else:
             raise PromotionRefused(f"the lock of {url} keeps changing hands: another promoter is busy there")
         lock_taken = True
@@ -535,9 +541,10 @@ def _promote_s3(ckpt_dir: Path, url: str, record: dict[str, Any], client: Any) -
     except (ClientError, BotoCoreError) as exc:
         raise usage(exc) from None
     finally:
-        if lock_taken:
-            with contextlib.suppress(ClientError, BotoCoreError):
-                client.delete_object(Bucket=bucket, Key=key(S3_LOCK_NAME))
+        if lock_taken:  # release only a lock still ours (a retry of this checkpoint may have taken it over)
+            with contextlib.suppress(ClientError, BotoCoreError, json.JSONDecodeError, TypeError, AttributeError):
+                if json.loads(get_text(S3_LOCK_NAME) or "{}").get("token") == holder["token"]:
+                    client.delete_object(Bucket=bucket, Key=key(S3_LOCK_NAME))
     return {"already_promoted": False, "files": files}
 
 

@@ -282,7 +282,32 @@ def test_s3_stale_lock_of_another_checkpoint_refuses_and_of_the_same_is_taken_ov
     s3.put_object(Bucket="models", Key=f"m/{S3_LOCK_NAME}", Body=json.dumps(mine).encode())
     s3.put_object(Bucket="models", Key="m/rank_0.pt", Body=b"half an upload")
     assert promote(gated_run, "s3://models/m", s3_client=s3)["already_promoted"] is False
-    assert_s3_copy_of(s3, "m", gated_run)
+    assert_s3_copy_of(s3, "m", gated_run)  # the taken-over lock was released: only the model is left
+
+
+class _TakenOverMidway:
+    """An S3 client during whose first upload a retry of the same checkpoint takes the lock over."""
+
+    def __init__(self, client: Any, prefix: str, lock: dict[str, Any]) -> None:
+        self._client, self._prefix, self._lock, self._done = client, prefix, lock, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def upload_file(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._done:
+            self._done = True
+            self._client.put_object(Bucket="models", Key=f"{self._prefix}/{S3_LOCK_NAME}",
+                                    Body=json.dumps(self._lock).encode())
+        return self._client.upload_file(*args, **kwargs)
+
+
+def test_s3_a_promoter_releases_only_a_lock_still_its_own(gated_run: Path, s3: Any) -> None:
+    retry = {"manifest_checksum": gate_records.manifest_digest(latest(gated_run)), "token": "the-retry's"}
+    assert promote(gated_run, "s3://models/m", s3_client=_TakenOverMidway(s3, "m", retry))["already_promoted"] is False
+    held = json.loads(s3.get_object(Bucket="models", Key=f"m/{S3_LOCK_NAME}")["Body"].read())
+    assert held == retry  # left for the retry that holds it now, which deletes it when it ends
+    assert promote(gated_run, "s3://models/m", s3_client=s3)["already_promoted"] is True
 
 
 @pytest.mark.parametrize("damage", ["overwrite-a-file", "delete-a-file", "only-the-marker"])
