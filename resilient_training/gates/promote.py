@@ -539,7 +539,10 @@ def _promote_s3(ckpt_dir: Path, url: str, record: dict[str, Any], client: Any) -
             _promotion_of(get_text(PROMOTION_NAME) or "", record, url)
             return {"already_promoted": True, "files": files}
     except (ClientError, BotoCoreError) as exc:
-        raise usage(exc) from None
+        if not lock_taken:
+            raise usage(exc) from None  # nothing written: the destination is unusable as given
+        raise PromotionRefused(f"promotion to {url} failed midway ({_s3_code(exc)}: {exc}); nothing was committed "
+                               f"(no {PROMOTION_NAME}): promote again to complete it") from None
     finally:
         if lock_taken:  # release only a lock still ours (a retry of this checkpoint may have taken it over)
             with contextlib.suppress(ClientError, BotoCoreError, json.JSONDecodeError, TypeError, AttributeError):

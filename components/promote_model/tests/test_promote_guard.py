@@ -349,6 +349,33 @@ class _SourceChangesDuringUpload:
         return self._client.upload_file(filename, *args, **kwargs)
 
 
+class _FailsOnSecondUpload:
+    """An S3 client whose second upload is refused by the service (as when throttled or cut off)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client, self._uploads = client, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def upload_file(self, *args: Any, **kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError
+
+        self._uploads += 1
+        if self._uploads == 2:
+            raise ClientError({"Error": {"Code": "SlowDown", "Message": "Please reduce your request rate."}},
+                              "PutObject")
+        return self._client.upload_file(*args, **kwargs)
+
+
+def test_s3_a_failure_midway_commits_nothing_and_a_retry_completes(gated_run: Path, s3: Any) -> None:
+    with pytest.raises(PromotionRefused, match="failed midway .*SlowDown.*nothing was committed"):
+        promote(gated_run, "s3://models/m", s3_client=_FailsOnSecondUpload(s3))
+    assert f"m/{PROMOTION_NAME}" not in s3_keys(s3) and f"m/{S3_LOCK_NAME}" not in s3_keys(s3)
+    assert promote(gated_run, "s3://models/m", s3_client=s3)["already_promoted"] is False
+    assert_s3_copy_of(s3, "m", gated_run)
+
+
 def test_s3_objects_are_verified_by_their_s3_checksum_after_upload(gated_run: Path, s3: Any) -> None:
     victim = latest(gated_run) / sorted(cf.read_manifest(latest(gated_run))["files"])[-1]
     with pytest.raises(PromotionRefused, match="after upload"):
