@@ -53,7 +53,7 @@ class Auth:
     """A bearer token (or none) and where it came from, for messages."""
 
     token: str | None = dataclasses.field(repr=False)  # never in a repr, a log line or a traceback
-    source: str = ""
+    source: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,7 +122,7 @@ def resolve_auth(
     if mode == "none":
         return Auth(None, "none")
     if mode in ("auto", "token"):
-        if token is not None and token != "":
+        if token:
             return _token_auth(token, "--token")
         if env.get(TOKEN_ENV):
             return _token_auth(env[TOKEN_ENV], f"${TOKEN_ENV}")
