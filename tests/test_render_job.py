@@ -36,7 +36,7 @@ def test_render_job_writes_a_valid_job(tmp_path, shared_schemas):
     (["--nodes", "0"], "nodes must be an integer from 1"),
     (["--gpus-per-node", "-2"], "gpus_per_node must be between 0 and 64"),
     (["--pvc", "Bad_Claim"], "is not a DNS-1123 subdomain"),
-    (["--mount-path", "data"], "mount path must be an absolute directory"),
+    (["--mount-path", "data"], "mount path 'data' must be an absolute directory"),
     (["--node-selector", "no-equals-sign"], "must be KEY=VALUE"),
     (["--steps", "0"], "steps must be positive"),
 ])

@@ -22,14 +22,14 @@ DEFAULT_STRATEGIES: list[dict[str, Any]] = [
     {"name": "ft_launcher+sync", "inprocess": False, "ft_launcher": True, "async_checkpoint": False},
     {"name": "torchrun+sync", "inprocess": False, "ft_launcher": False, "async_checkpoint": False},
 ]
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,62}")
 
 
 def parse_strategy(strategy: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(name, trainer settings) of a strategy dict; the name becomes a directory name."""
     settings = dict(strategy)
     name = str(settings.pop("name", "")).strip()
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ValueError(f"strategy name {name!r} must be 1-63 letters, digits or _.+- (it names a directory)")
     if "run_dir" in settings:
         raise ValueError(f"strategy {name}: run_dir is chosen by the benchmark")

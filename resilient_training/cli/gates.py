@@ -90,6 +90,8 @@ def _print_json(data: Any) -> None:
 def validate_main(args: argparse.Namespace) -> int:
     from resilient_training.gates.validate import UsageError, format_validation, validate, write_validation_record
 
+    if args.threads is not None and args.threads < 1:
+        return _fail_usage(f"--threads must be at least 1, got {args.threads}")
     try:
         report = validate(args.path, all_checkpoints=args.all, load=args.load, threads=args.threads)
     except UsageError as exc:
@@ -150,12 +152,38 @@ def promote_main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _refuse_inside_run(run_dir: str, outputs: list[str]) -> None:
+    """A report written over the run's own evidence (event log, checkpoints, gate records, config) would destroy it."""
+    from pathlib import Path
+
+    from resilient_training.run import layout
+
+    run = Path(run_dir).resolve()
+    protected = [layout.events_dir(run), layout.checkpoints_dir(run), layout.gates_dir(run), layout.config_path(run)]
+    for output in outputs:
+        path = Path(output).resolve()
+        if any(path == p or p in path.parents for p in protected):
+            raise ValueError(f"{output} lies in the run's own records ({path.relative_to(run)}): write the report "
+                             "elsewhere")
+
+
 def report_main(args: argparse.Namespace) -> int:
     from resilient_training.gates.metrics import RunError, compute_metrics
     from resilient_training.gates.report import write_report
+    from resilient_training.run.paths import check_writable
 
     if args.output is None and args.json is None:
         return _fail_usage("give -o report.html and/or --json [FILE]")
+    try:
+        if args.output is not None:
+            check_writable(args.output, "-o", directory=False)
+        if args.json not in (None, "-"):
+            check_writable(args.json, "--json", directory=False)
+        if args.output is not None and args.output == args.json:
+            raise ValueError(f"-o and --json both name {args.output}")
+        _refuse_inside_run(args.run_dir, [p for p in (args.output, args.json) if p not in (None, "-")])
+    except ValueError as exc:
+        return _fail_usage(str(exc))
     try:
         metrics = compute_metrics(args.run_dir)
     except RunError as exc:

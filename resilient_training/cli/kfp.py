@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from resilient_training.kfp.client import AUTH_MODES, TOKEN_ENV, Auth, AuthError
 from resilient_training.kfp.compile import DEFAULT_REGISTRY, CompiledPipeline, CompileError
 from resilient_training.kfp.cron import CronError, validate_cron
 from resilient_training.kfp.params import ParamError
+from resilient_training.launch import k8s_names
 
 DEFAULT_EXPERIMENT = "resilient-training"
 DEFAULT_COMPILE_DIR = "compiled"
@@ -243,8 +245,13 @@ def _local_pipeline(args: argparse.Namespace, workdir: Path, package: str | Path
 def _auth(args: argparse.Namespace) -> Auth:
     if not args.host:
         raise _InputError("--host URL is required (or set KF_PIPELINES_ENDPOINT)")
-    if args.timeout <= 0:
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise _InputError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.namespace is not None:
+        try:
+            k8s_names.check_dns1123_label(args.namespace, "--namespace")
+        except ValueError as exc:
+            raise _InputError(str(exc)) from None
     kfp_client.check_host(args.host)
     return kfp_client.resolve_auth(args.auth, token=args.token, kubeconfig=args.kubeconfig, context=args.context)
 

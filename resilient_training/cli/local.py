@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -28,16 +29,21 @@ class UsageError(ValueError):
     """Bad input, found before anything started."""
 
 
-def _check_training_input(steps: int, checkpoint_every: int, faults: str, nproc: int,
-                          overrides: dict[str, Any], task: str = "", task_args: list[str] | None = None) -> None:
-    """The trainer's own checks (config fields, fault schedule against the world size)."""
+def _check_training_input(output: Path, steps: int, checkpoint_every: int, faults: str, nproc: int,
+                          overrides: dict[str, Any], task: str = "", task_args: list[str] | None = None,
+                          strategy: dict[str, Any] | None = None) -> None:
+    """The trainer's own checks (config fields, task, fault schedule against the world size, a writable output)."""
     from resilient_training.launch import local as launcher
     from resilient_training.run import config as cfg
 
+    if "run_dir" in overrides:
+        raise UsageError("--train-overrides cannot set run_dir: each run gets its own under --output-dir")
     try:
-        config = cfg.from_dict({**overrides, "run_dir": "/nonexistent-preflight", "steps": steps,
+        # Runs live in OUTPUT/runs/<run id>: checking one such path checks the whole output tree.
+        # A benchmark strategy's settings win over the shared ones, as in run_strategy.
+        config = cfg.from_dict({**overrides, "run_dir": str(output / "runs" / "preflight"), "steps": steps,
                                 "checkpoint_every": checkpoint_every, "faults": faults,
-                                **_task_settings(task, task_args)})
+                                **_task_settings(task, task_args), **(strategy or {})})
         launcher.preflight(config, world_size=nproc)
     except (ValueError, launcher.LaunchError) as exc:
         raise UsageError(str(exc)) from None
@@ -95,19 +101,21 @@ def _failure_reason(exc: BaseException) -> str:
 def run(args: argparse.Namespace) -> int:
     from resilient_training.run import gate_records
 
-    output = Path(args.output_dir).resolve()
-    overrides = json.loads(args.train_overrides) if args.train_overrides else {}
+    output = _output_dir(args.output_dir)
+    overrides = _json_flag(args.train_overrides, "--train-overrides") if args.train_overrides else {}
     if not isinstance(overrides, dict):
         raise UsageError("--train-overrides must be a JSON object")
-    _check_training_input(args.steps, args.checkpoint_every, args.faults, args.nproc, overrides, args.task,
+    if not math.isfinite(args.min_improvement):
+        raise UsageError(f"--min-improvement must be a finite number, got {args.min_improvement}")
+    _check_training_input(output, args.steps, args.checkpoint_every, args.faults, args.nproc, overrides, args.task,
                           args.task_arg)
     task = _task_settings(args.task, args.task_arg)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    promote_to = _promotion_dest(args.promote_to, output / "promoted" / stamp)
     kfp_root = _init_local(output)
     from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
 
     started = time.time()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    promote_to = Path(args.promote_to).resolve() if args.promote_to else output / "promoted" / stamp
     runs_root = output / "runs"  # provision_storage puts each run in <local_root>/runs/<run id>
     print(f"running the resilient-training pipeline locally: outputs in {output}", flush=True)
     failure = None
@@ -145,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"                    goodput: training {m['training_goodput']:.1%}, infrastructure "
               f"{m['infrastructure_goodput']:.1%}; {recovery['count']} recoveries, mean "
               f"{recovery['mean'] or 0:.1f} s, max {recovery['max'] or 0:.1f} s")
-    promoted = (promote_to / "promotion.json").is_file()
+    promoted = _promoted(promote_to)
     if promoted:
         print(f"promoted model:     {promote_to}")
     else:
@@ -155,6 +163,53 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nFAILED: {failure}", file=sys.stderr)
         return 1
     return 0 if promoted else EXIT_NOT_PROMOTED
+
+
+def _json_flag(text: str, flag: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{flag} is not valid JSON: {exc}") from None
+
+
+def _output_dir(given: str) -> Path:
+    from resilient_training.run.paths import check_writable
+
+    try:
+        return check_writable(given, "--output-dir", directory=True).resolve()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _promotion_dest(given: str, default: Path) -> str:
+    """Where `run` promotes to: ``s3://bucket/prefix`` as given, a directory made absolute."""
+    from resilient_training.gates.promote import PromotionUsageError, parse_s3
+
+    if not given:
+        return str(default)
+    if given.startswith("s3://"):
+        try:
+            parse_s3(given)
+        except PromotionUsageError as exc:
+            raise UsageError(f"--promote-to: {exc}") from None
+        return given
+    if "://" in given:
+        raise UsageError(f"--promote-to {given!r}: only a directory or s3://bucket/prefix")
+    from resilient_training.run.paths import check_writable
+
+    try:
+        return str(check_writable(given, "--promote-to", directory=True).resolve())
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _promoted(dest: str) -> bool:
+    from resilient_training.gates.promote import read_promotion
+
+    try:
+        return read_promotion(dest) is not None
+    except Exception:  # noqa: BLE001 (the summary says "none" when the store cannot be read; the step's own error is shown)
+        return False
 
 
 def _reasons(record: dict[str, Any]) -> list[str]:
@@ -173,19 +228,29 @@ def _reasons(record: dict[str, Any]) -> list[str]:
 
 
 def bench(args: argparse.Namespace) -> int:
-    output = Path(args.output_dir).resolve()
-    strategies = json.loads(args.strategies) if args.strategies else None
+    output = _output_dir(args.output_dir)
+    strategies = _json_flag(args.strategies, "--strategies") if args.strategies else None
     if strategies is not None and not (isinstance(strategies, list) and all(isinstance(s, dict) for s in strategies)):
         raise UsageError("--strategies must be a JSON list of objects")
+    _check_training_input(output, args.steps, args.checkpoint_every, args.faults, args.nproc, {}, args.task,
+                          args.task_arg)
     if strategies is not None:
         from resilient_training.bench.strategy import parse_strategy
 
+        names = []
         for strategy in strategies:
             try:
-                parse_strategy(strategy)
+                name, settings = parse_strategy(strategy)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-    _check_training_input(args.steps, args.checkpoint_every, args.faults, args.nproc, {}, args.task, args.task_arg)
+            try:  # each strategy's settings must make a valid trainer config, as the pipeline will build it
+                _check_training_input(output, args.steps, args.checkpoint_every, args.faults, args.nproc, {},
+                                      args.task, args.task_arg, strategy=settings)
+            except UsageError as exc:
+                raise UsageError(f"strategy {name}: {exc}") from None
+            names.append(name)
+        if not names or len(set(names)) != len(names):
+            raise UsageError("--strategies needs at least one strategy, with unique names")
     kfp_root = _init_local(output)
     from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
 
@@ -263,7 +328,7 @@ def _guard(func: Any) -> Any:
     def wrapped(args: argparse.Namespace) -> int:
         try:
             return func(args)
-        except (UsageError, json.JSONDecodeError) as exc:
+        except UsageError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
 

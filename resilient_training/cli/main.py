@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 # Add one line per subcommand module; order is the order shown in --help.
 COMMANDS: tuple[str, ...] = (
@@ -21,8 +22,15 @@ COMMANDS: tuple[str, ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (the usage block is what --help is for)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="resilient-training",
         description="Resilient FSDP training with NVIDIA Resiliency Extension, on a laptop or on Kubeflow.",
     )

@@ -73,6 +73,7 @@ def build_spec(args: argparse.Namespace) -> Any:
     from resilient_training.run import config
     from resilient_training.run.storage_ref import StorageRef
 
+    k8s_names.check_dns1035_label(args.name, "job name")  # before the run dir is derived from it
     run_id = args.run_id or args.name
     mount = args.mount_path.rstrip("/") or "/"
     args.run_dir = args.run_dir or f"{mount}/runs/{run_id}"
@@ -100,8 +101,11 @@ def build_spec(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from resilient_training.launch import pytorchjob, trainjob
+    from resilient_training.run.paths import check_writable
 
     try:
+        if args.output != "-":
+            check_writable(args.output, "-o", directory=False)
         spec = build_spec(args)
     except ValueError as exc:
         print(f"render-job: {exc}", file=sys.stderr)

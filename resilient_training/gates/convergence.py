@@ -57,8 +57,10 @@ class ConvergenceConfig:
         if self.window < 1:
             raise ValueError(f"window must be at least 1 step, got {self.window}")
         for name in ("continuity_rtol", "continuity_atol", "jump_rtol", "reference_rtol"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            if not getattr(self, name) >= 0 or not math.isfinite(getattr(self, name)):  # NaN fails every comparison
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
+        if not math.isfinite(self.min_improvement):
+            raise ValueError(f"min_improvement must be a finite number, got {self.min_improvement}")
         if self.max_final_loss is not None and not math.isfinite(self.max_final_loss):
             raise ValueError(f"max_final_loss must be finite, got {self.max_final_loss}")
 

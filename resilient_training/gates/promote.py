@@ -1,36 +1,64 @@
 """Gated promotion: copy a checkpoint that passed both gates of its run to a directory or S3.
 
 Refuses unless ``RUN/gates/validation.json`` and ``RUN/gates/convergence.json`` both passed and
-both name this checkpoint by the digest of its current ``manifest.json``; while copying,
+both name this checkpoint by the digest of its current ``manifest.json``, and the validation
+record says the full check ran (``validate-checkpoint --no-load`` is not enough). While copying,
 every file is checksummed again against the manifest, so damage after validation is caught.
+The files copied are the manifest's file list and the manifest itself, whatever the checkpoint
+format names them.
 
-The promoted model is the checkpoint's files (a DCP directory with its ``manifest.json``) and ``DEST/promotion.json``
-(the record of both gates and the source). Atomic and idempotent:
+The promoted model is DEST holding those files (a DCP directory with its ``manifest.json``) and
+``promotion.json`` (the record of both gates and the source). Atomic, idempotent and guarded
+against concurrent promoters:
 
-- local: files are written and fsynced into ``.tmp-promote-<name>-<pid>`` beside DEST, which
-  is renamed to DEST in one step; a crash leaves only the hidden staging directory (removed by
-  the next attempt), never a DEST that looks complete;
-- S3: shards, then the manifest, then ``promotion.json`` last; ``promotion.json`` is the
-  commit marker (as the manifest is for checkpoints): a prefix without it is not promoted,
-  and a retry overwrites whatever a crashed attempt left;
-- a second call for the same checkpoint finds DEST's ``promotion.json`` naming the same
-  manifest digest and does nothing; DEST holding anything else is refused.
+- local: one promoter per DEST at a time, by ``flock(2)`` on ``.tmp-promote-<name>.lock``
+  beside DEST (released by the kernel when a promoter dies). Files are written and fsynced into
+  ``.tmp-promote-<name>-<pid>`` beside DEST, which is renamed to DEST in one step; a crash leaves
+  only the hidden staging directory (removed by the next attempt), never a DEST that looks
+  complete;
+- S3: the lock object ``PREFIX/.promotion.lock`` is created with a conditional put
+  (``If-None-Match: *``), so of two promoters of different checkpoints one gets it and the other
+  is refused before it uploads anything. Files go up with an S3 CRC32 checksum (S3 checks the
+  bytes it received); each object's stored checksum and size are then compared with the ones
+  computed from the verified source. ``promotion.json`` goes last, also conditionally: it is the
+  commit marker, and a prefix without it is not promoted. A lock left by a crashed promoter of the
+  same checkpoint is taken over by its retry; one of another checkpoint must be deleted by hand;
+- a second call for the same checkpoint finds DEST's ``promotion.json`` naming the same manifest
+  digest and verifies DEST's content (every file's size and checksum) before it reports
+  "already promoted"; damaged or missing content is refused, never trusted. DEST holding anything
+  else, or DEST inside the source run, is refused.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import dataclasses
+import errno
+import fcntl
 import json
 import os
+import re
 import shutil
+import socket
 import time
-from pathlib import Path
+import uuid
+import zlib
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from resilient_training.run import checkpoint_format as cf
 from resilient_training.run import gate_records, layout
+from resilient_training.run.paths import check_writable
 
 PROMOTION_NAME = "promotion.json"
 STAGING_PREFIX = ".tmp-promote-"
+S3_LOCK_NAME = ".promotion.lock"
+# Files of this size or more go to S3 as multipart uploads of this part size (s3transfer may
+# enlarge parts to stay within 10,000); the stored CRC32 is then the composite of the parts'.
+S3_PART_BYTES = 64 << 20
+_READ_CHUNK = 8 << 20
 
 
 class PromotionUsageError(ValueError):
@@ -38,7 +66,7 @@ class PromotionUsageError(ValueError):
 
 
 class PromotionRefused(RuntimeError):
-    """The checkpoint did not pass both gates of its run, or changed since (exit code 1)."""
+    """The checkpoint did not pass both gates of its run, changed since, or DEST is taken (exit code 1)."""
 
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
@@ -62,7 +90,7 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
 
 
 def check_gates(ckpt_dir: Path) -> dict[str, Any]:
-    """The records proving ``ckpt_dir`` passed validation and the convergence gate of its run."""
+    """The records proving ``ckpt_dir`` passed the full validation and the convergence gate of its run."""
     run_dir = gate_records.run_dir_of(ckpt_dir)
     if run_dir is None:
         raise PromotionRefused(f"{ckpt_dir} is not inside a run (RUN/checkpoints/step_N): it cannot have been gated")
@@ -84,6 +112,10 @@ def check_gates(ckpt_dir: Path) -> dict[str, Any]:
     if entry.get("manifest_checksum") != digest:
         raise PromotionRefused(f"{rel} changed since it was validated (manifest digest {digest}, validated "
                                f"{entry.get('manifest_checksum')})")
+    if entry.get("full_check") is not True:
+        skipped = "; ".join(entry.get("skipped") or []) or "the record does not say every check ran"
+        raise PromotionRefused(f"{rel} was not fully validated (skipped: {skipped}); promotion needs the full check: "
+                               "run validate-checkpoint without --no-load")
     if convergence is None:
         raise PromotionRefused(f"the convergence gate never ran in {run_dir} (run check-convergence first)")
     if not convergence.get("passed"):
@@ -92,49 +124,100 @@ def check_gates(ckpt_dir: Path) -> dict[str, Any]:
     if convergence.get("manifest_checksum") != digest:
         raise PromotionRefused(f"the convergence gate judged {convergence.get('checkpoint')} "
                                f"(step {convergence.get('step')}), not {rel}")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise PromotionRefused(f"{rel}/{cf.MANIFEST_NAME} lists no files")
+    for name in files:
+        _check_member_name(name, rel)
     return {
         "source": {"run_dir": str(run_dir), "checkpoint": rel, "step": manifest.get("step"),
                    "run_id": manifest.get("run_id"), "manifest_checksum": digest},
         "validation": validation,
         "convergence": convergence,
-        "files": manifest["files"],
+        "files": files,
     }
+
+
+def _check_member_name(name: Any, rel: str) -> None:
+    """A manifest entry must name a file inside the checkpoint, and none of promotion's own names."""
+    parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+    if (not parts or PurePosixPath(name).is_absolute() or any(p in ("..", ".") for p in parts) or "\\" in name
+            or name in (cf.MANIFEST_NAME, PROMOTION_NAME, S3_LOCK_NAME) or "\n" in name or "\0" in name):
+        raise PromotionRefused(f"{rel}/{cf.MANIFEST_NAME} lists {name!r}, which is not a file inside the checkpoint")
 
 
 def promote(checkpoint: str | os.PathLike[str], dest: str, *, s3_client: Any = None) -> dict[str, Any]:
     """Copy a gated checkpoint to ``dest`` (directory or ``s3://bucket/prefix``); see the module doc."""
-    if not str(dest).strip():
+    dest = str(dest)
+    if not dest.strip():
         raise PromotionUsageError("DEST is empty")
+    if dest != dest.strip() or "\0" in dest:
+        raise PromotionUsageError(f"DEST {dest!r} has leading or trailing whitespace or a NUL byte")
+    to_s3 = dest.startswith("s3://")
+    if to_s3:
+        parse_s3(dest)  # a bad URL is a usage error before the checkpoint is even read
     ckpt_dir = resolve_checkpoint(checkpoint)
-    record = check_gates(ckpt_dir)
+    run_dir = gate_records.run_dir_of(ckpt_dir)
+    # DEST's own problems (inside the run, not creatable) are usage errors, found before the gates are read.
+    local = _local_dest(dest, run_dir) if not to_s3 and run_dir is not None else None
+    record = check_gates(ckpt_dir)  # refuses a checkpoint outside a run, too
     record["promoted_at"] = time.time()
-    if str(dest).startswith("s3://"):
-        outcome = _promote_s3(ckpt_dir, str(dest), record, s3_client)
+    if to_s3:
+        outcome = _promote_s3(ckpt_dir, dest, record, s3_client)
     else:
-        outcome = _promote_local(ckpt_dir, Path(dest), record)
+        assert local is not None  # check_gates refused a checkpoint without a run
+        outcome = _promote_local(ckpt_dir, local, record)
     size = sum(int(e["bytes"]) for e in record["files"].values())
-    return {"dest": str(dest), "step": record["source"]["step"], "bytes": size, **outcome}
+    return {"dest": dest, "step": record["source"]["step"], "bytes": size, **outcome}
+
+
+def _local_dest(dest: str, run_dir: Path) -> Path:
+    """DEST as an absolute real path, refused (usage) inside or around the source run or where it cannot be made."""
+    path = Path(dest).resolve()  # symlinks and '..' resolved: the inside-the-run check sees the real place
+    if not path.name:
+        raise PromotionUsageError(f"DEST {dest} is the file system root")
+    run_dir = run_dir.resolve()
+    if path == run_dir or run_dir in path.parents:
+        raise PromotionUsageError(f"DEST {dest} lies inside the source run {run_dir}: promote to a place outside it")
+    if path in run_dir.parents:
+        raise PromotionUsageError(f"DEST {dest} contains the source run {run_dir}: promote to a place outside it")
+    try:  # DEST, and the staging directory beside it, can be created: found out before anything is written
+        check_writable(path, "DEST", directory=True)
+        check_writable(path.parent / f"{STAGING_PREFIX}{path.name}-{os.getpid()}", "DEST (its staging name)",
+                       directory=True)
+    except ValueError as exc:
+        raise PromotionUsageError(str(exc)) from None
+    return path
 
 
 def _files_to_copy(record: dict[str, Any]) -> list[str]:
     return sorted(record["files"]) + [cf.MANIFEST_NAME]
 
 
-def _verify(name: str, size: int, digest: str, record: dict[str, Any], ckpt_dir: Path) -> None:
+def _expected(name: str, record: dict[str, Any]) -> tuple[int | None, str]:
+    """(bytes or None, xxh3_128) a promoted copy of ``name`` must have."""
     if name == cf.MANIFEST_NAME:
-        if digest != record["source"]["manifest_checksum"]:
-            raise PromotionRefused(f"{ckpt_dir / name} changed while being promoted")
-        return
+        return None, record["source"]["manifest_checksum"]
     entry = record["files"][name]
-    if size != entry["bytes"] or digest != entry["checksum"]:
-        raise PromotionRefused(f"{ckpt_dir / name} no longer matches its manifest ({size} bytes, {digest}; manifest "
-                               f"{entry['bytes']} bytes, {entry['checksum']}): damaged after validation")
+    return int(entry["bytes"]), entry["checksum"]
+
+
+def _verify(name: str, size: int, digest: str, record: dict[str, Any], where: Path | str) -> None:
+    want_size, want_digest = _expected(name, record)
+    if name == cf.MANIFEST_NAME:
+        if digest != want_digest:
+            raise PromotionRefused(f"{where} changed while being promoted")
+        return
+    if size != want_size or digest != want_digest:
+        raise PromotionRefused(f"{where} no longer matches its manifest ({size} bytes, {digest}; manifest "
+                               f"{want_size} bytes, {want_digest}): damaged after validation")
 
 
 def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
     """Copy with large reads, hashing what is written, then fsync."""
     hasher = cf.new_hasher()  # xxh3_128: the manifest's files and the manifest digest alike
     size = 0
+    dst.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
         while block := fin.read(16 << 20):
             hasher.update(block)
@@ -149,14 +232,12 @@ def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
     return size, hasher.hexdigest()
 
 
-def _existing_promotion(record_text: str | None, record: dict[str, Any], where: str) -> bool:
-    """True when ``where`` already holds this very checkpoint; refuses when it holds another."""
-    if record_text is None:
-        return False
+def _promotion_of(record_text: str, record: dict[str, Any], where: str) -> bool:
+    """True when the marker at ``where`` names this very checkpoint; refuses when it names another."""
     try:
         existing = json.loads(record_text)
         same = existing["source"]["manifest_checksum"] == record["source"]["manifest_checksum"]
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
         raise PromotionRefused(f"{where} holds an unreadable {PROMOTION_NAME}: refusing to overwrite it") from None
     if not same:
         raise PromotionRefused(f"{where} already holds another promoted model (step {existing['source'].get('step')} "
@@ -164,89 +245,311 @@ def _existing_promotion(record_text: str | None, record: dict[str, Any], where: 
     return True
 
 
+# --------------------------------------------------------------------------- local
+
+
+@contextlib.contextmanager
+def _flock(path: Path, what: str, holder: dict[str, Any]) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if needed, removed on release).
+
+    The kernel releases it when the holder dies, so a crashed promoter never blocks a retry.
+    A lock file unlinked by its previous holder while we waited for it is not the lock any
+    more: take the one now at ``path``.
+    """
+    while True:
+        try:
+            # O_NOFOLLOW: a symlink planted at the lock's name must not make us truncate what it points to.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise PromotionUsageError(f"cannot write to {path.parent}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            held = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise PromotionRefused(f"another promotion to {what} is in progress ({held or 'holder unknown'}); "
+                                       "this one stopped without writing anything") from None
+            raise PromotionUsageError(f"cannot lock {path}: {exc.strerror or exc} (promotion to a directory needs "
+                                      "flock(2); on Lustre mount with -o flock)") from None
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        mine = os.fstat(fd)
+        if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder, sort_keys=True).encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # still holding it: a waiter that opened this file re-checks and retries
+        os.close(fd)
+
+
+def _holder(record: dict[str, Any]) -> dict[str, Any]:
+    """Who holds a lock: shown to the promoter that is refused; ``token`` tells holders apart."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+            time.gmtime()), "step": record["source"]["step"], "run_dir": record["source"]["run_dir"],
+            "manifest_checksum": record["source"]["manifest_checksum"], "token": uuid.uuid4().hex}
+
+
+def _verify_local_copy(dest: Path, record: dict[str, Any]) -> None:
+    """DEST holds exactly the files of this checkpoint, byte for byte, and its marker."""
+    expected = set(_files_to_copy(record)) | {PROMOTION_NAME}
+    links = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_symlink())
+    if links:  # a link to the source (or anywhere) is not a copy: it changes when its target does
+        raise PromotionRefused(f"{dest} is marked as this checkpoint's promotion but {', '.join(links[:5])} "
+                               "is a symbolic link, not a copy; remove DEST and promote again")
+    present = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if not p.is_dir()}
+    extra = sorted(present - expected)
+    if extra:
+        raise PromotionRefused(f"{dest} is marked as this checkpoint's promotion but also holds {', '.join(extra[:5])}; "
+                               "remove DEST and promote again")
+    for name in _files_to_copy(record):
+        path = dest / name
+        if not path.is_file():
+            raise PromotionRefused(f"{dest} is marked as this checkpoint's promotion but {name} is missing; "
+                                   "remove DEST and promote again")
+        size, digest = cf.checksum_file(path)
+        want_size, want_digest = _expected(name, record)
+        if digest != want_digest or (want_size is not None and size != want_size):
+            raise PromotionRefused(f"{dest} is marked as this checkpoint's promotion but {name} is damaged "
+                                   f"({size} bytes, {digest}; expected {want_size or 'any'} bytes, {want_digest}); "
+                                   "remove DEST and promote again")
+
+
+def _staging_dirs(parent: Path, name: str) -> list[Path]:
+    pattern = re.compile(re.escape(f"{STAGING_PREFIX}{name}-") + r"\d+")
+    return [p for p in parent.iterdir() if pattern.fullmatch(p.name)]
+
+
 def _promote_local(ckpt_dir: Path, dest: Path, record: dict[str, Any]) -> dict[str, Any]:
-    marker = dest / PROMOTION_NAME
-    if _existing_promotion(marker.read_text() if marker.is_file() else None, record, str(dest)):
-        return {"already_promoted": True, "files": _files_to_copy(record) + [PROMOTION_NAME]}
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise PromotionRefused(f"{dest} exists and is not an empty directory: refusing to overwrite it")
-    parent = dest.absolute().parent
+    files = _files_to_copy(record) + [PROMOTION_NAME]
+    parent = dest.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        for stale in parent.glob(f"{STAGING_PREFIX}{dest.name}-*"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a crashed attempt: never visible as DEST
-        staging = parent / f"{STAGING_PREFIX}{dest.name}-{os.getpid()}"
-        staging.mkdir()
     except OSError as exc:
         raise PromotionUsageError(f"cannot write to {parent}: {exc.strerror or exc}") from None
-    try:
-        for name in _files_to_copy(record):
-            size, digest = _copy_hashing(ckpt_dir / name, staging / name)
-            _verify(name, size, digest, record, ckpt_dir)
-        (staging / PROMOTION_NAME).write_text(json.dumps(record, indent=1, sort_keys=True, allow_nan=True))
-        with open(staging / PROMOTION_NAME, "rb") as handle:
-            os.fsync(handle.fileno())
-        cf.fsync_dir(staging)
-        staging.rename(dest)  # atomic: DEST appears complete or not at all
-        cf.fsync_dir(parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return {"already_promoted": False, "files": _files_to_copy(record) + [PROMOTION_NAME]}
+    if not parent.is_dir():
+        raise PromotionUsageError(f"cannot write to {parent}: not a directory")
+    with _flock(parent / f"{STAGING_PREFIX}{dest.name}.lock", str(dest), _holder(record)):
+        marker = dest / PROMOTION_NAME
+        if marker.is_file():
+            try:
+                text = marker.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise PromotionRefused(f"{dest}: cannot read {PROMOTION_NAME}: {exc}") from None
+            _promotion_of(text, record, str(dest))
+            _verify_local_copy(dest, record)
+            return {"already_promoted": True, "files": files}
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise PromotionRefused(f"{dest} exists and is not an empty directory: refusing to overwrite it")
+        try:
+            for stale in _staging_dirs(parent, dest.name):
+                shutil.rmtree(stale, ignore_errors=True)  # left by a crashed attempt (we hold the lock)
+            staging = parent / f"{STAGING_PREFIX}{dest.name}-{os.getpid()}"
+            staging.mkdir()
+        except OSError as exc:
+            raise PromotionUsageError(f"cannot write to {parent}: {exc.strerror or exc}") from None
+        try:
+            for name in _files_to_copy(record):
+                size, digest = _copy_hashing(ckpt_dir / name, staging / name)
+                _verify(name, size, digest, record, ckpt_dir / name)
+            (staging / PROMOTION_NAME).write_text(json.dumps(record, indent=1, sort_keys=True, allow_nan=True))
+            with open(staging / PROMOTION_NAME, "rb") as handle:
+                os.fsync(handle.fileno())
+            cf.fsync_dir(staging)
+            staging.rename(dest)  # atomic: DEST appears complete or not at all (an empty DEST is replaced)
+            cf.fsync_dir(parent)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return {"already_promoted": False, "files": files}
+
+
+# --------------------------------------------------------------------------- S3
 
 
 def parse_s3(url: str) -> tuple[str, str]:
     rest = url.removeprefix("s3://")
     bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise PromotionUsageError(f"{url} names no bucket (expected s3://bucket/prefix)")
-    return bucket, prefix.strip("/")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+        raise PromotionUsageError(f"{url!r} names no valid bucket (expected s3://bucket/prefix, bucket 3-63 of "
+                                  "a-z 0-9 . -)")
+    prefix = prefix.strip("/")
+    bad_part = bool(prefix) and any(part in ("", ".", "..") for part in prefix.split("/"))
+    if bad_part or any(c in prefix for c in "\n\r\0"):
+        raise PromotionUsageError(f"{url!r}: the prefix has an empty, '.' or '..' part or a control character")
+    return bucket, prefix
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _S3Expect:
+    """What S3 must report for one promoted object, computed from the verified source."""
+
+    size: int
+    xxh3: str
+    crc32: str  # base64, as S3 reports it: the object's CRC32, or for a multipart upload the CRC32 of its parts'
+
+    def matches(self, head: dict[str, Any]) -> bool:
+        stored = str(head.get("ChecksumCRC32") or "").split("-")[0]  # a composite carries "-<parts>"
+        return head.get("ContentLength") == self.size and stored == self.crc32
+
+
+def _b64_crc(value: int) -> str:
+    return base64.b64encode(value.to_bytes(4, "big")).decode()
+
+
+def _read_source(path: Path) -> _S3Expect:
+    """One read: size, xxh3_128 and the CRC32 S3 will store (whole object, or composite of the parts)."""
+    from s3transfer.utils import ChunksizeAdjuster
+
+    size = path.stat().st_size
+    # upload_file goes multipart from S3_PART_BYTES on, in parts of this size (enlarged past 10,000 parts).
+    part = ChunksizeAdjuster().adjust_chunksize(S3_PART_BYTES, size) if size >= S3_PART_BYTES else size + 1
+    hasher, crc, fill, parts, read = cf.new_hasher(), 0, 0, bytearray(), 0
+    with open(path, "rb", buffering=0) as handle:
+        while block := handle.read(_READ_CHUNK):
+            hasher.update(block)
+            read += len(block)
+            view = memoryview(block)
+            while view:
+                take = min(len(view), part - fill)
+                crc = zlib.crc32(view[:take], crc)
+                fill += take
+                view = view[take:]
+                if fill == part:
+                    parts += crc.to_bytes(4, "big")
+                    crc, fill = 0, 0
+    if size < S3_PART_BYTES:
+        return _S3Expect(read, hasher.hexdigest(), _b64_crc(crc))
+    if fill:
+        parts += crc.to_bytes(4, "big")
+    return _S3Expect(read, hasher.hexdigest(), _b64_crc(zlib.crc32(bytes(parts))))
+
+
+def _s3_code(exc: Exception) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__))
 
 
 def _promote_s3(ckpt_dir: Path, url: str, record: dict[str, Any], client: Any) -> dict[str, Any]:
     import boto3
+    from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, prefix = parse_s3(url)
     client = client or boto3.client("s3")
+    files = _files_to_copy(record) + [PROMOTION_NAME]
 
     def key(name: str) -> str:
         return f"{prefix}/{name}" if prefix else name
 
     def usage(exc: Exception) -> PromotionUsageError:
-        code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
+        code = _s3_code(exc)
         hint = {"404": "no such bucket", "NoSuchBucket": "no such bucket", "403": "permission denied",
-                "AccessDenied": "permission denied"}.get(str(code), str(code))
+                "AccessDenied": "permission denied"}.get(code, code)
         return PromotionUsageError(f"cannot write to {url}: {hint} ({exc})")
+
+    def get_text(name: str) -> str | None:
+        try:
+            return client.get_object(Bucket=bucket, Key=key(name))["Body"].read().decode(errors="replace")
+        except ClientError as exc:
+            if _s3_code(exc) in ("NoSuchKey", "404"):
+                return None
+            raise
+
+    def conditional_put(name: str, body: bytes) -> bool:
+        """Create ``name`` only if absent; False when it exists (or a concurrent create won)."""
+        try:
+            client.put_object(Bucket=bucket, Key=key(name), Body=body, IfNoneMatch="*",
+                              ContentType="application/json", ChecksumAlgorithm="CRC32")
+        except ClientError as exc:
+            if _s3_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return False
+            raise
+        return True
+
+    def verify_objects(expect: dict[str, _S3Expect], damaged: str) -> None:
+        for name, want in expect.items():
+            try:
+                head = client.head_object(Bucket=bucket, Key=key(name), ChecksumMode="ENABLED")
+            except ClientError as exc:
+                if _s3_code(exc) in ("NoSuchKey", "404"):
+                    raise PromotionRefused(f"{url}: {name} is missing{damaged}") from None
+                raise
+            if not want.matches(head) or head.get("Metadata", {}).get("xxh3-128") != want.xxh3:
+                raise PromotionRefused(
+                    f"{url}: {name} does not match the source ({head.get('ContentLength')} bytes, CRC32 "
+                    f"{head.get('ChecksumCRC32')}, xxh3-128 {head.get('Metadata', {}).get('xxh3-128')}; expected "
+                    f"{want.size} bytes, CRC32 {want.crc32}, xxh3-128 {want.xxh3}){damaged}")
 
     try:
         client.head_bucket(Bucket=bucket)
-        try:
-            body = client.get_object(Bucket=bucket, Key=key(PROMOTION_NAME))["Body"].read().decode()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
-                raise
-            body = None
     except (ClientError, BotoCoreError) as exc:
         raise usage(exc) from None
-    if _existing_promotion(body, record, url):
-        return {"already_promoted": True, "files": _files_to_copy(record) + [PROMOTION_NAME]}
-    # Verify every byte against the manifest before anything lands (a reread of cached pages).
+    # Verify every byte against the manifest before anything is locked or lands (a reread of cached pages).
+    expect: dict[str, _S3Expect] = {}
     for name in _files_to_copy(record):
-        size, digest = cf.checksum_file(ckpt_dir / name)
-        _verify(name, size, digest, record, ckpt_dir)
+        expect[name] = _read_source(ckpt_dir / name)
+        _verify(name, expect[name].size, expect[name].xxh3, record, ckpt_dir / name)
+    holder = _holder(record)
+    lock_taken = False
     try:
-        for name in _files_to_copy(record):  # shards first, manifest after them
-            checksum = record["source"]["manifest_checksum"] if name == cf.MANIFEST_NAME \
-                else record["files"][name]["checksum"]
-            client.upload_file(str(ckpt_dir / name), bucket, key(name),
-                               ExtraArgs={"Metadata": {"xxh3-128": checksum}})
-        client.put_object(Bucket=bucket, Key=key(PROMOTION_NAME),  # last: the commit marker
-                          Body=json.dumps(record, indent=1, sort_keys=True, allow_nan=True).encode(),
-                          ContentType="application/json")
+        for _attempt in range(3):  # the lock may vanish between a refused put and our read of it
+            if conditional_put(S3_LOCK_NAME, json.dumps(holder, sort_keys=True).encode()):
+                break
+            held = get_text(S3_LOCK_NAME)
+            if held is None:
+                continue
+            try:
+                other = json.loads(held)
+            except json.JSONDecodeError:
+                other = {}
+            if not isinstance(other, dict) or other.get("manifest_checksum") != holder["manifest_checksum"]:
+                other = other if isinstance(other, dict) else {}
+                raise PromotionRefused(
+                    f"another promotion to {url} holds its lock (step {other.get('step')} of {other.get('run_dir')}, "
+                    f"{other.get('host')} pid {other.get('pid')}, since {other.get('since')}); this one uploaded "
+                    f"nothing. If that promotion died, delete s3://{bucket}/{key(S3_LOCK_NAME)}")
+            # Ours: a crashed or concurrent attempt of this very checkpoint, whose objects are the same bytes.
+            # Take it over by name, so that attempt (if alive) finds it is no longer its lock and leaves it be.
+            client.put_object(Bucket=bucket, Key=key(S3_LOCK_NAME), Body=json.dumps(holder, sort_keys=True).encode(),
+                              ContentType="application/json", ChecksumAlgorithm="CRC32")
+            break
+        else:
+            raise PromotionRefused(f"the lock of {url} keeps changing hands: another promoter is busy there")
+        lock_taken = True
+        marker = get_text(PROMOTION_NAME)
+        if marker is not None:
+            _promotion_of(marker, record, url)
+            verify_objects(expect, "; it is marked as this checkpoint's promotion: delete the prefix and promote again")
+            return {"already_promoted": True, "files": files}
+        config = TransferConfig(multipart_threshold=S3_PART_BYTES, multipart_chunksize=S3_PART_BYTES)
+        for name in _files_to_copy(record):  # the checkpoint's files, then its manifest
+            # S3 checks the CRC32 botocore computes from the bytes it sends; verify_objects then compares
+            # what S3 stored with the CRC32 of the source bytes verified above.
+            client.upload_file(str(ckpt_dir / name), bucket, key(name), Config=config,
+                               ExtraArgs={"ChecksumAlgorithm": "CRC32", "Metadata": {"xxh3-128": expect[name].xxh3}})
+        verify_objects(expect, " after upload: the source changed while it was uploaded, or the upload was damaged")
+        body = json.dumps(record, indent=1, sort_keys=True, allow_nan=True).encode()
+        if not conditional_put(PROMOTION_NAME, body):  # a concurrent attempt of this checkpoint committed first
+            _promotion_of(get_text(PROMOTION_NAME) or "", record, url)
+            return {"already_promoted": True, "files": files}
     except (ClientError, BotoCoreError) as exc:
-        raise usage(exc) from None
-    return {"already_promoted": False, "files": _files_to_copy(record) + [PROMOTION_NAME]}
+        if not lock_taken:
+            raise usage(exc) from None  # nothing written: the destination is unusable as given
+        raise PromotionRefused(f"promotion to {url} failed midway ({_s3_code(exc)}: {exc}); nothing was committed "
+                               f"(no {PROMOTION_NAME}): promote again to complete it") from None
+    finally:
+        if lock_taken:  # release only a lock still ours (a retry of this checkpoint may have taken it over)
+            with contextlib.suppress(ClientError, BotoCoreError, json.JSONDecodeError, TypeError, AttributeError):
+                if json.loads(get_text(S3_LOCK_NAME) or "{}").get("token") == holder["token"]:
+                    client.delete_object(Bucket=bucket, Key=key(S3_LOCK_NAME))
+    return {"already_promoted": False, "files": files}
 
 
 def read_promotion(dest: str, *, s3_client: Any = None) -> dict[str, Any] | None:

@@ -79,14 +79,21 @@ class CheckpointResult:
     manifest_checksum: str | None = None
     findings: list[Finding] = dataclasses.field(default_factory=list)
     checks: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)  # checks not run on request (--no-load)
 
     @property
     def valid(self) -> bool:
         return not self.findings
 
+    @property
+    def full_check(self) -> bool:
+        """Valid with every check run: what promotion requires."""
+        return self.valid and not self.skipped
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["valid"] = self.valid
+        data["full_check"] = self.full_check
         data["read_gbps"] = self.bytes / self.read_seconds / 1e9 if self.read_seconds else None
         return data
 
@@ -373,6 +380,8 @@ class _Checker:
         # A checkpoint with findings is not loaded: they already say why it is invalid.
         if self.load and covered and not self.result.findings:
             self.check_load()
+        elif not self.load:
+            self.result.skipped.append("load into a freshly built model (--no-load)")
 
     # 1. layout ---------------------------------------------------------------------------
     def check_manifest(self) -> bool:
@@ -848,9 +857,12 @@ def write_validation_record(path: str | os.PathLike[str], report: ValidationRepo
         if ckpt.manifest_checksum is not None:
             entry.update(gate_records.checkpoint_identity(run_dir, ckpt_dir))
             entry["valid"] = ckpt.valid
+        # What was checked and what was not: promotion requires full_check.
+        entry.update(checks=list(ckpt.checks), skipped=list(ckpt.skipped), full_check=ckpt.full_check)
         checkpoints[os.path.relpath(ckpt_dir.resolve(), run_dir.resolve())] = entry
     return gate_records.write_record(run_dir, gate_records.VALIDATION, {
         "passed": report.valid,
+        "full_check": report.valid and all(c.full_check for c in report.checkpoints),
         "checkpoints": checkpoints,
         "findings": [str(f) for f in report.all_findings],
     })
@@ -865,6 +877,7 @@ def format_validation(report: Any) -> str:
         lines.append(f"{verdict} {ckpt.path} (step {ckpt.step}, {ckpt.world_size} ranks, {ckpt.bytes} bytes"
                      f"{rate}, {ckpt.seconds:.2f} s)")
         lines += [f"  ok  {check}" for check in ckpt.checks]
+        lines += [f"  SKIPPED {check}: not proven (promotion needs the full check)" for check in ckpt.skipped]
     for finding in report.all_findings:
         lines.append(f"  FINDING {finding}")
     for item in report.ignored:

@@ -52,7 +52,7 @@ class AuthError(ValueError):
 class Auth:
     """A bearer token (or none) and where it came from, for messages."""
 
-    token: str | None
+    token: str | None = dataclasses.field(repr=False)  # never in a repr, a log line or a traceback
     source: str
 
 
@@ -123,9 +123,9 @@ def resolve_auth(
         return Auth(None, "none")
     if mode in ("auto", "token"):
         if token:
-            return Auth(token, "--token")
+            return _token_auth(token, "--token")
         if env.get(TOKEN_ENV):
-            return Auth(env[TOKEN_ENV], f"${TOKEN_ENV}")
+            return _token_auth(env[TOKEN_ENV], f"${TOKEN_ENV}")
         if mode == "token":
             raise AuthError(f"--auth token needs --token or ${TOKEN_ENV}")
     if mode == "kubeconfig" or (mode == "auto" and (kubeconfig or context)):
@@ -133,13 +133,25 @@ def resolve_auth(
     paths = [env[SA_TOKEN_PATH_ENV]] if env.get(SA_TOKEN_PATH_ENV) else list(IN_CLUSTER_TOKEN_PATHS)
     for path in paths:
         if Path(path).is_file():
-            value = Path(path).read_text().strip()
-            if not value:
-                raise AuthError(f"in-cluster token file {path} is empty")
-            return Auth(value, f"in-cluster token {path}")
+            try:
+                value = Path(path).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise AuthError(f"cannot read in-cluster token file {path}: {type(exc).__name__}") from None
+            return _token_auth(value, f"in-cluster token {path}")
     if mode == "in-cluster":
         raise AuthError(f"--auth in-cluster: no token file at {' or '.join(paths)} (set ${SA_TOKEN_PATH_ENV})")
     return Auth(None, "none")
+
+
+def _token_auth(raw: str, source: str) -> Auth:
+    """A bearer token as a Secret or file carries it (trailing newline stripped), checked without showing it."""
+    token = raw.strip()
+    if not token:
+        raise AuthError(f"the token from {source} is empty")
+    if not all(33 <= ord(ch) <= 126 for ch in token):  # what an HTTP header value can carry, no spaces
+        raise AuthError(f"the token from {source} contains a space, control or non-ASCII character "
+                        f"(not shown); a bearer token is printable ASCII")
+    return Auth(token, source)
 
 
 def _kubeconfig_token(path: str, context: str | None) -> Auth:
@@ -160,7 +172,7 @@ def _kubeconfig_token(path: str, context: str | None) -> Auth:
             f"the kubeconfig user of context {context or '(current)'} in {path} has no bearer token "
             "(client certificates cannot be forwarded to Kubeflow Pipelines); use --token"
         )
-    return Auth(bearer.removeprefix("Bearer "), f"kubeconfig {path}" + (f" context {context}" if context else ""))
+    return _token_auth(bearer.removeprefix("Bearer "), f"kubeconfig {path}" + (f" context {context}" if context else ""))
 
 
 def check_host(host: str) -> str:
@@ -172,6 +184,8 @@ def check_host(host: str) -> str:
     """
     if not host.startswith(("http://", "https://")):
         raise AuthError(f"--host must be an http:// or https:// URL, got {host!r}")
+    if any(ord(ch) <= 32 or ord(ch) == 127 for ch in host):
+        raise AuthError(f"--host {host!r} contains a space or control character (a trailing newline?)")
     return host.rstrip("/")
 
 

@@ -106,14 +106,19 @@ def select(registry: Mapping[str, Callable[..., Any]], name: str | None) -> dict
     """The pipelines a command works on: all of them, or the one named.
 
     Raises:
-        CompileError: ``name`` is not in the registry (the message lists the known names).
+        CompileError: ``name`` is not in the registry (the message lists the known names), or
+            an entry is not a pipeline.
 
     """
-    if name is None:
-        return dict(registry)
-    if name not in registry:
-        raise CompileError(f"unknown pipeline {name!r}; known pipelines: {', '.join(registry)}")
-    return {name: registry[name]}
+    if name is not None and name not in registry:
+        raise CompileError(f"unknown pipeline {name!r}; known pipelines: {', '.join(map(str, registry))}")
+    selected = dict(registry) if name is None else {name: registry[name]}
+    from kfp.dsl.base_component import BaseComponent
+
+    for key, pipeline in selected.items():  # before anything is compiled or written
+        if not isinstance(pipeline, BaseComponent):
+            raise CompileError(f"registry entry {key!r} is a {type(pipeline).__name__}, not a @dsl.pipeline")
+    return selected
 
 
 def default_pipeline(registry: Mapping[str, Callable[..., Any]], name: str | None) -> tuple[str, Callable[..., Any]]:
@@ -126,7 +131,7 @@ def output_paths(keys: list[str], output: Path) -> dict[str, Path]:
     """Where each pipeline's YAML goes: ``output`` itself when it names a .yaml file, else ``output/<key>.yaml``.
 
     Raises:
-        CompileError: a single file was asked for several pipelines.
+        CompileError: a single file was asked for several pipelines, or a path cannot be written.
 
     """
     if output.suffix in (".yaml", ".yml"):
@@ -135,8 +140,17 @@ def output_paths(keys: list[str], output: Path) -> dict[str, Path]:
                 f"-o {output} is one file but {len(keys)} pipelines are selected ({', '.join(keys)}); "
                 "give a directory or --pipeline NAME"
             )
-        return {keys[0]: output}
-    return {key: output / f"{key}.yaml" for key in keys}
+        paths = {keys[0]: output}
+    else:
+        paths = {key: output / f"{key}.yaml" for key in keys}
+    from resilient_training.run.paths import check_writable
+
+    try:  # before anything is compiled or created
+        for path in paths.values():
+            check_writable(path, "-o", directory=False)
+    except ValueError as exc:
+        raise CompileError(str(exc)) from None
+    return paths
 
 
 def compile_pipeline(key: str, pipeline: Callable[..., Any], path: Path) -> CompiledPipeline:

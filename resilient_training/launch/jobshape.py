@@ -29,7 +29,7 @@ DSHM_VOLUME = "dshm"
 STORAGE_VOLUME = "run-storage"
 KINDS = ("pytorchjob", "trainjob")
 _TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -135,7 +135,7 @@ def validate(spec: JobSpec) -> None:
     if not spec.image or any(ch.isspace() for ch in spec.image):
         raise ValueError(f"image must be a non-empty image reference without spaces, got {spec.image!r}")
     for what, value in (("cpu", spec.cpu), ("memory", spec.memory), ("shm_size", spec.shm_size)):
-        if value and not _QUANTITY.match(value):
+        if value and not _QUANTITY.fullmatch(value):
             raise ValueError(f"{what} {value!r} is not a Kubernetes quantity (e.g. 32, 500m, 64Gi)")
     if not spec.storage.shared:
         raise ValueError(
@@ -147,10 +147,9 @@ def validate(spec: JobSpec) -> None:
             f"the job in {spec.namespace!r}: pods can only mount claims of their own namespace"
         )
     k8s_names.check_dns1123_subdomain(spec.storage.pvc_name, "claim name")
-    mount = spec.storage.mount_path.rstrip("/")
-    if not spec.storage.mount_path.startswith("/") or spec.storage.mount_path in ("/", "/dev/shm"):
-        raise ValueError(f"mount path must be an absolute directory other than / and /dev/shm, got {mount!r}")
-    if not spec.train.run_dir.startswith(mount + "/"):
+    mount = k8s_names.check_mount_path(spec.storage.mount_path, "mount path")
+    run_dir = k8s_names.check_absolute_path(spec.train.run_dir, "run_dir")
+    if not run_dir.startswith(mount + "/"):
         raise ValueError(f"run_dir {spec.train.run_dir!r} must lie under the storage mount {mount!r}")
     for key, value in spec.node_selector.items():
         k8s_names.check_label_key(key, "node selector key")
@@ -172,7 +171,7 @@ def validate(spec: JobSpec) -> None:
         raise ValueError(f"image_pull_policy must be Always, IfNotPresent or Never, got {spec.image_pull_policy!r}")
     _check_faults(spec)
     for key in spec.env:
-        if not re.match(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", key):
+        if not re.fullmatch(r"[-._a-zA-Z][-._a-zA-Z0-9]*", key):
             raise ValueError(f"environment variable name {key!r} is invalid")
         if key.startswith("PET_"):
             raise ValueError(f"{key}: PET_* variables are set by the Training Operator (or the Trainer) from the job spec")
@@ -228,6 +227,10 @@ def _check_toleration(tol: dict[str, Any]) -> None:
         raise ValueError(f"toleration {tol}: operator Exists takes no value")
     if operator == "Equal" and not tol.get("key"):
         raise ValueError(f"toleration {tol}: operator Equal needs a key")
+    if tol.get("key"):
+        k8s_names.check_label_key(tol["key"], "toleration key")
+    if tol.get("value"):
+        k8s_names.check_label_value(tol["value"], "toleration value")
     effect = tol.get("effect", "")
     if effect and effect not in _TOLERATION_EFFECTS:
         raise ValueError(f"toleration effect must be one of {', '.join(_TOLERATION_EFFECTS)}, got {effect!r}")

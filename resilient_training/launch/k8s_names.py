@@ -8,16 +8,17 @@ PyTorchJob names (the operator's webhook; service names derive from them), label
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import re
 
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 def check_dns1123_label(value: str, what: str) -> None:
-    if not value or len(value) > 63 or not _DNS1123_LABEL.match(value):
+    if not value or len(value) > 63 or not _DNS1123_LABEL.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a DNS-1123 label: at most 63 lowercase letters, digits or '-', "
             "starting and ending with a letter or digit"
@@ -25,7 +26,7 @@ def check_dns1123_label(value: str, what: str) -> None:
 
 
 def check_dns1123_subdomain(value: str, what: str) -> None:
-    if not value or len(value) > 253 or not all(_DNS1123_LABEL.match(p) for p in value.split(".")):
+    if not value or len(value) > 253 or not all(_DNS1123_LABEL.fullmatch(p) for p in value.split(".")):
         raise ValueError(
             f"{what} {value!r} is not a DNS-1123 subdomain: at most 253 lowercase letters, digits, '-' or '.', "
             "each dot-separated part starting and ending with a letter or digit"
@@ -33,7 +34,7 @@ def check_dns1123_subdomain(value: str, what: str) -> None:
 
 
 def check_dns1035_label(value: str, what: str) -> None:
-    if not value or len(value) > 63 or not _DNS1035_LABEL.match(value):
+    if not value or len(value) > 63 or not _DNS1035_LABEL.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} is not a DNS-1035 label: at most 63 lowercase letters, digits or '-', "
             "starting with a letter and ending with a letter or digit"
@@ -41,7 +42,7 @@ def check_dns1035_label(value: str, what: str) -> None:
 
 
 def check_label_value(value: str, what: str) -> None:
-    if len(value) > 63 or not _LABEL_VALUE.match(value):
+    if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
         raise ValueError(f"{what} {value!r} is not a valid label value (<= 63 of [A-Za-z0-9-_.], alphanumeric ends)")
 
 
@@ -49,8 +50,30 @@ def check_label_key(key: str, what: str) -> None:
     prefix, _, name = key.rpartition("/")
     if prefix:
         check_dns1123_subdomain(prefix, f"{what} prefix")
-    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+    if not name or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
         raise ValueError(f"{what} {key!r} is not a valid label key ([prefix/]name, name <= 63 of [A-Za-z0-9-_.])")
+
+
+# Mounting a volume on (or over, or inside) these would hide what the pod itself needs there:
+# the pod's own /dev/shm volume, the container's system directories and its service-account token.
+RESERVED_MOUNTS = ("/dev/shm", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/lib", "/var/run/secrets")
+
+
+def check_absolute_path(path: str, what: str) -> str:
+    """``path`` without a trailing slash, refused unless absolute and already normal ('..' could escape a mount)."""
+    stripped = path.rstrip("/") or "/"
+    if not path.startswith("/") or posixpath.normpath(stripped) != stripped or any(ord(ch) < 32 for ch in path):
+        raise ValueError(f"{what} {path!r} must be an absolute directory without '.', '..', '//' or control characters")
+    return stripped
+
+
+def check_mount_path(path: str, what: str) -> str:
+    """Where a volume may be mounted in a pod: a normal absolute path clear of :data:`RESERVED_MOUNTS`."""
+    mount = check_absolute_path(path, what)
+    for reserved in RESERVED_MOUNTS:
+        if mount == "/" or mount == reserved or reserved.startswith(mount + "/") or mount.startswith(reserved + "/"):
+            raise ValueError(f"{what} {mount!r} collides with {reserved} (mount the claim elsewhere, e.g. /mnt/run)")
+    return mount
 
 
 def name_for_run(prefix: str, run_id: str, *, max_len: int = 40) -> str:

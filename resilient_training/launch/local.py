@@ -23,7 +23,7 @@ from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import config as cfg
 from resilient_training.run import events as ev
 from resilient_training.run import faults as flt
-from resilient_training.run import layout
+from resilient_training.run import layout, paths
 
 # Causes a rank reports when a peer failed or a restart was requested of it: never a root cause.
 SECONDARY_CAUSES = ("peer_failure", "restart_requested")
@@ -57,9 +57,10 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
         raise LaunchError(str(exc)) from None
     if config.restart.min_world_size > world_size:
         raise LaunchError(f"min world size {config.restart.min_world_size} exceeds the world size {world_size}")
-    run_dir = Path(config.run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise LaunchError(f"run directory {run_dir} exists and is not a directory")
+    try:
+        run_dir = paths.check_writable(config.run_dir, "run directory", directory=True)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     try:
         latest = fmt.read_latest(layout.checkpoints_dir(run_dir))
         if latest is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -81,11 +82,11 @@ class ClusterSpec:
         if self.min_nodes < 0 or self.min_nodes > self.nodes:
             raise ValueError(f"min_nodes must be 0 (fixed size) or between 1 and nodes ({self.nodes}), "
                              f"got {self.min_nodes}")
-        if self.pod_restart_delay < 0:
-            raise ValueError(f"pod_restart_delay must be >= 0, got {self.pod_restart_delay}")
+        if not (math.isfinite(self.pod_restart_delay) and self.pod_restart_delay >= 0):
+            raise ValueError(f"pod_restart_delay must be >= 0 and finite, got {self.pod_restart_delay}")
         if self.network not in NETWORK_KINDS:
             raise ValueError(f"network must be one of {', '.join(NETWORK_KINDS)}, got {self.network!r}")
-        if self.last_call_timeout < 1:
+        if not (math.isfinite(self.last_call_timeout) and self.last_call_timeout >= 1):  # NaN too
             raise ValueError(f"last_call_timeout must be at least 1 s (c10d takes whole seconds), "
                              f"got {self.last_call_timeout}")
 

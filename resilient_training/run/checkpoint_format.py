@@ -51,7 +51,7 @@ MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGORITHM = "xxh3_128"
 METADATA_NAME = ".metadata"  # DCP's
 TMP_PREFIX = ".tmp-"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+_STEP_DIR = re.compile(r"step_(\d+)")
 _READ_CHUNK = 8 << 20
 
 
@@ -81,7 +81,7 @@ def step_dirname(step: int) -> str:
 
 
 def parse_step_dirname(name: str) -> int | None:
-    match = _STEP_DIR.match(name)
+    match = _STEP_DIR.fullmatch(name)
     return int(match.group(1)) if match else None
 
 

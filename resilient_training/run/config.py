@@ -186,6 +186,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not self.run_dir.strip():
             raise ValueError("run_dir must not be empty")
+        if any(ord(ch) < 32 or ch == "\x7f" for ch in self.run_dir):
+            raise ValueError(f"run_dir {self.run_dir!r} contains a control character (a newline?)")
         if self.steps <= 0:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if not (math.isfinite(self.lr) and self.lr >= 0):
@@ -195,6 +197,8 @@ class TrainConfig:
         self.task_args = task_args_from(self.task_args)
         if not (math.isfinite(self.step_seconds) and self.step_seconds >= 0):
             raise ValueError(f"step_seconds must be >= 0, got {self.step_seconds}")
+        if self.memory_limit_mb < 0:
+            raise ValueError(f"memory_limit_mb must be >= 0 (0 = auto), got {self.memory_limit_mb}")
         if self.restart.inprocess and self.restart.ft_launcher and self.timeouts.heartbeat <= self.timeouts.soft:
             raise ValueError(
                 f"heartbeat_timeout ({self.timeouts.heartbeat}) must exceed soft_timeout ({self.timeouts.soft}) "
@@ -308,6 +312,8 @@ def _coerce(f: dataclasses.Field[Any], value: Any, name: str, where: str = "") -
         return value
     if not isinstance(value, str):
         raise ValueError(f"{name} must be a string, got {value!r}")
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in value):  # paths and specs: a newline is a mistake, not data
+        raise ValueError(f"{name} {value!r} contains a control character (a newline?)")
     return value
 
 

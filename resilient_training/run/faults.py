@@ -38,7 +38,7 @@ NODE_FAULTS = ("node-loss",)
 NODE_LOSS_WAIT_SECONDS = 60.0
 # The simulated node (pod index) of this process; set by the simulated cluster on each agent.
 NODE_ENV = "RT_NODE"
-_SPEC = re.compile(r"^(?P<type>[a-z-]+)@(?P<step>\d+):(?P<rank>\d+)(?:x(?P<count>\d+))?$")
+_SPEC = re.compile(r"(?P<type>[a-z-]+)@(?P<step>\d+):(?P<rank>\d+)(?:x(?P<count>\d+))?")
 
 
 class FaultSpecError(ValueError):
@@ -87,7 +87,7 @@ def parse(spec: str) -> list[Fault]:
     faults = []
     for item in spec.split(","):
         item = item.strip()
-        match = _SPEC.match(item)
+        match = _SPEC.fullmatch(item)
         if not match:
             raise FaultSpecError(
                 f"bad fault {item!r}: expected TYPE@STEP:RANK[xCOUNT] with TYPE one of {', '.join(FAULT_TYPES)}"
@@ -115,6 +115,13 @@ def _sorted_unique(faults: Iterable[Fault]) -> list[Fault]:
     return faults
 
 
+def _int_field(value: Any, where: str) -> int:
+    """A YAML integer (not a bool, float or string): a wrongly typed field is a clear error."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FaultSpecError(f"{where} must be an integer, got {value!r}")
+    return value
+
+
 def _parse_yaml(path: Path) -> list[Fault]:
     import yaml
 
@@ -122,32 +129,68 @@ def _parse_yaml(path: Path) -> list[Fault]:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise FaultSpecError(f"fault schedule file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FaultSpecError(f"cannot read fault schedule {path}: {getattr(exc, 'strerror', None) or exc}") from None
     except yaml.YAMLError as exc:
-        raise FaultSpecError(f"fault schedule {path} is not valid YAML: {exc}") from None
+        raise FaultSpecError(f"fault schedule {path} is not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise FaultSpecError(f"fault schedule {path} must be a mapping with a 'faults' list")
+    unknown = sorted(str(k) for k in set(data) - {"seed", "faults", "random"})
+    if unknown:
+        raise FaultSpecError(f"{path}: unknown keys {', '.join(unknown)} (known: seed, faults, random)")
+    items = data.get("faults") or []
+    if not isinstance(items, list):
+        raise FaultSpecError(f"{path}: faults must be a list of {{type, step, rank[, count]}}, got {items!r}")
     faults = []
-    for i, item in enumerate(data.get("faults") or []):
-        try:
-            faults.append(_make(str(item["type"]), int(item["step"]), int(item["rank"]), int(item.get("count", 1))))
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, FaultSpecError):
-                raise
-            raise FaultSpecError(f"{path}: faults[{i}] needs type, step and rank: {exc}") from None
+    for i, item in enumerate(items):
+        where = f"{path}: faults[{i}]"
+        if not isinstance(item, dict) or not {"type", "step", "rank"} <= set(item) or set(item) - {
+                "type", "step", "rank", "count"}:
+            raise FaultSpecError(f"{where} needs type, step and rank (and optionally count), got {item!r}")
+        if not isinstance(item["type"], str):
+            raise FaultSpecError(f"{where}.type must be a string, got {item['type']!r}")
+        faults.append(_make(item["type"], _int_field(item["step"], f"{where}.step"),
+                            _int_field(item["rank"], f"{where}.rank"),
+                            _int_field(item.get("count", 1), f"{where}.count")))
     rand = data.get("random")
-    if rand:
-        rng = random.Random(int(data.get("seed", 0)))
-        types = list(rand.get("types", ["exception", "sigkill"]))
-        taken = {(f.step, f.rank) for f in faults}
-        for _ in range(int(rand.get("count", 1))):
-            for _attempt in range(100):
-                step = rng.randint(int(rand.get("min_step", 1)), int(rand["max_step"]))
-                rank = rng.randint(0, int(rand.get("max_rank", 0)))
-                if (step, rank) not in taken:
-                    break
-            taken.add((step, rank))
-            faults.append(_make(rng.choice(types), step, rank, 1))
+    if rand is not None:
+        faults += _random_faults(rand, data.get("seed", 0), faults, path)
     return _sorted_unique(faults)
+
+
+def _random_faults(rand: Any, seed: Any, faults: list[Fault], path: Path) -> list[Fault]:
+    where = f"{path}: random"
+    known = {"count", "types", "min_step", "max_step", "max_rank"}
+    if not isinstance(rand, dict) or "max_step" not in rand or set(rand) - known:
+        optional = ", ".join(sorted(known - {"max_step"}))
+        raise FaultSpecError(f"{where} must be a mapping with max_step and optionally {optional}, got {rand!r}")
+    types = rand.get("types", ["exception", "sigkill"])
+    if not isinstance(types, list) or not types or not all(isinstance(t, str) for t in types):
+        raise FaultSpecError(f"{where}.types must be a non-empty list of fault types, got {types!r}")
+    for kind in types:
+        _make(kind, 1, 0, 1)  # an unknown type fails here, with the known ones
+    count = _int_field(rand.get("count", 1), f"{where}.count")
+    lo = _int_field(rand.get("min_step", 1), f"{where}.min_step")
+    hi = _int_field(rand["max_step"], f"{where}.max_step")
+    max_rank = _int_field(rand.get("max_rank", 0), f"{where}.max_rank")
+    if not 1 <= lo <= hi or max_rank < 0 or count < 0:
+        raise FaultSpecError(f"{where}: need 1 <= min_step <= max_step, max_rank >= 0 and count >= 0 "
+                             f"(got min_step {lo}, max_step {hi}, max_rank {max_rank}, count {count})")
+    slots = (hi - lo + 1) * (max_rank + 1) - len(faults)
+    if count > slots:
+        raise FaultSpecError(f"{where}: {count} random faults do not fit {slots} free (step, rank) slots")
+    rng = random.Random(_int_field(seed, f"{path}: seed"))
+    taken = {(f.step, f.rank) for f in faults}
+    out = []
+    for _ in range(count):
+        for _attempt in range(100):
+            step = rng.randint(lo, hi)
+            rank = rng.randint(0, max_rank)
+            if (step, rank) not in taken:
+                break
+        taken.add((step, rank))
+        out.append(_make(rng.choice(types), step, rank, 1))
+    return out
 
 
 def validate(faults: list[Fault], *, world_size: int, steps: int, async_checkpoint: bool,

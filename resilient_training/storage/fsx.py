@@ -28,12 +28,12 @@ RUN_TAG = "resilient-training.io/run-id"
 MANAGED_TAG = "resilient-training.io/managed-by"
 MANAGED_VALUE = "resilient-training"
 FAILED_STATES = ("FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE", "DELETING")
-_SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
-_SG = re.compile(r"^sg-[0-9a-f]{8,17}$")
-_FS_ID = re.compile(r"^fs-[0-9a-f]{8,21}$")
-_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
-_TAG_TEXT = re.compile(r"^[\w\s.:/=+\-@]*$")
-_S3_PATH = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/.*)?$")
+_SUBNET = re.compile(r"subnet-[0-9a-f]{8,17}")
+_SG = re.compile(r"sg-[0-9a-f]{8,17}")
+_FS_ID = re.compile(r"fs-[0-9a-f]{8,21}")
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
+_TAG_TEXT = re.compile(r"[\w .:/=+\-@]*")  # AWS: letters, digits, spaces (not newlines), _.:/=+-@
+_S3_PATH = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/.*)?")
 
 
 class FsxError(RuntimeError):
@@ -78,7 +78,7 @@ class FsxRequest:
     def __post_init__(self) -> None:
         if not self.run_id:
             raise ValueError("run_id must not be empty: the idempotency token is derived from it")
-        if self.region and not _REGION.match(self.region):
+        if self.region and not _REGION.fullmatch(self.region):
             raise ValueError(f"region {self.region!r} is not an AWS region name (e.g. us-east-1)")
         if self.deployment_type not in DEPLOYMENT_TYPES:
             raise ValueError(f"deployment_type must be one of {', '.join(DEPLOYMENT_TYPES)}, got {self.deployment_type!r}")
@@ -100,33 +100,33 @@ class FsxRequest:
             raise ValueError(f"lustre_version must be one of {', '.join(LUSTRE_VERSIONS)}, got {self.lustre_version!r}")
         if self.data_compression not in ("NONE", "LZ4"):
             raise ValueError(f"data_compression must be NONE or LZ4, got {self.data_compression!r}")
-        if not _SUBNET.match(self.subnet_id or ""):
+        if not _SUBNET.fullmatch(self.subnet_id or ""):
             raise ValueError(f"subnet_id {self.subnet_id!r} is not a subnet id (subnet-0123456789abcdef0)")
         if not self.security_group_ids:
             raise ValueError("at least one security group is required (it must allow Lustre traffic, TCP 988)")
         if len(self.security_group_ids) > 50:
             raise ValueError(f"at most 50 security groups, got {len(self.security_group_ids)}")
         for sg in self.security_group_ids:
-            if not _SG.match(sg):
+            if not _SG.fullmatch(sg):
                 raise ValueError(f"security group {sg!r} is not a security group id (sg-0123456789abcdef0)")
         self._check_s3()
         user_tags = {k: v for k, v in self.tags.items()}
         if len(user_tags) + 3 > 50:
             raise ValueError(f"at most 47 tags (3 are ours), got {len(user_tags)}")
         for key, value in user_tags.items():
-            if not 1 <= len(key) <= 128 or not _TAG_TEXT.match(key) or key.lower().startswith("aws:"):
+            if not 1 <= len(key) <= 128 or not _TAG_TEXT.fullmatch(key) or key.lower().startswith("aws:"):
                 raise ValueError(f"tag key {key!r} is invalid: 1-128 of letters, digits, spaces, _.:/=+-@, no 'aws:' prefix")
-            if len(value) > 256 or not _TAG_TEXT.match(value):
+            if len(value) > 256 or not _TAG_TEXT.fullmatch(value):
                 raise ValueError(f"tag value for {key!r} is invalid: at most 256 of letters, digits, spaces, _.:/=+-@")
             if key.startswith("resilient-training.io/"):
                 raise ValueError(f"tag key {key!r} uses the reserved prefix resilient-training.io/")
 
     def _check_s3(self) -> None:
-        import_match = _S3_PATH.match(self.import_path) if self.import_path else None
+        import_match = _S3_PATH.fullmatch(self.import_path) if self.import_path else None
         if self.import_path and not import_match:
             raise ValueError(f"import_path {self.import_path!r} must be s3://bucket[/prefix]")
         if self.export_path:
-            export_match = _S3_PATH.match(self.export_path)
+            export_match = _S3_PATH.fullmatch(self.export_path)
             if not export_match:
                 raise ValueError(f"export_path {self.export_path!r} must be s3://bucket[/prefix]")
             if not import_match:
@@ -176,7 +176,7 @@ class FsxRequest:
 
 
 def check_file_system_id(fs_id: str) -> None:
-    if not _FS_ID.match(fs_id or ""):
+    if not _FS_ID.fullmatch(fs_id or ""):
         raise ValueError(f"file system id {fs_id!r} is not an FSx id (fs-0123456789abcdef0)")
 
 

@@ -66,10 +66,7 @@ class ProvisionRequest:
         if self.backend == "local":
             return
         k8s_names.check_dns1123_label(self.namespace, "namespace")
-        if not self.mount_path.startswith("/") or self.mount_path.rstrip("/") in ("", "/dev/shm", "/dev", "/proc"):
-            raise ValueError(
-                f"mount_path must be an absolute directory other than /, /dev, /proc, /dev/shm: {self.mount_path!r}"
-            )
+        k8s_names.check_mount_path(self.mount_path, "mount_path")
         if self.backend == "pvc":
             if not self.pvc_name:
                 raise ValueError("storage 'pvc' needs pvc_name: the existing claim to mount")

@@ -1,0 +1,49 @@
+"""Whether a path the user named can be written, found out without writing anything.
+
+Every command that writes checks its output paths here first, so bad input (a parent that is
+a file, an unwritable or read-only parent, a name longer than the file system allows, a
+directory where a file was asked for) is one clear ``ValueError`` before anything is created.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_CONTROL = {chr(c) for c in range(32)} | {"\x7f"}
+
+
+def check_writable(path: str | os.PathLike[str], what: str, *, directory: bool) -> Path:
+    """The absolute path, or ``ValueError`` when it cannot be created or written as given.
+
+    ``directory``: the path is a directory to create or write into; else a file to (re)write.
+    """
+    text = os.fspath(path)
+    if not text.strip():
+        raise ValueError(f"{what} is empty")
+    if any(ch in _CONTROL for ch in text):
+        raise ValueError(f"{what} {text!r} contains a control character (a newline?)")
+    target = Path(os.path.abspath(text))
+    ancestor = target
+    while not os.path.exists(ancestor):  # os.path: False (not an error) for a name too long to stat
+        ancestor = ancestor.parent
+    if ancestor != target and not ancestor.is_dir():
+        raise ValueError(f"{what} {text}: {ancestor} is a file, not a directory")
+    name_max = os.pathconf(ancestor if ancestor.is_dir() else ancestor.parent, "PC_NAME_MAX")
+    path_max = os.pathconf(ancestor if ancestor.is_dir() else ancestor.parent, "PC_PATH_MAX")
+    if len(os.fsencode(str(target))) >= path_max:
+        raise ValueError(f"{what} is {len(os.fsencode(str(target)))} bytes long, past the system's limit ({path_max})")
+    for part in target.relative_to(ancestor).parts:
+        if len(os.fsencode(part)) > name_max:
+            raise ValueError(f"{what}: the name {part[:24]}... is {len(os.fsencode(part))} bytes, longer than "
+                             f"the file system allows ({name_max})")
+    if target.is_dir() and not directory:
+        raise ValueError(f"{what} {text} is a directory: name a file")
+    if target.exists() and not target.is_dir() and directory:
+        raise ValueError(f"{what} {text} exists and is not a directory")
+    # What gets written into: the directory itself, else the file's directory (files are replaced via a
+    # temporary file beside them), else the deepest directory that exists (where creation starts).
+    into = target if target == ancestor and directory else target.parent if target == ancestor else ancestor
+    if not os.access(into, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {text}: {into} is not writable")
+    return target

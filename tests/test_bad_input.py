@@ -1,0 +1,300 @@
+"""The bad-input corpus: every command, fed what an adversarial or careless user types.
+
+Each case must exit 2 with ONE line on stderr naming the problem, no traceback, and nothing
+created or changed: the working directory, the run it names and the targets stay as they were.
+The CLI runs in process (``resilient_training.cli.main.main``), so a traceback would fail the
+test as an exception.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from resilient_training.cli.main import main
+from tests.support.gates import ScriptedLog, build_once, write_checkpoint
+from tests.support.kfp_api_server import FakeKfpServer
+
+LONG = "x" * 300  # past NAME_MAX (255 on every Linux file system here)
+RENDER = ["render-job", "--name", "job", "--nodes", "1", "--gpus-per-node", "1", "--pvc", "claim"]
+REGISTRY = "tests.support.kfp_fixture_pipelines:PIPELINES"
+HOST = ["--host", "http://127.0.0.1:9"]  # nothing listens: a case that got past the checks would fail with 1
+
+
+def _yaml(text: str) -> str:
+    return "yaml:" + text
+
+
+CASES: list[tuple[str, list[str], str]] = [
+    # --- train: fault schedules as YAML files with wrongly typed fields
+    ("yaml-faults-int", ["train", "--run-dir", "r", "--faults", _yaml("faults: 5\n")], "faults must be a list"),
+    ("yaml-random-str", ["train", "--run-dir", "r", "--faults", _yaml('random: "abc"\n')],
+     "random must be a mapping"),
+    ("yaml-step-str", ["train", "--run-dir", "r", "--faults", _yaml("faults:\n  - {type: hang, step: '3', rank: 1}\n")],
+     "step must be an integer"),
+    ("yaml-rank-bool", ["train", "--run-dir", "r", "--faults", _yaml("faults:\n  - {type: hang, step: 3, rank: true}\n")],
+     "rank must be an integer"),
+    ("yaml-item-list", ["train", "--run-dir", "r", "--faults", _yaml("faults:\n  - [hang, 3, 1]\n")],
+     "needs type, step and rank"),
+    ("yaml-random-no-max", ["train", "--run-dir", "r", "--faults", _yaml("random: {count: 2}\n")],
+     "with max_step"),
+    ("yaml-random-types-str", ["train", "--run-dir", "r", "--faults",
+                               _yaml("random: {max_step: 5, types: exception}\n")], "types must be a non-empty list"),
+    ("yaml-random-too-many", ["train", "--run-dir", "r", "--faults", _yaml("random: {max_step: 2, count: 9}\n")],
+     "do not fit"),
+    ("yaml-seed-str", ["train", "--run-dir", "r", "--faults", _yaml("seed: abc\nrandom: {max_step: 5}\n")],
+     "seed must be an integer"),
+    ("yaml-unknown-key", ["train", "--run-dir", "r", "--faults", _yaml("fault: []\n")], "unknown keys fault"),
+    ("yaml-broken", ["train", "--run-dir", "r", "--faults", _yaml("faults: [\n")], "not valid YAML"),
+    ("yaml-is-a-dir", ["train", "--run-dir", "r", "--faults", "{dir}.yaml"], "cannot read fault schedule"),
+    # --- train: run directories and settings
+    ("train-run-dir-empty", ["train", "--run-dir", ""], "run_dir must not be empty"),
+    ("train-run-dir-blank", ["train", "--run-dir", "  "], "run_dir must not be empty"),
+    ("train-run-dir-newline", ["train", "--run-dir", "r\n"], "control character"),
+    ("train-run-dir-under-file", ["train", "--run-dir", "{file}/r"], "is a file, not a directory"),
+    ("train-run-dir-is-file", ["train", "--run-dir", "{file}"], "exists and is not a directory"),
+    ("train-run-dir-unwritable", ["train", "--run-dir", "{locked}/r"], "is not writable"),
+    ("train-run-dir-name-max", ["train", "--run-dir", LONG], "longer than the file system allows"),
+    ("train-run-dir-path-max", ["train", "--run-dir", "/".join([LONG[:200]] * 25)], "past the system's limit"),
+    ("train-batch-size-0", ["train", "--run-dir", "r", "--batch-size", "0"], "batch_size must be positive"),
+    ("train-steps-0", ["train", "--run-dir", "r", "--steps", "0"], "steps must be positive"),
+    ("train-lr-nan", ["train", "--run-dir", "r", "--lr", "nan"], "lr must be a finite number"),
+    ("train-pg-timeout-inf", ["train", "--run-dir", "r", "--pg-timeout", "inf"], "pg must be a finite number"),
+    ("train-heads", ["train", "--run-dir", "r", "--model-n-heads", "3"], "divisible by n_heads"),
+    ("train-nproc-0", ["train", "--run-dir", "r", "--nproc", "0"], "world size must be at least 1"),
+    ("train-steps-word", ["train", "--run-dir", "r", "--steps", "many"], "invalid int value"),
+    ("train-fault-rank", ["train", "--run-dir", "r", "--faults", "sigkill@3:7"], "rank 7 does not exist"),
+    ("train-fault-newline", ["train", "--run-dir", "r", "--faults", "sigkill@3:0\n"], "control character"),
+    ("train-local-dir-newline", ["train", "--run-dir", "r", "--local-checkpoint-dir", "/dev/shm/x\ny"],
+     "control character"),
+    ("train-memory-limit-negative", ["train", "--run-dir", "r", "--memory-limit-mb", "-5"],
+     "memory_limit_mb must be >= 0"),
+    ("train-rdzv-last-call-nan", ["train", "--run-dir", "r", "--nodes", "2", "--rdzv-last-call", "nan"],
+     "last_call_timeout must be at least 1"),
+    ("train-pod-restart-delay-nan", ["train", "--run-dir", "r", "--nodes", "2", "--pod-restart-delay", "nan"],
+     "pod_restart_delay must be >= 0 and finite"),
+    # --- run / bench
+    ("run-overrides-model-int", ["run", "--train-overrides", '{"model": 5}'], "setting model must be a mapping"),
+    ("run-overrides-model-field", ["run", "--train-overrides", '{"model": {"d_model": "big"}}'],
+     "d_model must be an integer"),
+    ("run-overrides-not-json", ["run", "--train-overrides", "{model: 5}"], "--train-overrides is not valid JSON"),
+    ("run-overrides-run-dir", ["run", "--train-overrides", '{"run_dir": "/etc"}'], "cannot set run_dir"),
+    ("run-overrides-lr-nan", ["run", "--train-overrides", '{"lr": NaN}'], "lr must be a finite number"),
+    ("run-min-improvement-nan", ["run", "--min-improvement", "nan"], "--min-improvement must be a finite number"),
+    ("run-min-improvement-inf", ["run", "--min-improvement=-inf"], "--min-improvement must be a finite number"),
+    ("run-promote-to-no-bucket", ["run", "--promote-to", "s3://"], "names no valid bucket"),
+    ("run-promote-to-bad-bucket", ["run", "--promote-to", "s3://Bad_Bucket/x"], "names no valid bucket"),
+    ("run-promote-to-dotdot", ["run", "--promote-to", "s3://models/a/../b"], "'..' part"),
+    ("run-promote-to-ftp", ["run", "--promote-to", "ftp://host/x"], "only a directory or s3://"),
+    ("run-promote-to-under-file", ["run", "--promote-to", "{file}/m"], "is a file, not a directory"),
+    ("run-output-under-file", ["run", "--output-dir", "{file}/out"], "is a file, not a directory"),
+    ("run-output-name-max", ["run", "--output-dir", LONG], "longer than the file system allows"),
+    ("run-output-empty", ["run", "--output-dir", ""], "--output-dir is empty"),
+    ("run-promote-to-s3-newline", ["run", "--promote-to", "s3://models/nightly\n"], "control character"),
+    ("run-output-unwritable", ["run", "--output-dir", "{locked}/out"], "is not writable"),
+    ("bench-strategies-not-json", ["bench", "--strategies", "sync"], "--strategies is not valid JSON"),
+    ("bench-strategies-list-of-int", ["bench", "--strategies", "[1]"], "must be a JSON list of objects"),
+    ("bench-output-under-file", ["bench", "--output-dir", "{file}/out"], "is a file, not a directory"),
+    ("bench-strategy-unknown-setting", ["bench", "--strategies", '[{"name": "a", "bogus": 1}]'],
+     "strategy a: unknown trainer settings: bogus"),
+    ("bench-strategy-bad-value", ["bench", "--strategies", '[{"name": "a", "checkpoint_every": 0}]'],
+     "strategy a: checkpoint_every must be a positive"),
+    ("bench-strategies-duplicate", ["bench", "--strategies", '[{"name": "a"}, {"name": "a"}]'], "unique names"),
+    ("bench-strategies-empty", ["bench", "--strategies", "[]"], "at least one strategy"),
+    # --- render-job
+    ("render-o-empty", [*RENDER, "-o", ""], "-o is empty"),
+    ("render-o-dir", [*RENDER, "-o", "{dir}"], "is a directory: name a file"),
+    ("render-o-under-file", [*RENDER, "-o", "{file}/job.yaml"], "is a file, not a directory"),
+    ("render-name-newline", ["render-job", "--name", "job\n", "--nodes", "1", "--gpus-per-node", "1",
+                             "--pvc", "claim"], "not a DNS-1035 label"),
+    ("render-namespace-newline", [*RENDER, "--namespace", "ns\n"], "not a DNS-1123 label"),
+    ("render-claim-newline", [*RENDER[:-1], "claim\n"], "claim name"),
+    ("render-service-account-newline", [*RENDER, "--service-account", "sa\n"], "service account"),
+    ("render-priority-class-newline", [*RENDER, "--priority-class", "high\n"], "priority class"),
+    ("render-env-name-newline", [*RENDER, "--env", "FOO\n=1"], "environment variable name"),
+    ("render-memory-newline", [*RENDER, "--memory", "1Gi\n"], "not a Kubernetes quantity"),
+    ("render-shm-newline", [*RENDER, "--shm-size", "64Gi\n"], "not a Kubernetes quantity"),
+    ("render-cpu-negative", [*RENDER, "--cpu", "-1"], "not a Kubernetes quantity"),
+    ("render-node-selector-newline", [*RENDER, "--node-selector", "zone=a\n"], "not a valid label value"),
+    ("render-toleration-newline", [*RENDER, "--toleration", "gpu\n:NoSchedule"], "toleration key"),
+    ("render-run-dir-escapes", [*RENDER, "--run-dir", "/mnt/run/../../etc/x"], "without '.', '..'"),
+    ("render-run-dir-outside", [*RENDER, "--run-dir", "/mnt/other/x"], "must lie under the storage mount"),
+    ("render-run-id-escapes", [*RENDER, "--run-id", "../../etc"], "without '.', '..'"),
+    ("render-mount-dev-shm", [*RENDER, "--mount-path", "/dev/shm"], "collides with /dev/shm"),
+    ("render-mount-inside-dev-shm", [*RENDER, "--mount-path", "/dev/shm/run"], "collides with /dev/shm"),
+    ("render-mount-dev", [*RENDER, "--mount-path", "/dev"], "collides with /dev/shm"),
+    ("render-mount-dotdot", [*RENDER, "--mount-path", "/mnt/../dev/shm"], "without '.', '..'"),
+    ("render-missing-required", ["render-job", "--nodes", "1"], "the following arguments are required"),
+    # --- compile and the KFP server commands
+    ("compile-o-under-file", ["compile", "--registry", REGISTRY, "-o", "{file}/out"], "is a file, not a directory"),
+    ("compile-o-yaml-is-dir", ["compile", "--registry", REGISTRY, "--pipeline", "tiny-train", "-o", "{dir}.yaml"],
+     "is a directory: name a file"),
+    ("compile-unknown-pipeline", ["compile", "--registry", REGISTRY, "--pipeline", "nope"], "nope"),
+    ("compile-registry-not-pipelines", ["compile", "--registry", "os:environ"], "not a @dsl.pipeline"),
+    ("runs-token-space", ["runs", *HOST, "--token", "s3cret value"], "contains a space, control or non-ASCII"),
+    ("runs-token-blank", ["runs", *HOST, "--token", " \n"], "is empty"),
+    ("runs-host-newline", ["runs", "--host", "http://127.0.0.1:9\n"], "control character"),
+    ("runs-limit-0", ["runs", *HOST, "--limit", "0"], "--limit must be at least 1"),
+    ("runs-timeout-nan", ["runs", *HOST, "--timeout", "nan"], "--timeout must be a positive number"),
+    ("runs-namespace-newline", ["runs", *HOST, "--namespace", "team-a\n"], "not a DNS-1123 label"),
+    ("schedule-cron-5-fields", ["schedule", *HOST, "--registry", REGISTRY, "--cron", "0 2 * * *"], "has 5 fields"),
+    ("schedule-concurrency-0", ["schedule", *HOST, "--registry", REGISTRY, "--cron", "0 0 2 * * *",
+                                "--max-concurrency", "0"], "--max-concurrency must be 1-10"),
+    ("submit-unknown-param", ["submit", *HOST, "--registry", REGISTRY, "--package", "--param", "bogus=1"], "bogus"),
+    # --- gates
+    ("validate-missing", ["validate-checkpoint", "{work}/nothing"], "does not exist"),
+    ("validate-file", ["validate-checkpoint", "{file}"], "is not a directory"),
+    ("validate-threads-0", ["validate-checkpoint", "--threads", "0", "{run}"], "--threads must be at least 1"),
+    ("convergence-min-improvement-nan", ["check-convergence", "--min-improvement", "nan", "{run}"],
+     "min_improvement must be a finite number"),
+    ("convergence-rtol-nan", ["check-convergence", "--continuity-rtol", "nan", "{run}"], "continuity_rtol"),
+    ("convergence-window-0", ["check-convergence", "--window", "0", "{run}"], "window must be at least 1"),
+    ("convergence-not-a-run", ["check-convergence", "{dir}"], "no events/"),
+    ("convergence-reference-missing", ["check-convergence", "{run}", "--reference", "{work}/nothing"],
+     "does not exist"),
+    ("convergence-max-final-loss-inf", ["check-convergence", "{run}", "--max-final-loss", "inf"],
+     "max_final_loss must be finite"),
+    ("promote-s3-dotdot", ["promote", "{run}", "s3://models/x/../y"], "'..' part"),
+    ("promote-dest-in-run", ["promote", "{run}/checkpoints/step_4", "{run}/checkpoints/step_4/model"],
+     "lies inside the source run"),
+    ("promote-dest-is-run-parent", ["promote", "{run}", "{run}/.."], "contains the source run"),
+    ("promote-dest-empty", ["promote", "{run}", ""], "DEST is empty"),
+    ("promote-dest-newline", ["promote", "{run}", "{work}/model\n"], "trailing whitespace"),
+    ("promote-dest-s3-no-bucket", ["promote", "{run}", "s3:///x"], "names no valid bucket"),
+    ("promote-missing-checkpoint", ["promote", "{work}/nothing", "{work}/model"], "does not exist"),
+    ("promote-dest-name-max", ["promote", "{run}", f"{{work}}/{LONG[:250]}"], "longer than the file system allows"),
+    ("report-o-empty", ["report", "{run}", "-o", ""], "-o is empty"),
+    ("promote-dest-s3-newline", ["promote", "{run}", "s3://models/m\n"], "trailing whitespace"),
+    ("report-o-dir", ["report", "{run}", "-o", "{dir}"], "is a directory: name a file"),
+    ("report-o-root", ["report", "{run}", "-o", "/"], "is a directory: name a file"),
+    ("report-o-under-file", ["report", "{run}", "-o", "{file}/r.html"], "is a file, not a directory"),
+    ("report-json-dir", ["report", "{run}", "--json", "{dir}"], "is a directory: name a file"),
+    ("report-o-name-max", ["report", "{run}", "-o", LONG], "longer than the file system allows"),
+    ("report-same-file", ["report", "{run}", "-o", "r.json", "--json", "r.json"], "both name"),
+    ("report-nothing-asked", ["report", "{run}"], "give -o report.html and/or --json"),
+    ("report-over-event-log", ["report", "{run}", "--json", "{run}/events/rank0.jsonl"], "the run's own records"),
+    ("report-over-config", ["report", "{run}", "-o", "{run}/config.json"], "the run's own records"),
+    ("report-into-gates", ["report", "{run}", "-o", "{run}/gates/report.html"], "the run's own records"),
+    ("report-not-a-run", ["report", "{dir}", "-o", "r.html"], "no events/"),
+    ("unknown-command", ["bogus"], "invalid choice"),
+]
+
+
+def _build_run(path: Path) -> None:
+    write_checkpoint(path, step=4)
+    log = ScriptedLog(path)
+    log.steps(1, 8, checkpoint_every=4)
+    log.end()
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small run (checkpoint at step 4, event log) that bad input must leave untouched; read-only."""
+    return build_once(tmp_path_factory.getbasetemp(), "bad-input-run", _build_run)
+
+
+@pytest.fixture
+def locked(tmp_path: Path) -> Path:
+    """A directory nobody can write into (root included: the immutable attribute)."""
+    path = tmp_path / "locked"
+    path.mkdir()
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        if os.geteuid() == 0:
+            pytest.skip("chattr +i unsupported here and root ignores mode bits")
+        path.chmod(0o555)
+    yield path
+    subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+    path.chmod(0o755)
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for root in roots for p in [root, *root.rglob("*")]}
+
+
+@pytest.mark.parametrize(("argv", "reason"), [pytest.param(a, r, id=i) for i, a, r in CASES])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+        argv: list[str], reason: str, tmp_path: Path, shared_run: Path, locked: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("KF_PIPELINES_ENDPOINT", "KF_PIPELINES_TOKEN", "KUBECONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(tmp_path / "no-such-token"))
+    work = tmp_path / "work"
+    (work / "dir").mkdir(parents=True)
+    (work / "dir.yaml").mkdir()
+    (work / "a-file").write_text("keep me")
+    places = {"work": str(work), "dir": str(work / "dir"), "file": str(work / "a-file"), "run": str(shared_run),
+              "locked": str(locked)}
+    args = []
+    for arg in argv:
+        if arg.startswith("yaml:"):
+            schedule = tmp_path / "schedule.yaml"
+            schedule.write_text(arg.removeprefix("yaml:"))
+            arg = str(schedule)
+        for key, value in places.items():
+            arg = arg.replace("{" + key + "}", value)
+        args.append(arg)
+    monkeypatch.chdir(work)
+    before = snapshot(tmp_path, shared_run)
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert err.endswith("\n") and err.count("\n") == 1, err  # one line
+    assert "Traceback" not in err and reason in err, err
+    assert snapshot(tmp_path, shared_run) == before  # nothing created, nothing changed
+
+
+def test_the_corpus_covers_every_command() -> None:
+    from resilient_training.cli.main import build_parser
+
+    commands = set(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001
+    covered = {argv[0] for _, argv, _ in CASES}
+    assert len(CASES) >= 40
+    assert commands - covered <= {"upload", "schedules"}  # server listings: one shared check path with runs
+    assert "bogus" in covered
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+@pytest.mark.parametrize("how", ["--token", "env", "in-cluster-file"])
+def test_a_token_with_a_trailing_newline_is_stripped_and_sent(how: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """What a Secret-mounted value carries (a trailing newline) is not part of the token."""
+    for name in ("KF_PIPELINES_ENDPOINT", "KF_PIPELINES_TOKEN", "KUBECONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(tmp_path / "no-such-token"))
+    args = []
+    if how == "--token":
+        args = ["--token", "s3cret\n"]
+    elif how == "env":
+        monkeypatch.setenv("KF_PIPELINES_TOKEN", "s3cret\r\n")
+    else:
+        (tmp_path / "token").write_text("s3cret\n")
+        monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(tmp_path / "token"))
+    with FakeKfpServer(token="s3cret") as server:
+        code = main(["runs", "--host", server.url, *args])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert {r.headers.get("authorization") for r in server.requests} == {"Bearer s3cret"}
+    assert "s3cret" not in out + err
+
+
+def test_a_bad_token_is_never_printed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(tmp_path / "no-such-token"))
+    monkeypatch.setenv("KF_PIPELINES_TOKEN", "top\nsecret-value")
+    code = main(["runs", *HOST])
+    out, err = capsys.readouterr()
+    assert code == 2 and "KF_PIPELINES_TOKEN" in err
+    assert "secret-value" not in out + err and "top" not in out + err
+    from resilient_training.kfp.client import Auth
+
+    assert "secret-value" not in repr(Auth("secret-value", "--token"))
