@@ -61,6 +61,16 @@ def test_a_broken_task_is_one_line_and_exit_2_before_any_worker_starts(tmp_path,
     assert not run_dir.exists()  # nothing written
 
 
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_the_pipelines_refuse_a_broken_task_before_anything_runs(tmp_path, command):
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", command, "--output-dir",
+                           str(tmp_path / "out"), "--task", f"{USER_TASK}:optimizer_wrong_type"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: task build_optimizer() returned a list, not a torch.optim.Optimizer" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
 def test_a_loss_that_is_not_a_scalar_names_the_method():
     task = tk.load_task(f"{USER_TASK}:loss_not_scalar")
     model = tk.build_model(task)
@@ -86,8 +96,9 @@ def test_a_user_task_trains_through_faults_validates_and_resumes_at_another_worl
     manifest = _last_manifest(run_dir)
     assert manifest["task_args"] == {"width": "24"} and manifest["optimizer"]["type"] == "SGD"
     assert "lr_scheduler.last_epoch" in manifest["objects"]
-    # a StatefulDataLoader's own state, per rank
-    assert manifest["data_state"]["1"]["state"]["_num_yielded"] == 18  # 9 steps x 2 micro-batches
+    # a StatefulDataLoader's own state, per rank: 9 steps x 2 micro-batches = 18 batches, of which
+    # 16 (256 samples of rank 1 / 16) made the first epoch
+    assert manifest["data_state"]["1"]["state"]["_num_yielded"] == 2
     report = validate(run_dir)
     assert report.valid, [str(f) for f in report.all_findings]
 
