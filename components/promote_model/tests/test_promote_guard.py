@@ -280,7 +280,8 @@ def test_s3_stale_lock_of_another_checkpoint_refuses_and_of_the_same_is_taken_ov
     # A promoter of this very checkpoint died holding it: its retry takes over and finishes.
     mine = {**other, "manifest_checksum": gate_records.manifest_digest(latest(gated_run))}
     s3.put_object(Bucket="models", Key=f"m/{S3_LOCK_NAME}", Body=json.dumps(mine).encode())
-    s3.put_object(Bucket="models", Key="m/rank_0.pt", Body=b"half an upload")
+    shard = sorted(cf.read_manifest(latest(gated_run))["files"])[-1]  # a file the retry uploads again
+    s3.put_object(Bucket="models", Key=f"m/{shard}", Body=b"half an upload")
     assert promote(gated_run, "s3://models/m", s3_client=s3)["already_promoted"] is False
     assert_s3_copy_of(s3, "m", gated_run)  # the taken-over lock was released: only the model is left
 
@@ -387,7 +388,8 @@ def test_s3_multipart_objects_are_verified_by_their_composite_checksum(
         big_gated_run: Path, s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(promote_mod, "S3_PART_BYTES", 5 << 20)  # S3's smallest part: every shard goes multipart
     assert promote(big_gated_run, "s3://models/big", s3_client=s3)["already_promoted"] is False
-    name = sorted(cf.read_manifest(latest(big_gated_run))["files"])[0]
+    files = cf.read_manifest(latest(big_gated_run))["files"]
+    name = max(files, key=lambda n: files[n]["bytes"])  # the largest file: over one part
     head = s3.head_object(Bucket="models", Key=f"big/{name}", ChecksumMode="ENABLED")
     assert head["ETag"].rstrip('"').split("-")[-1].isdigit() and "-" in head["ETag"]  # multipart
     assert promote(big_gated_run, "s3://models/big", s3_client=s3)["already_promoted"] is True
