@@ -19,7 +19,7 @@ from resilient_training.components.provision_storage import provision_storage
 from resilient_training.components.run_strategies import run_strategies
 from resilient_training.components.teardown_storage import teardown_storage
 
-from .defaults import BENCH_CHECKPOINT_EVERY, BENCH_FAULTS, BENCH_STEPS
+from .defaults import BENCH_CHECKPOINT_EVERY, BENCH_FAULTS, BENCH_STEPS, TASK, TASK_ARGS
 from .resilient_training import MOUNT_PATH, mount_run_storage
 
 
@@ -34,6 +34,8 @@ def recovery_benchmark(
     checkpoint_every: int = BENCH_CHECKPOINT_EVERY,
     faults: str = BENCH_FAULTS,
     train_overrides: dict = {},  # noqa: B006
+    task: str = TASK,
+    task_args: dict = TASK_ARGS,  # noqa: B006
     storage: str = "local",
     launcher: str = "local",
     procs_per_node: int = 2,
@@ -57,6 +59,8 @@ def recovery_benchmark(
         checkpoint_every: Steps between persistent checkpoints, for every strategy.
         faults: Fault schedule injected into every strategy (TYPE@STEP:RANK,...).
         train_overrides: Trainer settings shared by all strategies (model size, local tier, ...).
+        task: The training task, MODULE:ATTR or path/to/file.py:ATTR (default: the built-in GPT).
+        task_args: Settings passed to the task ({"KEY": "VALUE"}).
         storage: local, pvc or fsx (see the resilient-training pipeline).
         launcher: local or pytorchjob.
         procs_per_node: Worker processes per node (local: CPU workers).
@@ -87,7 +91,7 @@ def recovery_benchmark(
         trained = run_strategies(
             storage_ref=provisioned.outputs["storage_ref"], run_id=run_id, strategies=strategies,
             launcher=launcher, steps=steps, checkpoint_every=checkpoint_every, faults=faults,
-            train_overrides=train_overrides, procs_per_node=procs_per_node, nodes=nodes,
+            train_overrides=train_overrides, task=task, task_args=task_args, procs_per_node=procs_per_node, nodes=nodes,
             gpus_per_node=gpus_per_node, image=trainer_image,
         ).set_display_name("train each strategy")
         mount_run_storage(trained, claim)

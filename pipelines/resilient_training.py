@@ -21,7 +21,7 @@ from resilient_training.components.resilience_report import resilience_report
 from resilient_training.components.teardown_storage import teardown_storage
 from resilient_training.components.validate_checkpoint import validate_checkpoint
 
-from .defaults import RUN_CHECKPOINT_EVERY, RUN_FAULTS, RUN_STEPS
+from .defaults import RUN_CHECKPOINT_EVERY, RUN_FAULTS, RUN_STEPS, TASK, TASK_ARGS
 
 # Where every step mounts the run's claim on a cluster (kfp-kubernetes needs it at compile time).
 MOUNT_PATH = "/mnt/run"
@@ -47,6 +47,8 @@ def resilient_training(
     inprocess: bool = True,
     ft_launcher: bool = True,
     train_overrides: dict = {},  # noqa: B006 - KFP reads the default as the parameter's default
+    task: str = TASK,
+    task_args: dict = TASK_ARGS,  # noqa: B006
     nodes: int = 1,
     gpus_per_node: int = 8,
     procs_per_node: int = 2,
@@ -81,6 +83,9 @@ def resilient_training(
         ft_launcher: Run workers under NVRx ft_launcher (false: plain torchrun).
         train_overrides: Further trainer settings by name (e.g. {"model": {"d_model": 1024},
             "local_checkpoint_every": 25, "lr": 0.0003}).
+        task: The training task, MODULE:ATTR or path/to/file.py:ATTR (importable where the workers
+            run: the trainer image on a cluster); default the built-in GPT on synthetic tokens.
+        task_args: Settings passed to the task ({"KEY": "VALUE"}, as ``--task-arg KEY=VALUE``).
         nodes: Nodes (PyTorchJob worker pods) for launcher=pytorchjob.
         gpus_per_node: GPUs per node for launcher=pytorchjob.
         procs_per_node: Worker processes per node; for launcher=local, the CPU workers (default 2).
@@ -116,7 +121,8 @@ def resilient_training(
         trained = launch_training(
             storage_ref=provisioned.outputs["storage_ref"], run_id=run_id, launcher=launcher, steps=steps,
             checkpoint_every=checkpoint_every, faults=faults, async_checkpoint=async_checkpoint,
-            inprocess=inprocess, ft_launcher=ft_launcher, train_overrides=train_overrides, nodes=nodes,
+            inprocess=inprocess, ft_launcher=ft_launcher, train_overrides=train_overrides, task=task,
+            task_args=task_args, nodes=nodes,
             gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=trainer_image,
         ).set_display_name("train (NVRx)")
         run_dir = trained.outputs["run_dir"]

@@ -2,7 +2,7 @@
 
 Layers, lowest first (a layer may import itself and the layers listed for it, nothing else):
 
-    run < runtime < tasks < launch < storage < gates/bench < components < pipelines < kfp < cli
+    run < runtime < tasks, launch < storage < gates/bench < components < pipelines < kfp < cli
 
 Every import counts, also those inside functions (the lazy ones that keep ``--help`` fast).
 """
@@ -20,7 +20,7 @@ PKG = "resilient_training"
 ALLOWED: dict[str, set[str]] = {
     "run": set(),
     "runtime": {"run"},
-    # Built-in tasks (user code in all but location): what a run is and what runs in a worker.
+    # Built-in tasks; loaded by name (importlib) like any user's task, never imported statically.
     "tasks": {"run", "runtime"},
     "launch": {"run", "runtime"},
     # Storage names and deletes the run's objects: it uses the Kubernetes names, client and job deletion.
@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "components": {"run", "runtime", "launch", "storage", "gates", "bench"},
     "pipelines": {"run", "components", "bench"},
     "kfp": {"run", "pipelines"},
-    "cli": {"run", "runtime", "tasks", "launch", "storage", "gates", "bench", "components", "pipelines", "kfp"},
+    "cli": {"run", "runtime", "launch", "storage", "gates", "bench", "components", "pipelines", "kfp"},
 }
 
 

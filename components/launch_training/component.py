@@ -19,6 +19,8 @@ def launch_training(
     inprocess: bool = True,
     ft_launcher: bool = True,
     train_overrides: Optional[dict] = None,  # noqa: UP045 - KFP reads the annotation
+    task: str = "",
+    task_args: Optional[dict] = None,  # noqa: UP045
     nodes: int = 1,
     min_nodes: int = 0,
     gpus_per_node: int = 8,
@@ -48,6 +50,10 @@ def launch_training(
         inprocess: NVRx in-process restart.
         ft_launcher: NVRx ft_launcher (heartbeats, restarts); off = plain torchrun.
         train_overrides: Any other trainer settings by TrainConfig field name (``model`` as a dict).
+        task: The training task, ``MODULE:ATTR`` or ``path/to/file.py:ATTR`` (importable where the
+            workers run: this machine for local, the trainer image for pytorchjob); empty: the
+            built-in GPT task.
+        task_args: Settings passed to the task, ``{"KEY": "VALUE"}`` (``--task-arg KEY=VALUE``).
         nodes: pytorchjob: worker pods, one per node (the maximum when ``min_nodes`` is set).
         min_nodes: pytorchjob: elastic lower bound; training goes on with this many nodes when
             others are lost. 0 = exactly ``nodes``.
@@ -78,6 +84,10 @@ def launch_training(
     train = dict(train_overrides or {})
     train.update(steps=steps, checkpoint_every=checkpoint_every, faults=faults, async_checkpoint=async_checkpoint,
                  inprocess=inprocess, ft_launcher=ft_launcher)
+    if task:
+        train["task"] = task
+    if task_args:
+        train["task_args"] = task_args
     job_name = launch(
         storage_ref=storage_ref, run_id=run_id, launcher=launcher, train=train, nodes=nodes, min_nodes=min_nodes,
         gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=image, efa_per_node=efa_per_node,

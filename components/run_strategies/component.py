@@ -21,6 +21,8 @@ def run_strategies(
     nodes: int = 1,
     gpus_per_node: int = 8,
     image: str = "",
+    task: str = "",
+    task_args: dict = {},  # noqa: B006
 ) -> list[str]:
     """Train each recovery strategy in turn with the same model, data and fault schedule.
 
@@ -41,6 +43,8 @@ def run_strategies(
         nodes: Nodes for launcher=pytorchjob.
         gpus_per_node: GPUs per node for launcher=pytorchjob.
         image: Trainer image for launcher=pytorchjob.
+        task: The training task, MODULE:ATTR or path/to/file.py:ATTR (empty: the built-in GPT task).
+        task_args: Settings passed to the task ({"KEY": "VALUE"}, as ``--task-arg KEY=VALUE``).
 
     Returns:
         The strategies' run directories, in order (their event logs are what the comparison reads).
@@ -49,5 +53,9 @@ def run_strategies(
     from resilient_training.bench.strategy import run_strategies as run
 
     shared = {**train_overrides, "steps": steps, "checkpoint_every": checkpoint_every, "faults": faults}
+    if task:
+        shared["task"] = task
+    if task_args:
+        shared["task_args"] = task_args
     return run(storage_ref=storage_ref, run_id=run_id, strategies=strategies, launcher=launcher, train=shared,
                procs_per_node=procs_per_node, nodes=nodes, gpus_per_node=gpus_per_node, image=image)

@@ -25,17 +25,36 @@ class UsageError(ValueError):
 
 
 def _check_training_input(steps: int, checkpoint_every: int, faults: str, nproc: int,
-                          overrides: dict[str, Any]) -> None:
+                          overrides: dict[str, Any], task: str = "", task_args: list[str] | None = None) -> None:
     """The trainer's own checks (config fields, fault schedule against the world size)."""
     from resilient_training.launch import local as launcher
     from resilient_training.run import config as cfg
 
     try:
         config = cfg.from_dict({**overrides, "run_dir": "/nonexistent-preflight", "steps": steps,
-                                "checkpoint_every": checkpoint_every, "faults": faults})
+                                "checkpoint_every": checkpoint_every, "faults": faults,
+                                **_task_settings(task, task_args)})
         launcher.preflight(config, world_size=nproc)
     except (ValueError, launcher.LaunchError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _task_settings(task: str, task_args: list[str] | None) -> dict[str, Any]:
+    """``--task``/``--task-arg`` as trainer settings (only those given: the rest keep their defaults)."""
+    from resilient_training.run import config as cfg
+
+    settings: dict[str, Any] = {}
+    if task:
+        module, sep, attr = task.rpartition(":")
+        if sep and (module.endswith(".py") or "/" in module):  # the pipeline's steps may run elsewhere
+            task = f"{Path(module).expanduser().resolve()}:{attr}"
+        settings["task"] = task
+    if task_args:
+        try:
+            settings["task_args"] = cfg.task_args_from(list(task_args))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return settings
 
 
 def _init_local(output: Path) -> Path:
@@ -72,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
     overrides = json.loads(args.train_overrides) if args.train_overrides else {}
     if not isinstance(overrides, dict):
         raise UsageError("--train-overrides must be a JSON object")
-    _check_training_input(args.steps, args.checkpoint_every, args.faults, args.nproc, overrides)
+    _check_training_input(args.steps, args.checkpoint_every, args.faults, args.nproc, overrides, args.task,
+                          args.task_arg)
+    task = _task_settings(args.task, args.task_arg)
     kfp_root = _init_local(output)
     from resilient_training.pipelines import PIPELINES
 
@@ -86,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         PIPELINES["resilient-training"](
             storage="local", launcher="local", steps=args.steps, checkpoint_every=args.checkpoint_every,
             faults=args.faults, procs_per_node=args.nproc, local_root=str(output),
-            promote_to=str(promote_to), train_overrides=overrides, min_improvement=args.min_improvement,
+            promote_to=str(promote_to), train_overrides=overrides, min_improvement=args.min_improvement, **task,
         )
     except Exception as exc:  # kfp.local raises when a task fails; teardown has run by then
         failure = _failure_reason(exc)
@@ -152,7 +173,7 @@ def bench(args: argparse.Namespace) -> int:
                 parse_strategy(strategy)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-    _check_training_input(args.steps, args.checkpoint_every, args.faults, args.nproc, {})
+    _check_training_input(args.steps, args.checkpoint_every, args.faults, args.nproc, {}, args.task, args.task_arg)
     kfp_root = _init_local(output)
     from resilient_training.pipelines import PIPELINES
 
@@ -162,6 +183,7 @@ def bench(args: argparse.Namespace) -> int:
                               "procs_per_node": args.nproc, "local_root": str(output)}
     if strategies is not None:
         kwargs["strategies"] = strategies
+    kwargs.update(_task_settings(args.task, args.task_arg))
     try:
         PIPELINES["recovery-benchmark"](**kwargs)
     except Exception as exc:
@@ -210,6 +232,10 @@ def _add_common(parser: argparse.ArgumentParser, *, steps: int, every: int, faul
     parser.add_argument("--faults", default=faults, help=f"fault schedule TYPE@STEP:RANK,... (default {faults!r})")
     parser.add_argument("--nproc", type=int, default=2, help="CPU worker processes (default 2)")
     parser.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"where everything goes ({DEFAULT_OUTPUT}/)")
+    parser.add_argument("--task", default="", help="training task MODULE:ATTR or path/to/file.py:ATTR "
+                        "(default: the built-in GPT task)")
+    parser.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting passed to the task (repeatable)")
 
 
 def _guard(func: Any) -> Any:

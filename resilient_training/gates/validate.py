@@ -25,9 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
+import math
 import mmap
 import os
+import pickle
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,9 +40,8 @@ from resilient_training.run import checkpoint_format as cf
 from resilient_training.run import layout
 
 READ_BLOCK = 16 << 20
-SUPPORTED_FORMATS = (1,)
-MANIFEST_KEYS = ("format_version", "step", "world_size", "files", "tensors")
-SHARD_META_KEYS = ("format_version", "step", "rank", "world_size", "layout")
+SUPPORTED_FORMATS = (cf.FORMAT_VERSION,)
+MANIFEST_KEYS = ("format_version", "step", "world_size", "files", "tensors", "objects")
 
 
 class UsageError(ValueError):
@@ -273,6 +276,66 @@ def validate_checkpoint_dir(
     return result
 
 
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` and nothing else: its dataclasses, ``torch.Size`` and dtypes.
+
+    DCP writes ``.metadata`` with plain pickle; a tampered file could name any callable, so
+    validation resolves only the classes DCP's metadata consists of.
+    """
+
+    ALLOWED_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                       "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if module in self.ALLOWED_MODULES:
+            found = super().find_class(module, name)
+            if isinstance(found, type):  # its dataclasses and enums, never a function
+                return found
+        if module == "torch" and name == "Size":
+            return torch.Size
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.layout | torch.memory_format):
+            return getattr(torch, name)
+        if (module, name) in (("collections", "OrderedDict"), ("torch.serialization", "_get_layout"),
+                              ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP metadata")
+
+
+def read_dcp_metadata(path: Path) -> Any:
+    """DCP's ``.metadata`` through :class:`_MetadataUnpickler` (never arbitrary objects)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    with open(path, "rb") as handle:
+        metadata = _MetadataUnpickler(handle).load()
+    if not isinstance(metadata, Metadata):
+        raise cf.CheckpointError(f"holds a {type(metadata).__name__}, not DCP Metadata")
+    return metadata
+
+
+def recorded_world_size(run_dir: Path, step: int) -> tuple[int | None, str]:
+    """The world size the run's event log records for the commit of ``step`` (and where it says so).
+
+    Rank 0's ``ckpt_committed`` of the persistent tier carries it; failing that (an older log),
+    the last ``start`` of rank 0 before that commit.
+    """
+    from resilient_training.run import events as ev
+
+    events = ev.read_events(run_dir)
+    commits = [e for e in events if e.event == "ckpt_committed" and e.step == step and e.rank == 0
+               and e.get("tier", "persistent") == "persistent"]
+    if not commits:
+        return None, f"the run's event log records no commit of step {step}"
+    commit = commits[-1]
+    if isinstance(commit.get("world_size"), int):
+        return commit["world_size"], "its ckpt_committed event"
+    starts = [e for e in events if e.event == "start" and e.rank == 0 and e.ts <= commit.ts]
+    if starts and isinstance(starts[-1].get("world_size"), int):
+        return starts[-1]["world_size"], "the start event of the workers that committed it"
+    return None, f"the run's event log records no world size for the commit of step {step}"
+
+
 class _Checker:
     def __init__(self, ckpt_dir: Path, base: Path, result: CheckpointResult, *, load: bool, threads: int | None):
         self.dir = ckpt_dir
@@ -281,9 +344,10 @@ class _Checker:
         self.load = load
         self.threads = threads
         self.manifest: dict[str, Any] = {}
-        self.shards: dict[int, dict[str, Any]] = {}
-        self.inconsistent: set[str] = set()  # manifest keys already reported as from another step
         self.expected_ranks: list[int] = []
+        self.expected_files: dict[str, int] = {}  # file name -> rank
+        self.whole: set[str] = set()  # files whose bytes match the manifest
+        self.metadata: Any = None
 
     def where(self, name: str) -> str:
         return _rel(self.dir / name, self.base)
@@ -294,13 +358,21 @@ class _Checker:
     def run(self) -> None:
         if not self.check_manifest():
             return
-        whole = self.check_files()
-        self.check_bytes(whole)
-        self.check_shards(whole)
-        complete = len(self.shards) == self.manifest["world_size"]
-        self.check_cross_shard()
-        if self.load and complete and not self.result.findings:
+        self.check_files()
+        self.check_bytes()
+        self.check_world_size()
+        if not self.check_metadata():
+            return
+        covered = self.check_coverage()
+        self.check_chunks()
+        self.check_objects_and_data()
+        if not self.load:
+            return
+        if covered and not self.result.findings:
             self.check_load()
+        else:
+            self.find("load_not_attempted", cf.MANIFEST_NAME,
+                      "not loaded into a fresh model: the checkpoint failed the checks above")
 
     # 1. layout ---------------------------------------------------------------------------
     def check_manifest(self) -> bool:
@@ -310,14 +382,16 @@ class _Checker:
             self.find("manifest_missing", name, "no manifest: the checkpoint was never committed")
             return False
         try:
-            import json
-
             manifest = json.loads(path.read_bytes())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             self.find("manifest_invalid", name, f"not valid JSON: {exc}")
             return False
         if not isinstance(manifest, dict):
             self.find("manifest_invalid", name, f"holds a {type(manifest).__name__}, not an object")
+            return False
+        if manifest.get("format_version") == 1:
+            self.find("format_unsupported", name, "format_version 1 (rank_N.pt shards, before PyTorch DCP) is no "
+                      f"longer read; this version validates format {cf.FORMAT_VERSION} only: train a new run")
             return False
         missing = [k for k in MANIFEST_KEYS if k not in manifest]
         if missing:
@@ -327,16 +401,24 @@ class _Checker:
             self.find("format_unsupported", name, f"format_version {manifest['format_version']!r} is not one of "
                       f"{SUPPORTED_FORMATS}")
             return False
-        if not isinstance(manifest["world_size"], int) or manifest["world_size"] < 1:
+        if not isinstance(manifest["world_size"], int) or isinstance(manifest["world_size"], bool) \
+                or manifest["world_size"] < 1:
             self.find("manifest_incomplete", name, f"world_size {manifest['world_size']!r} is not a positive integer")
+            return False
+        if not all(isinstance(manifest[k], dict) for k in ("files", "tensors", "objects")):
+            self.find("manifest_invalid", name, "files, tensors and objects must be objects")
+            return False
+        ranks = manifest.get("ranks")
+        if ranks is not None and (not isinstance(ranks, list) or not ranks
+                                  or not all(isinstance(r, int) and 0 <= r < manifest["world_size"] for r in ranks)):
+            self.find("manifest_invalid", name, f"ranks {ranks!r} are not ranks of world size {manifest['world_size']}")
             return False
         # The trainer steps the optimizer and the data loader once per step: a checkpoint of
         # step N holds optimizer step N and data position N, or its parts are from different steps.
         for key, code in (("optimizer_step", "optimizer_step_mismatch"), ("data_position", "data_position_mismatch")):
-            if key in manifest and manifest[key] != manifest["step"]:
-                self.inconsistent.add(key)
-                self.find(code, name, f"{key} {manifest[key]!r} but step {manifest['step']}: model, optimizer and "
-                          "data state are from different steps")
+            if manifest.get(key) != manifest["step"]:
+                self.find(code, name, f"{key} {manifest.get(key)!r} but step {manifest['step']}: model, optimizer "
+                          "and data state are from different steps")
         dir_step = cf.parse_step_dirname(self.dir.name)
         if dir_step is not None and dir_step != manifest["step"]:
             self.find("step_mismatch", name, f"manifest step {manifest['step']} but the directory is {self.dir.name}")
@@ -344,301 +426,380 @@ class _Checker:
 
         self.manifest = manifest
         # A node-local tier checkpoint holds only this node's ranks (manifest "ranks").
-        self.expected_ranks = list(manifest.get("ranks") or range(manifest["world_size"]))
+        self.expected_ranks = list(ranks or range(manifest["world_size"]))
+        self.expected_files = {cf.METADATA_NAME: self.expected_ranks[0]}
+        for rank in self.expected_ranks:
+            self.expected_files[cf.shard_name(rank)] = rank
+            self.expected_files[cf.data_name(rank)] = rank
         self.result.step = manifest["step"]
         self.result.world_size = manifest["world_size"]
         self.result.manifest_checksum = manifest_digest(self.dir)
         self.result.checks.append("manifest parses and is complete")
         return True
 
-    def check_files(self) -> list[int]:
-        """Ranks whose shard is listed and present; findings for missing, misfiled and unknown files."""
+    def check_files(self) -> None:
+        """Every rank's files listed and present, nothing else; findings name what is missing or extra."""
         files = self.manifest["files"]
-        present: list[int] = []
-        for rank in self.expected_ranks:
-            name = cf.shard_name(rank)
+        ok = True
+        for name, rank in self.expected_files.items():
             entry = files.get(name)
-            if entry is None:
-                self.find("manifest_incomplete", cf.MANIFEST_NAME, f"does not list rank {rank}'s shard {name}")
+            if not isinstance(entry, dict):
+                self.find("manifest_incomplete", cf.MANIFEST_NAME, f"does not list {name} (rank {rank}'s)")
+                ok = False
                 continue
             if entry.get("rank") != rank:
                 self.find("rank_mismatch", cf.MANIFEST_NAME, f"lists {name} as rank {entry.get('rank')!r}")
+                ok = False
             if not (self.dir / name).is_file():
-                self.find("shard_missing", name, f"rank {rank}'s shard is missing")
-                continue
-            present.append(rank)
-        expected = {cf.shard_name(r) for r in self.expected_ranks}
-        for name in sorted(set(files) - expected):
+                self.find("shard_missing", name, f"rank {rank}'s file is missing")
+                ok = False
+        for name in sorted(set(files) - set(self.expected_files)):
             self.find("manifest_incomplete", cf.MANIFEST_NAME,
-                      f"lists {name}, which is not a shard of world size {self.manifest['world_size']}")
+                      f"lists {name}, which is no file of the ranks {self.expected_ranks} of world size "
+                      f"{self.manifest['world_size']}")
+            ok = False
         for child in sorted(self.dir.iterdir()):
-            if child.name not in expected and child.name != cf.MANIFEST_NAME:
+            if child.name not in self.expected_files and child.name != cf.MANIFEST_NAME:
                 self.find("unexpected_file", child.name, "unknown file inside a committed checkpoint")
-        if len(present) == len(self.expected_ranks):
-            self.result.checks.append(f"all {len(present)} shards and the manifest present, nothing else")
-        return present
+                ok = False
+        if ok:
+            self.result.checks.append(f"the files of all {len(self.expected_ranks)} ranks, DCP's .metadata and the "
+                                      "manifest present, nothing else")
 
     # 2. bytes ----------------------------------------------------------------------------
-    def check_bytes(self, ranks: list[int]) -> None:
-        paths = [self.dir / cf.shard_name(r) for r in ranks]
+    def check_bytes(self) -> None:
+        names = [n for n in self.expected_files if isinstance(self.manifest["files"].get(n), dict)
+                 and (self.dir / n).is_file()]
+        paths = [self.dir / n for n in names]
         start = time.perf_counter()
-        hashed = hash_files(paths, self.threads)
+        hashed = hash_files(paths, self.threads) if paths else {}
         self.result.read_seconds = time.perf_counter() - start
-        whole = []
-        for rank, path in zip(ranks, paths, strict=True):
+        for name, path in zip(names, paths, strict=True):
             outcome = hashed[path]
-            entry = self.manifest["files"][path.name]
+            entry = self.manifest["files"][name]
             if isinstance(outcome, OSError):
-                self.find("shard_unreadable", path.name, f"cannot be read: {outcome}")
+                self.find("shard_unreadable", name, f"cannot be read: {outcome}")
                 continue
             size, digest, _ = outcome
             self.result.bytes += size
             if size != entry.get("bytes"):
-                self.find("size_mismatch", path.name, f"{size} bytes, manifest records {entry.get('bytes')}")
+                self.find("size_mismatch", name, f"{size} bytes, manifest records {entry.get('bytes')}")
             elif digest != entry.get("checksum"):
-                self.find("checksum_mismatch", path.name,
+                self.find("checksum_mismatch", name,
                           f"{self.manifest.get('checksum_algorithm', cf.CHECKSUM_ALGORITHM)} {digest}, "
                           f"manifest records {entry.get('checksum')}")
             else:
-                whole.append(rank)
-        ranks[:] = whole
-        if len(whole) == len(self.expected_ranks):
+                self.whole.add(name)
+        if len(self.whole) == len(self.expected_files):
             self.result.checks.append(f"sizes and checksums of {self.result.bytes} bytes match the manifest")
 
+    def check_world_size(self) -> None:
+        """The checkpoint's world size is the one the run trained at when it committed this step.
+
+        A checkpoint whose manifest was rewritten for fewer ranks (one rank's files deleted) is
+        otherwise self-consistent; the run's own event log is the independent witness.
+        """
+        if self.manifest.get("ranks") is not None:
+            return  # a node-local tier checkpoint: its tier is never validated through a run
+        from resilient_training.run import gate_records
+
+        run_dir = gate_records.run_dir_of(self.dir)
+        if run_dir is None:
+            self.find("world_size_unverified", cf.MANIFEST_NAME, "the checkpoint lies outside a run directory: "
+                      "no event log to prove it holds every rank the run trained with")
+            return
+        recorded, source = recorded_world_size(run_dir, self.manifest["step"])
+        if recorded is None:
+            self.find("world_size_unverified", cf.MANIFEST_NAME,
+                      f"{source}: cannot prove the checkpoint holds every rank the run trained with")
+        elif recorded != self.manifest["world_size"]:
+            self.find("world_size_mismatch", cf.MANIFEST_NAME,
+                      f"world size {self.manifest['world_size']}, but the run committed step {self.manifest['step']} "
+                      f"with {recorded} ranks ({source}): ranks are missing")
+        else:
+            self.result.checks.append(f"world size {recorded} is the one the run committed this step with ({source})")
+
     # 3. contents -------------------------------------------------------------------------
-    def check_shards(self, ranks: list[int]) -> None:
-        for rank in ranks:
-            name = cf.shard_name(rank)
-            try:
-                shard = self._load(self.dir / name)
-            except Exception as exc:  # any unpickling failure means the same thing here
-                self.find("shard_unreadable", name, f"does not load with weights_only=True: {exc}".strip()[:300])
-                continue
-            if self._check_meta(name, rank, shard) and self._check_tensors(name, shard):
-                self.shards[rank] = shard
-        if len(self.shards) == len(self.expected_ranks):
-            self.result.checks.append("every shard's step, rank, optimizer step and data position match the manifest")
-            self.result.checks.append("every tensor matches the manifest's name, shape, dtype, layout and checksum")
-            self.result.checks.append("every floating tensor is finite")
-
-    @staticmethod
-    def _load(path: Path) -> dict[str, Any]:
-        import torch
-
-        try:
-            shard = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:
-            # Legacy (non-zip) serialisation cannot be memory-mapped.
-            shard = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=True)
-        if not isinstance(shard, dict) or not isinstance(shard.get("meta"), dict) or \
-                not isinstance(shard.get("tensors"), dict):
-            raise cf.CheckpointError("not a {'meta': ..., 'tensors': ...} shard")
-        return shard
-
-    def _check_meta(self, name: str, rank: int, shard: dict[str, Any]) -> bool:
-        meta = shard["meta"]
-        missing = [k for k in SHARD_META_KEYS if k not in meta]
-        if missing:
-            self.find("shard_meta_invalid", name, f"shard metadata lacks {', '.join(missing)}")
+    def check_metadata(self) -> bool:
+        """DCP's ``.metadata`` loads (restricted) and agrees with the manifest, entry for entry."""
+        name = cf.METADATA_NAME
+        if name not in self.whole:
             return False
+        try:
+            self.metadata = read_dcp_metadata(self.dir / name)
+        except Exception as exc:  # any unpickling failure means the same thing here
+            self.find("metadata_invalid", name, f"is not DCP metadata: {exc}"[:300])
+            return False
+        from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+        md = self.metadata.state_dict_metadata
+        storage = self.metadata.storage_data or {}
+        tensors, objects = self.manifest["tensors"], self.manifest["objects"]
         ok = True
-        if meta["rank"] != rank:
-            self.find("rank_mismatch", name, f"shard records rank {meta['rank']} but is rank {rank}'s file")
+        md_tensors = {k for k, v in md.items() if isinstance(v, TensorStorageMetadata)}
+        md_objects = {k for k, v in md.items() if isinstance(v, BytesStorageMetadata)}
+        for fqn in sorted(md_tensors ^ set(tensors)):
+            where = "the manifest" if fqn in tensors else ".metadata"
+            self.find("metadata_mismatch", name, f"tensor only in {where}", fqn)
             ok = False
-        if meta["world_size"] != self.manifest["world_size"]:
-            self.find("world_size_mismatch", name,
-                      f"shard records world size {meta['world_size']}, manifest {self.manifest['world_size']}")
+        for fqn in sorted(md_objects ^ set(objects)):
+            where = "the manifest" if fqn in objects else ".metadata"
+            self.find("metadata_mismatch", name, f"value only in {where}", fqn)
             ok = False
-        if meta["step"] != self.manifest["step"]:
-            self.find("step_mismatch", name,
-                      f"shard records step {meta['step']}, manifest step {self.manifest['step']} "
-                      "(a shard from another checkpoint)")
-            return False  # its optimizer step and data position then differ too: one problem, one finding
-        # Model, optimizer and data-loader state of one step: every rank recorded the optimizer
-        # step and data position the manifest holds (the step itself when the manifest has none).
-        for key, code in (("optimizer_step", "optimizer_step_mismatch"), ("data_position", "data_position_mismatch")):
-            expected = self.manifest.get(key, self.manifest["step"])
-            if key not in self.inconsistent and meta.get(key) != expected:
-                self.find(code, name, f"shard records {key} {meta.get(key)!r}, expected {expected!r} "
-                          f"({'manifest' if key in self.manifest else 'the step'})")
+        places: dict[tuple[str, tuple[int, ...] | None], tuple[str, int, int]] = {}
+        for index, info in storage.items():
+            offset = tuple(index.offset) if index.offset is not None else None
+            places[(index.fqn, offset)] = (info.relative_path, info.offset, info.length)
+        for fqn in sorted(md_tensors & set(tensors)):
+            meta, entry = md[fqn], tensors[fqn]
+            if list(meta.size) != entry.get("size") or cf.dtype_name(meta.properties.dtype) != entry.get("dtype"):
+                self.find("metadata_mismatch", name, f"size {list(meta.size)} {meta.properties.dtype} but the manifest "
+                          f"records {entry.get('size')} {entry.get('dtype')}", fqn)
                 ok = False
+                continue
+            recorded = {(tuple(c["offsets"]), tuple(c["sizes"]), (c["file"], c["offset"], c["length"]))
+                        for c in entry.get("chunks", [])}
+            actual = {(tuple(c.offsets), tuple(c.sizes), places.get((fqn, tuple(c.offsets)))) for c in meta.chunks}
+            if recorded != actual or len(meta.chunks) != len(entry.get("chunks", [])):
+                self.find("metadata_mismatch", name, f"{len(meta.chunks)} chunks in .metadata differ from the "
+                          f"manifest's {len(entry.get('chunks', []))} (offsets, sizes or where they are stored)", fqn)
+                ok = False
+        for fqn in sorted(md_objects & set(objects)):
+            entry = objects[fqn]
+            if places.get((fqn, None)) != (entry.get("file"), entry.get("offset"), entry.get("length")):
+                self.find("metadata_mismatch", name, "stored elsewhere than the manifest records", fqn)
+                ok = False
+        if ok:
+            self.result.checks.append(f"DCP .metadata ({len(md_tensors)} tensors, {len(md_objects)} values) agrees "
+                                      "with the manifest")
         return ok
 
-    def _check_tensors(self, name: str, shard: dict[str, Any]) -> bool:
+    def check_coverage(self) -> bool:
+        """Every tensor's chunks tile its full extent: in bounds, no overlap, nothing missing.
+
+        This is what proves the checkpoint holds the whole model and optimizer state, whatever
+        the files and the manifest say about ranks.
+        """
+        ok = True
+        for fqn, entry in self.manifest["tensors"].items():
+            size = entry["size"]
+            total = math.prod(size)
+            boxes = [(c["offsets"], c["sizes"]) for c in entry["chunks"] if math.prod(c["sizes"])]
+            bad = [b for b in boxes if len(b[0]) != len(size) or len(b[1]) != len(size)
+                   or any(o < 0 or s < 0 or o + s > d for o, s, d in zip(b[0], b[1], size, strict=True))]
+            if bad:
+                self.find("coverage_invalid", cf.METADATA_NAME, f"chunk at {bad[0][0]} of size {bad[0][1]} lies "
+                          f"outside the tensor's {size}", fqn)
+                ok = False
+                continue
+            for i, (a_off, a_size) in enumerate(boxes):
+                for b_off, b_size in boxes[i + 1:]:
+                    if all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a_off, a_size, b_off, b_size,
+                                                                                     strict=True)):
+                        self.find("coverage_invalid", cf.METADATA_NAME, f"chunks at {a_off} and {b_off} overlap", fqn)
+                        ok = False
+                        break
+                else:
+                    continue
+                break
+            covered = sum(math.prod(s) for _, s in boxes)
+            if ok and covered != total:
+                self.find("coverage_incomplete", cf.METADATA_NAME, f"chunks cover {covered} of {total} elements "
+                          f"(size {size}): part of the tensor is in no file", fqn)
+                ok = False
+        if ok:
+            self.result.checks.append(f"every tensor's chunks cover its full extent exactly "
+                                      f"({len(self.manifest['tensors'])} tensors)")
+        return ok
+
+    def _read(self, file: str, offset: int, length: int) -> bytes | None:
+        """Bytes of one stored item, if its file is whole and the range lies inside it."""
+        entry = self.manifest["files"].get(file)
+        if file not in self.whole or file == cf.METADATA_NAME or not isinstance(entry, dict):
+            return None
+        if not (isinstance(offset, int) and isinstance(length, int) and 0 <= offset and 0 < length
+                and offset + length <= entry["bytes"]):
+            return None
+        with open(self.dir / file, "rb") as handle:
+            handle.seek(offset)
+            return handle.read(length)
+
+    def check_chunks(self) -> None:
+        """Each chunk loads (``weights_only=True``) with its recorded shape, dtype and checksum, finite."""
         import torch
 
         from resilient_training.run.checkpoint_format import tensor_checksum
 
-        recorded: dict[str, Any] = self.manifest["tensors"].get(name, {})
-        tensors: dict[str, Any] = shard["tensors"]
-        layout: dict[str, Any] = shard["meta"]["layout"]
-        non_finite: list[tuple[str, str]] = []
-        ok = True
-        for tname in sorted(set(recorded) - set(tensors)):
-            self.find("tensor_missing", name, "listed in the manifest but absent from the shard", tname)
-            ok = False
-        for tname in sorted(set(tensors) - set(recorded)):
-            self.find("tensor_unexpected", name, "in the shard but not listed in the manifest", tname)
-            ok = False
-        for tname in sorted(set(tensors) & set(recorded)):
-            tensor, entry = tensors[tname], recorded[tname]
-            if not isinstance(tensor, torch.Tensor):
-                self.find("tensor_mismatch", name, f"holds a {type(tensor).__name__}, not a tensor", tname)
-                ok = False
-                continue
-            dtype = str(tensor.dtype).removeprefix("torch.")
-            place = layout.get(tname, {})
-            problems = []
-            if list(tensor.shape) != entry.get("shape"):
-                problems.append(f"shape {list(tensor.shape)} != manifest {entry.get('shape')}")
-            if dtype != entry.get("dtype"):
-                problems.append(f"dtype {dtype} != manifest {entry.get('dtype')}")
-            for key in ("global_shape", "offset"):
-                if key in entry and place.get(key) != entry[key]:
-                    problems.append(f"{key} {place.get(key)} != manifest {entry[key]}")
-            if problems:
-                self.find("tensor_mismatch", name, "; ".join(problems), tname)
-                ok = False
-                continue
-            if "checksum" in entry and tensor_checksum(tensor) != entry["checksum"]:
-                self.find("tensor_checksum_mismatch", name,
-                          "values differ from the ones the trainer saved (per-tensor checksum)", tname)
-                ok = False
-                continue
-            if tensor.is_floating_point() or tensor.is_complex():
-                # Fast path: one vectorised sum is finite only if every value is (NaN and inf
-                # propagate); count precisely only when it is not (it may just overflow).
-                bad = 0 if not tensor.numel() or torch.isfinite(tensor.sum()) else int((~torch.isfinite(tensor)).sum())
-                if bad:
-                    nans = int(torch.isnan(tensor).sum())
-                    non_finite.append((tname, f"{bad} of {tensor.numel()} values are not finite "
-                                       f"({nans} NaN, {bad - nans} inf)"))
-                    ok = False
+        problems = 0
+        non_finite: list[tuple[str, str, str]] = []
+        count = 0
+        for fqn, entry in self.manifest["tensors"].items():
+            for chunk in entry["chunks"]:
+                count += 1
+                file = chunk.get("file", "?")
+                if file not in self.whole:
+                    if file not in self.expected_files:
+                        self.find("chunk_unreadable", cf.MANIFEST_NAME, f"stored in {file}, no file of this checkpoint",
+                                  fqn)
+                        problems += 1
+                    continue  # its file already has a finding
+                data = self._read(file, chunk.get("offset"), chunk.get("length"))
+                if data is None:
+                    self.find("chunk_unreadable", file, f"bytes {chunk.get('offset')}+{chunk.get('length')} lie outside "
+                              "the file", fqn)
+                    problems += 1
                     continue
-            if tname.endswith("/exp_avg_sq") and tensor.numel() and float(tensor.min()) < 0:
-                self.find("optimizer_state_invalid", name,
-                          f"AdamW second moment has negative values (min {float(tensor.min()):.3g})", tname)
-                ok = False
+                try:
+                    tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+                except Exception as exc:
+                    self.find("chunk_unreadable", file, f"does not load with weights_only=True: {exc}"[:300], fqn)
+                    problems += 1
+                    continue
+                if not isinstance(tensor, torch.Tensor) or list(tensor.shape) != chunk["sizes"] \
+                        or cf.dtype_name(tensor.dtype) != entry["dtype"]:
+                    what = f"{list(tensor.shape)} {tensor.dtype}" if isinstance(tensor, torch.Tensor) else \
+                        type(tensor).__name__
+                    self.find("tensor_mismatch", file, f"chunk at {chunk['offsets']} holds {what}, expected "
+                              f"{chunk['sizes']} {entry['dtype']}", fqn)
+                    problems += 1
+                    continue
+                if tensor_checksum(tensor) != chunk.get("checksum"):
+                    self.find("tensor_checksum_mismatch", file, f"chunk at {chunk['offsets']}: values differ from the "
+                              "ones the trainer saved (per-chunk checksum)", fqn)
+                    problems += 1
+                    continue
+                if (tensor.is_floating_point() or tensor.is_complex()) and tensor.numel() \
+                        and not torch.isfinite(tensor.sum()):
+                    bad = int((~torch.isfinite(tensor)).sum())
+                    if bad:
+                        nans = int(torch.isnan(tensor).sum())
+                        non_finite.append((file, fqn, f"{bad} of {tensor.numel()} values are not finite "
+                                           f"({nans} NaN, {bad - nans} inf)"))
+                        problems += 1
         if len(non_finite) == 1:
-            self.find("non_finite", name, non_finite[0][1], non_finite[0][0])
+            self.find("non_finite", non_finite[0][0], non_finite[0][2], non_finite[0][1])
         elif non_finite:
             # One problem (the state diverged), one finding: name the first tensors, count the rest.
-            listed = ", ".join(t for t, _ in non_finite[:4]) + (", ..." if len(non_finite) > 4 else "")
-            self.find("non_finite", name, f"{len(non_finite)} tensors hold non-finite values ({listed}); first: "
-                      f"{non_finite[0][1]}", non_finite[0][0])
-        return ok
+            listed = ", ".join(f for _, f, _ in non_finite[:4]) + (", ..." if len(non_finite) > 4 else "")
+            self.find("non_finite", non_finite[0][0], f"{len(non_finite)} chunks hold non-finite values ({listed}); "
+                      f"first: {non_finite[0][2]}", non_finite[0][1])
+        if not problems and all(f in self.whole for f in self.expected_files):
+            self.result.checks.append(f"all {count} chunks load with weights_only=True and match the manifest's shape, "
+                                      "dtype and checksum; every floating value is finite")
 
-    def check_cross_shard(self) -> None:
-        """Every rank holds the same tensor names; optimizer state pairs with model parameters."""
-        if not self.shards:
-            return
-        names = {rank: set(s["tensors"]) for rank, s in self.shards.items()}
-        reference = names[min(names)]
-        for rank, these in names.items():
-            if these != reference:
-                diff = sorted(these ^ reference)
-                self.find("tensor_missing", cf.shard_name(rank),
-                          f"tensor names differ from rank {min(names)}'s ({len(diff)} differ)", diff[0])
-        layout = self.shards[min(self.shards)]["meta"]["layout"]
-        model = {n.removeprefix("model/") for n in reference if n.startswith("model/")}
-        optim: dict[str, set[str]] = {}
-        for n in reference:
-            if n.startswith("optim/"):
-                fqn, _, state = n.removeprefix("optim/").rpartition("/")
-                optim.setdefault(fqn, set()).add(state)
-        file = cf.shard_name(min(self.shards))
-        for fqn in sorted(set(optim) - model):
-            self.find("optimizer_state_mismatch", file, "optimizer state for a parameter the model lacks",
-                      f"optim/{fqn}")
-        opt_step = self.manifest.get("optimizer_step")
-        for fqn in sorted(model):
-            if fqn in optim:
-                if optim[fqn] != {"exp_avg", "exp_avg_sq"}:
-                    self.find("optimizer_state_mismatch", file, f"has {sorted(optim[fqn])}, expected exp_avg and "
-                              "exp_avg_sq", f"optim/{fqn}")
-                for state in optim[fqn]:
-                    gshape = layout.get(f"optim/{fqn}/{state}", {}).get("global_shape")
-                    if gshape != layout.get(f"model/{fqn}", {}).get("global_shape"):
-                        self.find("optimizer_state_mismatch", file,
-                                  f"global shape {gshape} differs from the parameter's "
-                                  f"{layout.get(f'model/{fqn}', {}).get('global_shape')}", f"optim/{fqn}/{state}")
-            elif isinstance(opt_step, int) and opt_step > 0 and optim:
-                self.find("optimizer_state_mismatch", file,
-                          f"no optimizer state for this parameter after {opt_step} optimizer steps", f"model/{fqn}")
+    def check_objects_and_data(self) -> None:
+        """Non-tensor values (optimizer hyperparameters, scheduler) and every rank's data state load
+        with ``weights_only=True``; the optimizer's state names only parameters the model has.
+        """
+        import torch
+
+        problems = 0
+        for fqn, entry in self.manifest["objects"].items():
+            data = self._read(entry.get("file", "?"), entry.get("offset"), entry.get("length"))
+            if data is None:
+                if entry.get("file") in self.whole:
+                    self.find("chunk_unreadable", entry.get("file", "?"), "stored bytes lie outside the file", fqn)
+                problems += 1
+                continue
+            try:
+                torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            except Exception as exc:
+                self.find("object_unreadable", entry["file"], f"does not load with weights_only=True: {exc}"[:300], fqn)
+                problems += 1
+        for rank in self.expected_ranks:
+            name = cf.data_name(rank)
+            if name not in self.whole:
+                problems += 1
+                continue
+            try:
+                cf.load_data_state(self.dir, rank)
+            except Exception as exc:
+                self.find("data_state_invalid", name, f"does not load with weights_only=True: {exc}"[:300])
+                problems += 1
+        recorded = self.manifest.get("data_state")
+        if not isinstance(recorded, dict) or sorted(recorded) != sorted(str(r) for r in self.expected_ranks):
+            self.find("data_state_invalid", cf.MANIFEST_NAME, f"data_state does not list the ranks {self.expected_ranks}")
+            problems += 1
+        params = {k.removeprefix("model.") for k in self.manifest["tensors"] if k.startswith("model.")}
+        orphans = sorted(k for k in (*self.manifest["tensors"], *self.manifest["objects"])
+                         if k.startswith("optim.state.") and not any(k.startswith(f"optim.state.{p}.") for p in params))
+        if orphans:
+            self.find("optimizer_state_mismatch", cf.METADATA_NAME, f"optimizer state for a parameter the model lacks "
+                      f"({len(orphans)} entries)", orphans[0])
+            problems += 1
+        if not problems:
+            self.result.checks.append(f"optimizer values and the data state of all {len(self.expected_ranks)} ranks "
+                                      "load with weights_only=True; optimizer state pairs with model parameters")
 
     # 4. load -----------------------------------------------------------------------------
     def check_load(self) -> None:
+        """Load the model through DCP into a fresh model of the run's task, in this one process
+        (world size 1: DCP's reader reshards from the saved world size), strictly, and prove every
+        loaded value hashes the same as the chunk the trainer saved.
+        """
+        import torch
+        import torch.distributed.checkpoint as dcp
+
         from resilient_training.run.checkpoint_format import tensor_checksum
 
-        shards = [self.shards[r] for r in range(self.manifest["world_size"])]
-        try:
-            full = cf.assemble_full(shards)
-        except (cf.CheckpointError, RuntimeError) as exc:
-            self.find("layout_invalid", cf.MANIFEST_NAME, f"slices do not assemble into global tensors: {exc}")
-            return
-        for tname, tensor in full.items():
-            if not self._covers(tname, shards, tensor.shape):
-                return
         model = self._fresh_model()
         if model is None:
             return
-        state = {n.removeprefix("model/"): t for n, t in full.items() if n.startswith("model/")}
+        state = model.state_dict()
+        saved = {k.removeprefix("model."): v for k, v in self.manifest["tensors"].items() if k.startswith("model.")}
+        saved_objects = {k.removeprefix("model.") for k in self.manifest["objects"] if k.startswith("model.")}
+        missing = sorted(set(state) - set(saved) - saved_objects)
+        extra = sorted(set(saved) - set(state))
+        if missing or extra:
+            detail = (f"missing {len(missing)} of the model's tensors (first {missing[0]})" if missing else
+                      f"holds {len(extra)} tensors the model lacks (first {extra[0]})")
+            self.find("load_failed", cf.MANIFEST_NAME, f"does not load strictly into a fresh model: {detail}")
+            return
         try:
+            with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load({"model": state}, storage_reader=dcp.FileSystemReader(str(self.dir)), no_dist=True)
             model.load_state_dict(state, strict=True)
-        except RuntimeError as exc:
+        except Exception as exc:
             self.find("load_failed", cf.MANIFEST_NAME, f"does not load into a fresh model: {exc}"[:600])
             return
-        self.result.checks.append("loads strictly into a freshly built model")
-        loaded = model.state_dict()
         world = self.manifest["world_size"]
-        for fqn, tensor in loaded.items():
-            name = f"model/{fqn}"
-            for rank, (_, piece) in enumerate(cf.split_dim0(tensor, world)):
-                file = cf.shard_name(rank)
-                saved = self.manifest["tensors"][file][name].get("checksum") or \
-                    tensor_checksum(self.shards[rank]["tensors"][name])
-                if tensor_checksum(piece) != saved:
-                    self.find("load_hash_mismatch", file, "the tensor loaded into the model does not hash the same "
-                              "as the saved slice", name)
-                    return
-        self.result.checks.append(f"every loaded model tensor hashes the same as the saved one ({world} ranks)")
-        # Resharding to any world size is slicing these global tensors along dim 0 (split_dim0):
-        # the slices tiled dim 0 exactly (_covers) and the whole state loaded at world size 1.
-        self.result.checks.append(f"reshardable: {world} rank slices assemble into the global tensors a single "
-                                  "process loads")
-
-    def _covers(self, tname: str, shards: list[dict[str, Any]], shape: Any) -> bool:
-        """The rank slices tile dim 0 exactly: no gap, no overlap (what resharding relies on)."""
-        spans = sorted((s["meta"]["layout"][tname]["offset"], s["tensors"][tname].shape[0] if s["tensors"][tname].dim()
-                        else 1, r) for r, s in enumerate(shards))
-        expected = 0
-        for offset, length, rank in spans:
-            if length == 0:
+        self.result.checks.append(f"loads strictly into a freshly built model of the run's task in one process "
+                                  f"(world size 1, resharded by DCP from {world})")
+        for fqn, tensor in model.state_dict().items():
+            entry = saved.get(fqn)
+            if entry is None:
                 continue
-            if offset != expected:
-                self.find("layout_invalid", cf.shard_name(rank),
-                          f"slice starts at row {offset}, expected {expected} (gap or overlap)", tname)
-                return False
-            expected += length
-        total = shape[0] if len(shape) else 1
-        if expected != total:
-            self.find("layout_invalid", cf.MANIFEST_NAME, f"slices cover {expected} of {total} rows", tname)
-            return False
-        return True
+            for chunk in entry["chunks"]:
+                region = tensor
+                for dim, (offset, size) in enumerate(zip(chunk["offsets"], chunk["sizes"], strict=True)):
+                    region = region.narrow(dim, offset, size)
+                if tensor_checksum(region.contiguous() if isinstance(region, torch.Tensor) else region) \
+                        != chunk["checksum"]:
+                    self.find("load_hash_mismatch", chunk["file"], "the tensor loaded into the model does not hash "
+                              "the same as the saved chunk", f"model.{fqn}")
+                    return
+        self.result.checks.append(f"every loaded model tensor hashes the same as the chunks saved by {world} ranks")
 
     def _fresh_model(self) -> Any:
-        from resilient_training.run.config import ModelConfig
-        from resilient_training.runtime.model import build_model
+        import torch
 
-        cfg = self.manifest.get("model_config")
-        if not isinstance(cfg, dict):
-            self.find("manifest_incomplete", cf.MANIFEST_NAME, "lacks model_config: cannot build a model to load into")
+        from resilient_training.runtime import task as tk
+
+        spec = self.manifest.get("task")
+        args = self.manifest.get("task_args") or {}
+        if not isinstance(spec, str) or not isinstance(args, dict):
+            self.find("manifest_incomplete", cf.MANIFEST_NAME, "lacks task/task_args: cannot build a model to load into")
             return None
+        state = torch.random.get_rng_state()
+        torch.manual_seed(int(self.manifest.get("seed", 0)))
         try:
-            return build_model(ModelConfig(**cfg), int(self.manifest.get("seed", 0)))
-        except (TypeError, ValueError) as exc:
-            self.find("manifest_incomplete", cf.MANIFEST_NAME, f"model_config {cfg} builds no model: {exc}")
+            return tk.build_model(tk.load_task(spec, {str(k): str(v) for k, v in args.items()}))
+        except tk.TaskError as exc:
+            self.find("load_failed", cf.MANIFEST_NAME, f"the run's task builds no model here: {exc}"[:600])
             return None
+        finally:
+            torch.random.set_rng_state(state)
 
 
 def write_validation_record(path: str | os.PathLike[str], report: ValidationReport) -> Path | None:

@@ -68,7 +68,20 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
             check_compatible(fmt.read_manifest(latest), config)
     except fmt.CheckpointError as exc:
         raise LaunchError(str(exc)) from None
+    check_task(config, world_size=world_size)
     return schedule
+
+
+def check_task(config: cfg.TrainConfig, *, world_size: int) -> None:
+    """Import the task and run its ``build_*`` once (model on the meta device): a broken task is
+    one LaunchError naming the method, before any worker starts.
+    """
+    from resilient_training.runtime import task as tk
+
+    try:
+        tk.preflight(config, world_size=world_size)
+    except tk.TaskError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def run_local(

@@ -1,24 +1,35 @@
-"""The checkpoint contract: layout on storage, shard files, manifest, and the commit protocol.
+"""The checkpoint contract: layout on storage, the DCP files, the manifest, and the commit protocol.
 
 Layout::
 
     RUN/checkpoints/
       latest                    # one line, "step_40": replaced atomically after each commit
-      step_40/
+      step_40/                  # a PyTorch Distributed Checkpoint (DCP) directory, plus manifest.json
         manifest.json           # written last; its presence inside step_N/ marks the commit
-        rank_0.pt               # one shard per rank (torch.save, loadable with weights_only=True)
-        rank_1.pt
+        .metadata               # DCP's metadata: every tensor's global size and chunks, where each lies
+        __0_0.distcp            # rank 0's chunks (DCP's file format: torch.save per chunk)
+        __1_0.distcp
+        data_rank_0.pt          # rank 0's data-loader state (torch.save; loads with weights_only=True)
+        data_rank_1.pt
       .tmp-step_45-a1i0/        # a save in flight (or abandoned by a crash): never loaded
 
-A shard is ``{"meta": {...plain values...}, "tensors": {flat_name: Tensor}}`` where the flat
-names are ``model/<fqn>`` and ``optim/<fqn>/<state>``. Tensors are the rank's dim-0 slice of
-the global tensor (what FSDP2 ``Shard(0)`` holds); ``meta["layout"][name]`` records the
-global shape and the slice's offset, which is all that resharding to another world size needs.
+The DCP state dict is ``{"model": ..., "optim": ..., ["lr_scheduler": ...]}`` as
+``torch.distributed.checkpoint.state_dict.get_state_dict`` returns it (so any optimizer and any
+FSDP2 layout), so ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(step_dir, out)``
+gives a plain ``{"model": model.state_dict(), ...}`` without this package. Each rank writes its
+own chunks (and, rank 0 only, the replicated values) through DCP's ``FileSystemWriter`` into the
+temporary directory and reports them in a sidecar ``rank_R.json``: every chunk's offsets, sizes
+and xxh3_128 checksum, every file's bytes and checksum. No collective is needed: at the commit,
+rank 0 builds DCP's ``.metadata`` from the sidecars.
 
-Commit protocol (rank 0, after every rank reported its shard durable): write the manifest into
-the temporary directory, fsync it, rename the directory to ``step_N``, fsync ``checkpoints/``,
-then replace ``latest`` through a fsynced temporary file. A crash at any moment leaves
-``latest`` naming a directory whose manifest and shards are complete.
+``manifest.json`` (this product's, on top of DCP): format version, step, world size, every
+file's bytes and checksum, every tensor's chunks with their checksums, the per-rank data state,
+the task and versions. Validation proves the files against it and it against ``.metadata``.
+
+Commit protocol (rank 0, after every rank reported its files durable): write ``.metadata`` and
+the manifest into the temporary directory, fsync them, rename the directory to ``step_N``, fsync
+``checkpoints/``, then replace ``latest`` through a fsynced temporary file. A crash at any moment
+leaves ``latest`` naming a directory whose manifest and files are complete.
 """
 
 from __future__ import annotations
@@ -28,17 +39,17 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import xxhash
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 LATEST_NAME = "latest"
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGORITHM = "xxh3_128"
+METADATA_NAME = ".metadata"  # DCP's
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _READ_CHUNK = 8 << 20
@@ -53,7 +64,12 @@ class CheckpointError(RuntimeError):
 
 
 def shard_name(rank: int) -> str:
-    return f"rank_{rank}.pt"
+    """The DCP data file rank ``rank`` writes (``FileSystemWriter``, one file per rank)."""
+    return f"__{rank}_0.distcp"
+
+
+def data_name(rank: int) -> str:
+    return f"data_rank_{rank}.pt"
 
 
 def sidecar_name(rank: int) -> str:
@@ -113,24 +129,6 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-@dataclass(frozen=True, slots=True)
-class ShardRecord:
-    """What rank ``rank`` wrote: reported through a sidecar, gathered into the manifest."""
-
-    rank: int
-    file: str
-    bytes: int
-    checksum: str
-    tensors: dict[str, dict[str, Any]]
-    # The shard's step, optimizer step and data position: commit() checks every rank agrees
-    # and records them in the manifest, which restore and validation read.
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "file": self.file, "bytes": self.bytes, "checksum": self.checksum,
-                "tensors": self.tensors, "meta": self.meta}
-
-
 def tensor_checksum(tensor: Any) -> str:
     """xxh3_128 of a tensor's bytes (C order): the same digest whoever holds the values.
 
@@ -145,64 +143,158 @@ def tensor_checksum(tensor: Any) -> str:
     return xxhash.xxh3_128_hexdigest(memoryview(flat.view(torch.uint8).numpy()))
 
 
-def tensor_entry(tensor: Any, layout: Mapping[str, Any] | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
-                             "checksum": tensor_checksum(tensor)}
-    if layout:
-        entry.update(layout)
-    return entry
+class _StagedPlanner:
+    """DCP's writer asks the planner for each item's data: here, the staged copies."""
+
+    def __init__(self, tensors: Mapping[str, Any], blobs: Mapping[str, bytes]) -> None:
+        self.tensors, self.blobs = tensors, blobs
+
+    def resolve_data(self, item: Any) -> Any:
+        import io
+
+        from torch.distributed.checkpoint.planner import WriteItemType
+
+        if item.type == WriteItemType.BYTE_IO:
+            return io.BytesIO(self.blobs[item.index.fqn])
+        return self.tensors[item.index.fqn]
 
 
-def write_shard(
-    tmp_dir: str | os.PathLike[str],
-    rank: int,
-    shard: Mapping[str, Any],
-    *,
-    torn_write: bool = False,
-) -> ShardRecord:
-    """Write one rank's shard durably into ``tmp_dir`` and report it in a sidecar.
+def write_rank(tmp_dir: str | os.PathLike[str], rank: int, job: Mapping[str, Any], *,
+               torn_write: bool = False) -> dict[str, Any]:
+    """Write rank ``rank``'s part of a checkpoint durably into ``tmp_dir`` and report it in a sidecar.
 
-    The shard is streamed through a hasher (no second read), fsynced, then renamed from a
-    ``.partial`` name so a shard file that exists is always whole. With ``torn_write`` the
-    process kills itself with SIGKILL halfway through the bytes (fault injection: the
-    ``ckpt-kill`` and ``writer-kill`` faults), leaving only the ``.partial`` file.
+    ``job``: ``items`` (DCP ``WriteItem``s: this rank's chunks, and on rank 0 the replicated
+    values), ``tensors``/``blobs`` (their staged data by flat name), ``paths`` (flat name -> nested
+    key path, DCP's ``planner_data``), ``data_state`` (the data loader's state), ``meta`` (step,
+    optimizer step, data position). Written through DCP's ``FileSystemWriter`` (fsynced), then
+    each file is checksummed from the page cache. With ``torn_write`` the process kills itself
+    with SIGKILL halfway through (the ``ckpt-kill``/``writer-kill`` faults): only a truncated
+    ``.partial`` file is left.
     """
-    import io
     import signal
 
     import torch
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import _StoragePrefix
+    from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
     tmp_dir = Path(tmp_dir)
-    final = tmp_dir / shard_name(rank)
-    partial = final.with_suffix(".pt.partial")
-    with open(partial, "wb") as handle:
-        writer = _HashingWriter(handle)
-        if torn_write:
-            buffer = io.BytesIO()
-            torch.save(dict(shard), buffer)
-            data = buffer.getvalue()
-            handle.write(data[: len(data) // 2])
-            handle.flush()
+    writer = FileSystemWriter(str(tmp_dir), single_file_per_rank=True, sync_files=True, thread_count=1)
+    plan = SavePlan(list(job["items"]), storage_data=_StoragePrefix(f"__{rank}_"))
+    results = writer.write_data(plan, _StagedPlanner(job["tensors"], job["blobs"])).wait()
+    dcp_file = tmp_dir / shard_name(rank)
+    if torn_write:
+        with open(dcp_file, "r+b") as handle:
+            handle.truncate(max(1, dcp_file.stat().st_size // 2))
             os.fsync(handle.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
-        torch.save(dict(shard), writer)
-        writer.flush()
+        dcp_file.rename(dcp_file.with_name(dcp_file.name + ".partial"))
+        os.kill(os.getpid(), signal.SIGKILL)
+    data_file = tmp_dir / data_name(rank)
+    with open(data_file, "wb") as handle:
+        torch.save(job["data_state"], handle)
+        handle.flush()
         os.fsync(handle.fileno())
-    os.replace(partial, final)
-    layout = shard["meta"].get("layout", {})
-    record = ShardRecord(
-        rank=rank,
-        file=final.name,
-        bytes=writer.size,
-        checksum=writer.hasher.hexdigest(),
-        tensors={name: tensor_entry(t, layout.get(name)) for name, t in shard["tensors"].items()},
-        meta={k: shard["meta"][k] for k in SHARED_META if k in shard["meta"]},
-    )
+    stored = {(r.index.fqn, tuple(r.index.offset) if r.index.offset is not None else None): r.storage_data
+              for r in results}
+    items = []
+    for item in job["items"]:
+        key = (item.index.fqn, tuple(item.index.offset) if item.index.offset is not None else None)
+        info = stored[key]
+        entry: dict[str, Any] = {"fqn": item.index.fqn, "path": list(job["paths"][item.index.fqn]),
+                                 "file": info.relative_path, "offset": info.offset, "length": info.length}
+        if item.type == WriteItemType.BYTE_IO:
+            entry["kind"] = "bytes"
+        else:
+            data = job["tensors"][item.index.fqn]
+            entry.update(kind="tensor", size=list(item.tensor_data.size), dtype=dtype_name(data.dtype),
+                         offsets=list(item.tensor_data.chunk.offsets), sizes=list(item.tensor_data.chunk.sizes),
+                         checksum=tensor_checksum(data))
+        items.append(entry)
+    files = {}
+    for path in (dcp_file, data_file):
+        size, digest = checksum_file(path)
+        files[path.name] = {"rank": rank, "bytes": size, "checksum": digest}
+    record = {"rank": rank, "files": files, "items": items, "meta": dict(job["meta"]),
+              "data_state": jsonable(job["data_state"])}
     sidecar = tmp_dir / sidecar_name(rank)
     sidecar_tmp = sidecar.with_suffix(".json.partial")
-    sidecar_tmp.write_text(json.dumps(record.to_dict()))
+    sidecar_tmp.write_text(json.dumps(record))
     os.replace(sidecar_tmp, sidecar)
     return record
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype a manifest names; CheckpointError for anything that is not one."""
+    import torch
+
+    dtype = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"{name!r} is not a torch dtype")
+    return dtype
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` if it survives JSON unchanged (the data state shown in the manifest), else None."""
+    try:
+        return value if json.loads(json.dumps(value)) == value else None
+    except (TypeError, ValueError):
+        return None
+
+
+def build_metadata(records: list[Mapping[str, Any]]) -> tuple[Any, list[Any]]:
+    """DCP ``Metadata`` and ``WriteResult``s from the ranks' sidecars (ascending rank).
+
+    A chunk or value several ranks wrote (a replicated DTensor) is kept once: the lowest rank's.
+    """
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    md: dict[str, Any] = {}
+    paths: dict[str, tuple[Any, ...]] = {}
+    results: list[Any] = []
+    seen: set[tuple[str, tuple[int, ...] | None]] = set()
+    for record in records:
+        for item in record["items"]:
+            fqn = item["fqn"]
+            paths[fqn] = tuple(item["path"])
+            offsets = tuple(item["offsets"]) if item["kind"] == "tensor" else None
+            if (fqn, offsets) in seen:
+                continue
+            seen.add((fqn, offsets))
+            if item["kind"] == "bytes":
+                md[fqn] = BytesStorageMetadata()
+                index = MetadataIndex(fqn)
+            else:
+                tmd = md.setdefault(fqn, TensorStorageMetadata(
+                    properties=TensorProperties(dtype=torch_dtype(item["dtype"])), size=torch.Size(item["size"]),
+                    chunks=[]))
+                index = MetadataIndex(fqn, torch.Size(item["offsets"]), len(tmd.chunks))
+                tmd.chunks.append(ChunkStorageMetadata(offsets=torch.Size(item["offsets"]),
+                                                       sizes=torch.Size(item["sizes"])))
+            results.append(WriteResult(index=index, size_in_bytes=item["length"],
+                                       storage_data=_StorageInfo(item["file"], item["offset"], item["length"])))
+    return Metadata(state_dict_metadata=md, planner_data=paths), results
+
+
+def write_metadata(tmp_dir: str | os.PathLike[str], records: list[Mapping[str, Any]]) -> None:
+    """DCP's ``.metadata`` for the ranks' sidecars, written (and fsynced) by DCP's own writer."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    metadata, results = build_metadata(records)
+    FileSystemWriter(str(tmp_dir), sync_files=True).finish(metadata, [results])
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -223,32 +315,48 @@ def commit(
     keep_last: int = 3,
     ranks: list[int] | None = None,
 ) -> Path:
-    """Turn a temporary directory holding every rank's shard into committed ``step_N``.
+    """Turn a temporary directory holding every rank's files into committed ``step_N``.
 
-    Called by rank 0 only, once all ranks reported their shard durable. Returns the path of
-    the committed checkpoint. ``ranks`` names the shards a partial (node-local tier)
-    checkpoint holds; by default all ``world_size`` of them.
+    Called by rank 0 only (on the node-local tier: by each rank for its own files), once all
+    ranks reported their files durable. Returns the path of the committed checkpoint. ``ranks``
+    names the ranks a partial (node-local tier) checkpoint holds; by default all ``world_size``.
     """
     tmp_dir = Path(tmp_dir)
     root = tmp_dir.parent
     ranks = list(range(world_size)) if ranks is None else ranks
-    shards: dict[str, dict[str, Any]] = {}
+    records = []
     for rank in ranks:
         sidecar = tmp_dir / sidecar_name(rank)
         if not sidecar.exists():
             raise CheckpointError(f"cannot commit step {step}: rank {rank} reported no shard in {tmp_dir}")
-        record = json.loads(sidecar.read_text())
-        shards[record["file"]] = record
-    shared = _agreed_meta(shards.values(), step=step, tmp_dir=tmp_dir)
+        records.append(json.loads(sidecar.read_text()))
+    shared = _agreed_meta(records, step=step, tmp_dir=tmp_dir)
+    write_metadata(tmp_dir, records)
+    files = {name: entry for r in records for name, entry in r["files"].items()}
+    size, digest = checksum_file(tmp_dir / METADATA_NAME)
+    files[METADATA_NAME] = {"rank": ranks[0], "bytes": size, "checksum": digest}
+    tensors: dict[str, dict[str, Any]] = {}
+    objects: dict[str, dict[str, Any]] = {}
+    for record in records:
+        for item in record["items"]:
+            where = {"rank": record["rank"], "file": item["file"], "offset": item["offset"], "length": item["length"]}
+            if item["kind"] == "bytes":
+                objects.setdefault(item["fqn"], where)
+                continue
+            entry = tensors.setdefault(item["fqn"], {"size": item["size"], "dtype": item["dtype"], "chunks": []})
+            if all(c["offsets"] != item["offsets"] for c in entry["chunks"]):
+                entry["chunks"].append({"offsets": item["offsets"], "sizes": item["sizes"],
+                                        "checksum": item["checksum"], **where})
     manifest = {
         "format_version": FORMAT_VERSION,
         "step": step,
         "world_size": world_size,
         "created": time.time(),
         "checksum_algorithm": CHECKSUM_ALGORITHM,
-        "files": {name: {"rank": r["rank"], "bytes": r["bytes"], "checksum": r["checksum"]}
-                  for name, r in sorted(shards.items())},
-        "tensors": {name: r["tensors"] for name, r in sorted(shards.items())},
+        "files": dict(sorted(files.items())),
+        "tensors": dict(sorted(tensors.items())),
+        "objects": dict(sorted(objects.items())),
+        "data_state": {str(r["rank"]): {"file": data_name(r["rank"]), "state": r.get("data_state")} for r in records},
         **shared,
         **manifest_fields,
     }
@@ -372,60 +480,22 @@ def read_manifest(ckpt_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
 
 
-def load_shard(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load one shard without unpickling arbitrary objects (``weights_only=True``)."""
+def load_data_state(ckpt_dir: str | os.PathLike[str], rank: int) -> Any:
+    """Rank ``rank``'s data-loader state, loaded without unpickling arbitrary objects."""
     import torch
 
-    # mmap: tensors are read from the page cache on first use instead of copied up front.
-    shard = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    if not isinstance(shard, dict) or "meta" not in shard or "tensors" not in shard:
-        raise CheckpointError(f"{path} is not a shard of format {FORMAT_VERSION}")
-    return shard
+    path = Path(ckpt_dir) / data_name(rank)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing: the checkpoint holds no data state for rank {rank}") from None
 
 
-def iter_shards(ckpt_dir: str | os.PathLike[str], manifest: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    for rank in range(manifest["world_size"]):
-        yield load_shard(Path(ckpt_dir) / shard_name(rank))
-
-
-def chunk_bounds(dim0: int, world_size: int, rank: int) -> tuple[int, int]:
-    """(offset, length) of ``rank``'s slice along dim 0: ``torch.chunk`` semantics, as FSDP2
-    ``Shard(0)`` splits (ranks past the last chunk get an empty slice).
-    """
-    chunk = -(-dim0 // world_size) if dim0 else 0
-    offset = min(rank * chunk, dim0)
-    return offset, max(0, min(chunk, dim0 - offset))
-
-
-def split_dim0(tensor: Any, world_size: int) -> list[tuple[int, Any]]:
-    """(offset, slice) of each rank (see :func:`chunk_bounds`). The inverse of
-    :func:`assemble_full`; resharding to another world size is ``assemble_full`` then this.
-    """
-    out = []
-    for rank in range(world_size):
-        offset, length = chunk_bounds(tensor.shape[0], world_size, rank)
-        out.append((offset, tensor[offset : offset + length]))
-    return out
-
-
-def assemble_full(shards: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """Global tensors from every rank's dim-0 slices (the inverse of ``Shard(0)``)."""
-    import torch
-
-    pieces: dict[str, list[tuple[int, Any]]] = {}
-    global_shapes: dict[str, list[int]] = {}
-    for shard in shards:
-        layout = shard["meta"]["layout"]
-        for name, tensor in shard["tensors"].items():
-            pieces.setdefault(name, []).append((layout[name]["offset"], tensor))
-            global_shapes[name] = layout[name]["global_shape"]
-    full: dict[str, Any] = {}
-    for name, parts in pieces.items():
-        parts.sort(key=lambda p: p[0])
-        tensor = torch.cat([t for _, t in parts], dim=0) if len(parts) > 1 else parts[0][1]
-        if list(tensor.shape) != global_shapes[name]:
-            raise CheckpointError(
-                f"tensor {name}: slices assemble to {list(tensor.shape)}, expected {global_shapes[name]}"
-            )
-        full[name] = tensor
-    return full
+def require_format(manifest: Mapping[str, Any], where: str | os.PathLike[str]) -> None:
+    """Refuse a checkpoint of another format version with one clear sentence."""
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{where} is in checkpoint format {version!r}; this version reads format {FORMAT_VERSION} "
+            "(PyTorch DCP directories) only. Start a new run directory."
+        )

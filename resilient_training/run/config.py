@@ -116,6 +116,49 @@ class DataConfig:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
 
 
+# The built-in task (a synthetic GPT); ``--task MODULE:ATTR`` or ``--task FILE.py:ATTR`` names another.
+DEFAULT_TASK = "resilient_training.tasks.gpt:task"
+
+
+def parse_task_arg(item: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (one ``--task-arg``) as a pair; the value may contain ``=``."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip() or key != key.strip():
+        raise ValueError(f"task argument {item!r} is not KEY=VALUE")
+    return key, value
+
+
+def _task_arg_value(key: str, value: Any) -> str:
+    """Task arguments are strings (the task parses them); data values are coerced like KFP sends them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int | float | str):
+        return str(value)
+    raise ValueError(f"task argument {key} must be a string or number, got {value!r}")
+
+
+def task_args_from(data: Any) -> dict[str, str]:
+    """``task_args`` from data: a mapping, or a list of ``KEY=VALUE`` strings (the flags' form)."""
+    if isinstance(data, dict):
+        pairs = list(data.items())
+    elif isinstance(data, list | tuple):
+        pairs = []
+        for item in data:
+            if not isinstance(item, str):
+                raise ValueError(f"task argument {item!r} is not a KEY=VALUE string")
+            pairs.append(parse_task_arg(item))
+    else:
+        raise ValueError(f"setting task_args must be a mapping or a list of KEY=VALUE, got {data!r}")
+    out: dict[str, str] = {}
+    for key, value in pairs:
+        if not isinstance(key, str) or not key.strip():
+            raise ValueError(f"task argument name {key!r} must be a non-empty string")
+        out[key] = _task_arg_value(key, value)
+    return out
+
+
 GROUPS: dict[str, type] = {"checkpoint": CheckpointConfig, "restart": RestartConfig, "timeouts": TimeoutConfig,
                            "data": DataConfig}
 
@@ -131,6 +174,9 @@ class TrainConfig:
     lr: float = _f(3e-3, "AdamW learning rate")
     step_seconds: float = _f(0.0, "minimum seconds per step (pads tiny CPU steps)")
     memory_limit_mb: int = _f(0, "oom fault: RLIMIT_AS cap in MiB (0 = auto)")
+    task: str = _f(DEFAULT_TASK, "the training task: MODULE:ATTR or path/to/file.py:ATTR")
+    task_args: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "a setting passed to the task, KEY=VALUE (repeatable)", "flag": "task_arg"})
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     restart: RestartConfig = field(default_factory=RestartConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
@@ -144,6 +190,9 @@ class TrainConfig:
             raise ValueError(f"steps must be positive, got {self.steps}")
         if not (math.isfinite(self.lr) and self.lr >= 0):
             raise ValueError(f"lr must be a finite number >= 0, got {self.lr}")
+        if ":" not in self.task or not all(part.strip() for part in self.task.rsplit(":", 1)):
+            raise ValueError(f"task {self.task!r} must be MODULE:ATTR or path/to/file.py:ATTR")
+        self.task_args = task_args_from(self.task_args)
         if not (math.isfinite(self.step_seconds) and self.step_seconds >= 0):
             raise ValueError(f"step_seconds must be >= 0, got {self.step_seconds}")
         if self.restart.inprocess and self.restart.ft_launcher and self.timeouts.heartbeat <= self.timeouts.soft:
@@ -156,7 +205,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-TOP_LEVEL = tuple(f.name for f in fields(TrainConfig) if f.name not in (*GROUPS, "model"))
+TOP_LEVEL = tuple(f.name for f in fields(TrainConfig) if f.name not in (*GROUPS, "model", "task_args"))
 # Flat setting name (the flag without dashes) -> (group, field): the names users write.
 FLAT: dict[str, tuple[str, str]] = {
     f.metadata["flag"]: (group, f.name) for group, cls in GROUPS.items() for f in fields(cls)
@@ -185,6 +234,9 @@ def _leaves() -> list[tuple[str, str, dataclasses.Field[Any], Any]]:
     return out
 
 
+TASK_ARGS_FIELD = TrainConfig.__dataclass_fields__["task_args"]
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, required_run_dir: bool = True) -> None:
     """Add one flag per config field (``--no-X`` for booleans that default on)."""
     for dest, _group, f, default in _leaves():
@@ -198,6 +250,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, required_run_dir: bool = T
         else:
             parser.add_argument(_flag(dest), dest=dest, type={"int": int, "float": float, "str": str}[kind],
                                 default=default, help=f"{help_text} (default: {default!r})")
+    parser.add_argument("--task-arg", dest="task_arg", action="append", default=[], metavar="KEY=VALUE",
+                        help=TASK_ARGS_FIELD.metadata["help"])
 
 
 def from_namespace(args: argparse.Namespace) -> TrainConfig:
@@ -207,6 +261,7 @@ def from_namespace(args: argparse.Namespace) -> TrainConfig:
             nested.setdefault(group, {})[f.name] = getattr(args, dest)
         else:
             nested[dest] = getattr(args, dest)
+    nested["task_args"] = list(getattr(args, "task_arg", None) or [])
     return from_dict(nested)
 
 
@@ -219,6 +274,8 @@ def to_argv(config: TrainConfig) -> list[str]:
             argv.append(_flag(dest) if value else "--no-" + dest.replace("_", "-"))
         else:
             argv += [_flag(dest), str(value)]
+    for key, value in config.task_args.items():
+        argv += ["--task-arg", f"{key}={value}"]
     return argv
 
 
@@ -277,6 +334,8 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     for key, value in data.items():
         if key in GROUPS or key == "model":
             nested[key].update(_section(value, GROUPS.get(key, ModelConfig), key))
+        elif key in ("task_args", "task_arg"):
+            top["task_args"] = task_args_from(value)
         elif key in FLAT:
             group, name = FLAT[key]
             nested[group][name] = _coerce(GROUPS[group].__dataclass_fields__[name], value, key)
@@ -285,7 +344,7 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
         else:
             unknown.append(key)
     if unknown:
-        known = sorted({*TOP_LEVEL, *FLAT, *GROUPS, "model", "run_dir"})
+        known = sorted({*TOP_LEVEL, *FLAT, *GROUPS, "model", "run_dir", "task_args"})
         raise ValueError(f"unknown trainer settings: {', '.join(sorted(unknown))} (known: {', '.join(known)})")
     if "run_dir" not in top:
         raise ValueError("trainer settings need run_dir")

@@ -41,7 +41,8 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "step": ("loss", "seconds"),
     "ckpt_begin": ("mode", "tier"),  # tier: persistent | local
     "ckpt_staged": ("seconds",),  # training blocked this long (staging or the whole sync save)
-    "ckpt_committed": ("bytes", "seconds", "path", "tier"),  # seconds: ckpt_begin -> commit
+    # world_size: ranks whose chunks the checkpoint holds (what validation proves coverage against).
+    "ckpt_committed": ("bytes", "seconds", "path", "tier", "world_size"),  # seconds: ckpt_begin -> commit
     "ckpt_deferred": ("reason",),  # a save skipped because the previous one is still writing
     "ckpt_failed": ("reason",),
     "fault_injected": ("fault",),

@@ -1,8 +1,11 @@
-"""Saving and restoring FSDP2 training state under the checkpoint contract.
+"""Saving and restoring FSDP2 training state under the checkpoint contract (PyTorch DCP).
 
-Each rank stages its own dim-0 slices (a copy to host memory: the only time training
-blocks) and writes them either in NVRx's persistent background writer (async) or inline
-(sync). A save is committed only when every rank's shard is durable. Ranks learn that
+The state is ``torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer)`` (any
+optimizer, any FSDP2 layout), plus the task's lr scheduler and the data loader's state. Each rank
+stages its own chunks (a copy to host memory: the only time training blocks) and writes them
+through DCP's file writer, either in NVRx's persistent background writer (async) or inline
+(sync); a restore is ``torch.distributed.checkpoint.load`` (which reshards to any world size)
+and ``set_state_dict``. A save is committed only when every rank's shard is durable. Ranks learn that
 together from a flag that rides on the loss all-reduce of every step, so all ranks reach the
 same decision at the same step without an extra collective; rank 0 then commits. One save is
 in flight at a time; when the writer is still busy at the next interval the save is deferred,
@@ -15,7 +18,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,26 +29,44 @@ from torch import nn
 
 from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import layout
-from resilient_training.run.config import TrainConfig
+from resilient_training.run.config import DEFAULT_TASK, TrainConfig
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def write_shard_job(tmp_dir: str, rank: int, shard: dict[str, Any], torn_write: bool) -> None:
+def write_rank_job(tmp_dir: str, rank: int, job: dict[str, Any], torn_write: bool) -> None:
     """Runs in the background writer process (module-level so it pickles)."""
-    fmt.write_shard(tmp_dir, rank, shard, torn_write=torn_write)
+    fmt.write_rank(tmp_dir, rank, job, torn_write=torn_write)
 
 
-def named_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor, Any]]:
-    """(flat name, tensor, the parameter it belongs to) for every model and optimizer tensor."""
-    for name, param in model.named_parameters():
-        yield f"model/{name}", param, param
-        for key in ("exp_avg", "exp_avg_sq"):
-            state = optimizer.state.get(param, {})
-            if key in state:
-                yield f"optim/{name}/{key}", state[key], param
+def state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> dict[str, Any]:
+    """What a checkpoint holds (besides the data state): DCP's view of model, optimizer, scheduler.
+
+    Keys are the plain model's (``get_state_dict`` strips FSDP's wrapping), values DTensors
+    that share storage with the live parameters and optimizer state.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    out: dict[str, Any] = {"model": model_state, "optim": optim_state}
+    if scheduler is not None:
+        out["lr_scheduler"] = scheduler.state_dict()
+    return out
+
+
+def flat_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(flat name -> value, flat name -> nested key path): DCP's own flattening, so names match its files."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    return flatten_state_dict(state)
+
+
+def _local(value: Any) -> Any:
+    return value.to_local() if hasattr(value, "to_local") else value
+
+
+def local_tensors(state: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """The local part (this rank's) of every tensor in ``state``: what staging buffers are sized for."""
+    flat, _ = flat_state(state)
+    return [(name, _local(value)) for name, value in flat.items() if isinstance(value, torch.Tensor)]
 
 
 class StagingBuffers:
@@ -62,6 +83,8 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        self.objects: dict[str, Any] = {}  # the non-tensor values of the staged step (deep copies)
+        self.data_state: Any = None  # the data loader's state at the staged step
         self._preparing: threading.Thread | None = None
         self._stream: Any = None  # the side stream of device-to-host copies (GPU only)
         self._copied: Any = None  # CUDA event: the copies of the save being staged are done
@@ -240,42 +263,57 @@ class Checkpointer:
         check_compatible(manifest, self.config)
         return latest, manifest
 
-    def load(self, path: Path, manifest: dict[str, Any], model: nn.Module,
-             optimizer: torch.optim.Optimizer) -> str:
-        """Restore checkpoint ``path`` into sharded ``model``/``optimizer``; returns the source.
+    def load(self, path: Path, manifest: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+             scheduler: Any = None) -> tuple[str, Any]:
+        """Restore checkpoint ``path`` into sharded ``model``/``optimizer``/``scheduler``; returns
+        (source, this rank's data state).
 
         After an in-process restart the staging buffers usually still hold exactly this step
-        (host memory, page-locked on GPUs): then nothing is read from storage. Otherwise this
-        rank's shard is memory-mapped, or, when the world size changed, every shard is read
-        and resharded.
+        (host memory, page-locked on GPUs): then nothing is read from storage. Otherwise DCP
+        reads what this rank's shards need, from any world size (no collective: every rank plans
+        its own reads from ``.metadata``, so a slow reader never trips the short collective timeout).
         """
-        same_world = manifest["world_size"] == self.world_size or manifest.get("ranks") is not None
-        if same_world and self._staging.staged_step == manifest["step"]:
-            tensors, source = self._staging.tensors(), "memory"
-        elif same_world:
-            tensors, source = fmt.load_shard(path / fmt.shard_name(self.rank))["tensors"], "storage"
-        else:
-            full = fmt.assemble_full(list(fmt.iter_shards(path, manifest)))
-            tensors, source = {}, "storage (resharded)"
-            for name, tensor in full.items():
-                offset, length = fmt.chunk_bounds(tensor.shape[0], self.world_size, self.rank)
-                tensors[name] = tensor[offset : offset + length]
-        step_tensor = torch.tensor(float(manifest["optimizer_step"]))
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                _local(param).copy_(tensors[f"model/{name}"])
-                state = {"step": step_tensor.clone()}
-                for key in ("exp_avg", "exp_avg_sq"):
-                    local = tensors[f"optim/{name}/{key}"].to(_local(param).device)
-                    if hasattr(param, "placements"):
-                        from torch.distributed.tensor import DTensor
+        import copy
 
-                        state[key] = DTensor.from_local(local, param.device_mesh, param.placements,
-                                                        shape=param.shape, stride=param.stride())
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        fmt.require_format(manifest, path)
+        same_world = manifest["world_size"] == self.world_size or manifest.get("ranks") is not None
+        state = state_dict(model, optimizer, scheduler)
+        if same_world and self._staging.staged_step == manifest["step"]:
+            flat, paths = flat_state(state)
+            buffers = self._staging.tensors()
+            with torch.no_grad():
+                for name, value in flat.items():
+                    if isinstance(value, torch.Tensor):
+                        _local(value).copy_(buffers[name])
                     else:
-                        state[key] = local
-                optimizer.state[param] = state
-        return source
+                        flat[name] = copy.deepcopy(self._staging.objects[name])
+            from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
+
+            state = unflatten_state_dict(flat, paths)
+            source, data_state = "memory", copy.deepcopy(self._staging.data_state)
+        else:
+            import warnings
+
+            import torch.distributed.checkpoint as dcp
+
+            try:
+                with warnings.catch_warnings():  # no_dist on purpose (see above), not a fallback
+                    warnings.simplefilter("ignore", UserWarning)
+                    dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+            except Exception as exc:  # DCP names the key or shape that does not fit
+                raise fmt.CheckpointError(
+                    f"{path} holds a different model or optimizer state than this run's task builds: {exc}"[:800]
+                ) from exc
+            # A different world size splits the data differently: the task resumes from rank 0's
+            # state (the built-in task's position is global, so that is exact).
+            source = "storage" if same_world else "storage (resharded)"
+            data_state = fmt.load_data_state(path, self.rank if same_world else min(manifest.get("ranks") or [0]))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if scheduler is not None:
+            scheduler.load_state_dict(state["lr_scheduler"])
+        return source, data_state
 
     def _newest_restorable(self) -> Path | None:
         """The persistent ``latest``, or a newer node-local step that every rank holds."""
@@ -283,7 +321,9 @@ class Checkpointer:
         if self.local_root is None:
             return persistent
         persistent_step = fmt.read_manifest(persistent)["step"] if persistent else 0
-        local_steps = set(fmt.committed_steps(self.local_root))
+        # Each rank's local step holds only its own chunks: usable at the world size that wrote it.
+        local_steps = {s for s in fmt.committed_steps(self.local_root)
+                       if fmt.read_manifest(self.local_root / fmt.step_dirname(s)).get("world_size") == self.world_size}
         newest_local = max(local_steps, default=-1)
         agreed = torch.tensor([float(newest_local)], device=_flag_device())
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
@@ -296,30 +336,47 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ save
 
-    def stage(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Copy this rank's slices to host memory: what the writer will persist."""
+    def stage(self, step: int, state: dict[str, Any], data_state: Any, *, replicated: bool) -> dict[str, Any]:
+        """Copy this rank's chunks to host memory: the job the writer persists.
+
+        Every value is staged (an in-process restart restores from these buffers); the write
+        plan holds this rank's DTensor chunks and, when ``replicated`` (rank 0, or any rank on the
+        node-local tier, whose checkpoints must stand alone), the values every rank holds.
+        """
+        import copy
+        import io
+
+        from torch.distributed.checkpoint.planner_helpers import _create_write_items
+        from torch.distributed.tensor import DTensor
+
+        flat, paths = flat_state(state)
+        items: list[Any] = []
         tensors: dict[str, torch.Tensor] = {}
-        layout: dict[str, dict[str, Any]] = {}
-        named = list(named_state(model, optimizer))
-        self._staging.begin(on_gpu=bool(named) and _local(named[0][1]).is_cuda)
-        for flat, tensor, param in named:
-            tensors[flat] = self._staging.copy_in(flat, _local(tensor).detach())
-            offset, _ = fmt.chunk_bounds(param.shape[0], self.world_size, self.rank)
-            layout[flat] = {"global_shape": list(param.shape), "offset": offset}
+        blobs: dict[str, bytes] = {}
+        self._staging.objects = {}
+        first = next((v for v in flat.values() if isinstance(v, torch.Tensor)), None)
+        self._staging.begin(on_gpu=first is not None and _local(first).is_cuda)
+        for name, value in flat.items():
+            if isinstance(value, DTensor):
+                tensors[name] = self._staging.copy_in(name, value.to_local().detach())
+                items += _create_write_items(name, value)
+            elif isinstance(value, torch.Tensor):
+                buffer = self._staging.copy_in(name, value.detach())
+                if replicated:
+                    tensors[name] = buffer
+                    items += _create_write_items(name, value)
+            else:
+                self._staging.objects[name] = copy.deepcopy(value)
+                if replicated:
+                    blob = io.BytesIO()
+                    torch.save(value, blob)
+                    blobs[name] = blob.getvalue()
+                    items += _create_write_items(name, value)
+        self._staging.data_state = copy.deepcopy(data_state)
         self._staging.end(step)  # on GPUs the copies are still running: see local_done()
-        opt_steps = {int(s["step"]) for s in optimizer.state.values() if "step" in s}
-        if len(opt_steps) > 1:
-            raise RuntimeError(f"optimizer parameters disagree on their step count: {sorted(opt_steps)}")
-        meta = {
-            "format_version": fmt.FORMAT_VERSION,
-            "step": step,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "optimizer_step": opt_steps.pop() if opt_steps else 0,
-            "data_position": step,
-            "layout": layout,
-        }
-        return {"meta": meta, "tensors": tensors}
+        meta = {"step": step, "optimizer_step": step, "data_position": step}
+        return {"items": items, "tensors": tensors, "blobs": blobs, "paths": paths,
+                "data_state": self._staging.data_state, "meta": meta}
 
     def tier_for(self, step: int) -> str | None:
         """Which tier (if any) saves at ``step``; persistent wins when both are due."""
@@ -333,7 +390,7 @@ class Checkpointer:
         """A save at ``step`` would be skipped: the previous one is still being written."""
         return self._in_flight is not None and step != self.config.steps
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+    def save(self, step: int, state: dict[str, Any], data_state: Any,
              manifest_fields: dict[str, Any], *, torn_write: bool = False,
              kill_after_submit: Callable[[], None] | None = None) -> None:
         """Start a save of ``step`` (async) or do it whole (sync). Call on every rank.
@@ -353,9 +410,7 @@ class Checkpointer:
         root = self.root if tier == PERSISTENT else self.local_root
         tmp_dir = root / f"{fmt.TMP_PREFIX}{fmt.step_dirname(step)}-{self._tag}"
         tmp_dir.mkdir(parents=True, exist_ok=True)
-        shard = self.stage(step, model, optimizer)
-        manifest_fields = {**manifest_fields, "optimizer_step": shard["meta"]["optimizer_step"],
-                           "data_position": shard["meta"]["data_position"]}
+        shard = self.stage(step, state, data_state, replicated=self.rank == 0 or tier == LOCAL)
         self._in_flight = _InFlight(step, tier, tmp_dir, begin, manifest_fields,
                                     job=(str(tmp_dir), self.rank, shard, torn_write), on_submit=kill_after_submit)
         if self.config.checkpoint.async_save:
@@ -364,7 +419,7 @@ class Checkpointer:
         else:
             self._staging.wait()
             self._in_flight.job = None
-            fmt.write_shard(tmp_dir, self.rank, shard, torn_write=torn_write)
+            fmt.write_rank(tmp_dir, self.rank, shard, torn_write=torn_write)
             self.finish()
             self._emit("ckpt_staged", step, seconds=time.time() - begin)
 
@@ -376,7 +431,7 @@ class Checkpointer:
         if not self._staging.ready():
             return False
         job, in_flight.job = in_flight.job, None
-        self._writer.submit(write_shard_job, job)
+        self._writer.submit(write_rank_job, job)
         if in_flight.on_submit is not None:
             in_flight.on_submit()
         return True
@@ -410,6 +465,7 @@ class Checkpointer:
                 fmt.write_iteration_file(self.config.run_dir, in_flight.step)
         if self.rank == 0:
             self._emit("ckpt_committed", in_flight.step, bytes=size * (self.world_size if local else 1),
+                       world_size=self.world_size,
                        seconds=time.time() - in_flight.begin_ts, path=str(path), tier=in_flight.tier)
 
     def finish(self, timeout: float = 600.0) -> None:
@@ -446,8 +502,25 @@ def _flag_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
+def task_identity(spec: str) -> str:
+    """A task name two runs can compare: a task file by its absolute path."""
+    module, _, attr = spec.rpartition(":")
+    if module.endswith(".py") or "/" in module:
+        module = os.path.abspath(os.path.expanduser(module))
+    return f"{module}:{attr}"
+
+
 def check_compatible(manifest: dict[str, Any], config: TrainConfig) -> None:
-    """Refuse to resume from a checkpoint of another model shape."""
+    """Refuse to resume from a checkpoint of another format, task or model shape."""
+    fmt.require_format(manifest, config.run_dir)
+    saved_task = manifest.get("task")
+    if saved_task is not None and task_identity(saved_task) != task_identity(config.task):
+        raise fmt.CheckpointError(
+            f"{config.run_dir} holds checkpoints of a different model (task {saved_task}); this run's task is "
+            f"{config.task}. Use a new --run-dir."
+        )
+    if config.task != DEFAULT_TASK:
+        return
     saved = manifest.get("model_config")
     wanted = {k: getattr(config.model, k) for k in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len")}
     if saved is not None and {k: saved.get(k) for k in wanted} != wanted:

@@ -1,8 +1,8 @@
-"""A small GPT-style decoder and its deterministic synthetic data.
+"""A small GPT-style decoder and its deterministic synthetic data (the built-in task, tasks/gpt.py).
 
 The model is plain ``nn.Module`` code; sharding (FSDP2 ``fully_shard``) is applied by the
-trainer. Data is a pure function of (seed, position, rank), so a restore that sets the
-position replays exactly the batches an uninterrupted run would have seen.
+trainer. Sample ``i`` of the global stream is a pure function of (seed, i), so a restore that
+sets the global position replays exactly the samples an uninterrupted run would have seen.
 """
 
 from __future__ import annotations
@@ -69,14 +69,19 @@ def parameter_count(cfg: ModelConfig) -> int:
     return 2 * cfg.vocab_size * d + cfg.seq_len * d + cfg.n_layers * block + 2 * d
 
 
-def batch(cfg: ModelConfig, *, seed: int, position: int, rank: int, batch_size: int) -> torch.Tensor:
-    """Token batch number ``position`` of ``rank``: learnable (a noisy repeating pattern)."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + position * 7919 + rank)
-    start = torch.randint(0, cfg.vocab_size, (batch_size, 1), generator=gen)
-    stride = torch.randint(1, 4, (batch_size, 1), generator=gen)
+def sample(cfg: ModelConfig, *, seed: int, index: int) -> torch.Tensor:
+    """Global sample number ``index`` (``seq_len + 1`` tokens): learnable, a noisy repeating pattern."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + index * 7919)
+    start = torch.randint(0, cfg.vocab_size, (1,), generator=gen)
+    stride = torch.randint(1, 4, (1,), generator=gen)
     tokens = (start + stride * torch.arange(cfg.seq_len + 1)) % cfg.vocab_size
     noise = torch.rand(tokens.shape, generator=gen) < 0.05
     return torch.where(noise, torch.randint(0, cfg.vocab_size, tokens.shape, generator=gen), tokens)
+
+
+def batch(cfg: ModelConfig, *, seed: int, first: int, batch_size: int) -> torch.Tensor:
+    """Global samples ``first .. first + batch_size - 1``, stacked."""
+    return torch.stack([sample(cfg, seed=seed, index=first + i) for i in range(batch_size)])
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """The training function each worker runs (once per in-process restart iteration).
 
-``Trainer.run`` reads top to bottom: join the process group, build the sharded model, restore
-the latest committed checkpoint, then step until the target step, saving every N steps. Any
+``Trainer.run`` reads top to bottom: join the process group, build the task's model and shard
+it, restore the latest committed checkpoint, then step until the target step, saving every N
+steps. The task (:mod:`resilient_training.runtime.task`) supplies model, optimizer, data and loss;
+everything else here is the same for every task. Any
 failure is logged with its cause before it propagates to the restart layers (in-process
 wrapper, then ft_launcher).
 """
@@ -23,8 +25,8 @@ from resilient_training.run import events as ev
 from resilient_training.run import faults as flt
 from resilient_training.run.config import TrainConfig
 from resilient_training.runtime import nvrx_adapter
-from resilient_training.runtime.checkpointing import Checkpointer, StagingBuffers, named_state
-from resilient_training.runtime.model import GPT, batch, build_model, loss_fn, parameter_count
+from resilient_training.runtime import task as tk
+from resilient_training.runtime.checkpointing import Checkpointer, StagingBuffers, local_tensors, state_dict
 
 # Calibrated heartbeat timeouts never go below this: observed gaps on a quiet machine can be
 # milliseconds, and a loaded one must not be mistaken for a hang.
@@ -51,6 +53,10 @@ class Trainer:
         self.writer = nvrx_adapter.AsyncWriter()
         self.staging = StagingBuffers()
         self.faults = flt.parse(config.faults)
+        self.task = tk.task_from_config(config)
+        self.task_args = tk.effective_args(config)
+        self.grad_clip = tk.option(self.task, "grad_clip", float, 0.0)
+        self.grad_accumulation = tk.option(self.task, "grad_accumulation", int, 1)
         self.injector: flt.Injector | None = None
         self.last_cause: str | None = None
         self.completed = False
@@ -97,10 +103,11 @@ class Trainer:
             started = time.time()
             path, manifest = checkpointer.find_restorable()
             laps.lap("find_checkpoint")
-            model, optimizer = self._build(materialize=path is None)
+            model, optimizer, scheduler = self._build()
             laps.lap("build_model")
-            self._restore(checkpointer, path, manifest, model, optimizer, started, laps)
-            self._train(model, optimizer, checkpointer, call_wrapper)
+            data = tk.build_data(self.task, self.rank, self.world_size, self.config.seed)
+            self._restore(checkpointer, path, manifest, model, optimizer, scheduler, data, started, laps)
+            self._train(model, optimizer, scheduler, data, checkpointer, call_wrapper)
             checkpointer.finish()
             checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
@@ -116,54 +123,85 @@ class Trainer:
             else:
                 self._release_process_group_after_failure()
 
-    def _train(self, model: Any, optimizer: Any, checkpointer: Checkpointer, call_wrapper: Any) -> None:
+    def _train(self, model: Any, optimizer: Any, scheduler: Any, data: Any, checkpointer: Checkpointer,
+               call_wrapper: Any) -> None:
         step = self.step
         calibrate_at = step + self.config.checkpoint.every + 1 if self.config.timeouts.calibrate else None
+        batches = iter(data)
+        accumulate = self.grad_accumulation
+        toggles_sync = accumulate > 1 and hasattr(model, "set_requires_gradient_sync")
         while step < self.config.steps:
             step = self.step = step + 1
             started = time.perf_counter()
             poison = self.injector.maybe_inject_in_step(step)
-            tokens = self._tokens(step)
-            with self._autocast():
-                loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
-            if poison:
-                loss = loss * float("nan")
-            # One all-reduce per step carries the loss for logging and the checkpoint flag
-            # (torch.full: no host-to-device copy, which would wait for the GPU).
-            flag = torch.full((), checkpointer.local_done(), device=self.device)
-            stats = torch.stack([loss.detach().float(), flag])
-            torch.distributed.all_reduce(stats)
-            loss.backward()
+            total: torch.Tensor | None = None
+            for micro in range(accumulate):
+                last = micro == accumulate - 1
+                if toggles_sync:  # FSDP2 reduces gradients only on the last micro-batch
+                    model.set_requires_gradient_sync(last)
+                batch, batches = self._next_batch(data, batches)
+                with self._autocast():
+                    loss = tk.check_loss(self.task.loss(model, batch))
+                if poison:
+                    loss = loss * float("nan")
+                part = loss.detach().float()
+                total = part if total is None else total + part
+                if last:
+                    # One all-reduce per step carries the loss for logging and the checkpoint flag
+                    # (torch.full: no host-to-device copy, which would wait for the GPU).
+                    flag = torch.full((), checkpointer.local_done(), device=self.device)
+                    stats = torch.stack([total / accumulate, flag])
+                    torch.distributed.all_reduce(stats)
+                (loss / accumulate if accumulate > 1 else loss).backward()
             # Read the loss only now: the backward pass is already queued, so the GPU keeps
             # working while the host waits (the step's one synchronisation).
             total_loss, done_count = stats.tolist()
             global_loss = total_loss / self.world_size
             if self.config.restart.nan_guard and not math.isfinite(global_loss):
                 raise NonFiniteLoss(f"non-finite loss {global_loss} at step {step}")
+            if self.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
             self.staging.fence()  # a save's copies may still be reading these tensors
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
             if not self.staging.prepared:
-                self.staging.prepare([(name, t.to_local() if hasattr(t, "to_local") else t)
-                                      for name, t, _ in named_state(model, optimizer)])
+                self.staging.prepare(local_tensors(state_dict(model, optimizer, scheduler)))
             self._pad_step(started)
             self.events.emit("step", step, loss=global_loss, seconds=time.perf_counter() - started)
             self._progress(call_wrapper)
             self.heartbeats.cover(0)
             checkpointer.maybe_commit(done_count)
             if checkpointer.tier_for(step):
-                self._save(step, model, optimizer, checkpointer)
+                self._save(step, model, optimizer, scheduler, data, checkpointer)
             if step == calibrate_at:
                 timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor())
                 if timeouts:
                     self.events.emit("calibrated", step, timeouts=timeouts)
 
-    def _tokens(self, step: int) -> torch.Tensor:
-        tokens = batch(self.config.model, seed=self.config.seed, position=step - 1, rank=self.rank,
-                       batch_size=self.config.data.batch_size)
-        if self.on_gpu:  # through page-locked memory: the copy does not wait for the GPU
-            return tokens.pin_memory().to(self.device, non_blocking=True)
-        return tokens
+    def _next_batch(self, data: Any, batches: Any) -> tuple[Any, Any]:
+        """The next batch on this device; a new epoch (``iter`` again) when the data runs out."""
+        try:
+            batch = next(batches)
+        except StopIteration:
+            batches = iter(data)
+            try:
+                batch = next(batches)
+            except StopIteration:
+                raise tk.TaskError(f"task build_data() yields no batch for rank {self.rank}") from None
+        return self._to_device(batch), batches
+
+    def _to_device(self, batch: Any) -> Any:
+        if not self.on_gpu:
+            return batch
+        if isinstance(batch, torch.Tensor):  # through page-locked memory: the copy does not wait for the GPU
+            return batch.pin_memory().to(self.device, non_blocking=True)
+        if isinstance(batch, dict):
+            return {k: self._to_device(v) for k, v in batch.items()}
+        if isinstance(batch, list | tuple) and not hasattr(batch, "_fields"):
+            return type(batch)(self._to_device(v) for v in batch)
+        return batch
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 compute on GPUs (weights, optimizer and checkpoints stay fp32); fp32 on CPU."""
@@ -185,7 +223,8 @@ class Trainer:
         if call_wrapper is not None:
             call_wrapper.ping()
 
-    def _save(self, step: int, model: Any, optimizer: Any, checkpointer: Checkpointer) -> None:
+    def _save(self, step: int, model: Any, optimizer: Any, scheduler: Any, data: Any,
+              checkpointer: Checkpointer) -> None:
         # A checkpoint fault acts at the first save that really writes at or after its step.
         fault = None if checkpointer.will_defer(step) else self.injector.due_checkpoint(step)
         if fault is not None:
@@ -195,17 +234,23 @@ class Trainer:
             kill_self = _sigkill_self  # the writer is busy with this rank's shard right now
         torn = fault is not None and (fault.type == "writer-kill" or not self.config.checkpoint.async_save)
         self.heartbeats.beat()
-        checkpointer.save(step, model, optimizer, self._manifest_fields(), torn_write=torn,
-                          kill_after_submit=kill_self)
+        checkpointer.save(step, state_dict(model, optimizer, scheduler), data.state_dict(),
+                          self._manifest_fields(optimizer), torn_write=torn, kill_after_submit=kill_self)
         self.heartbeats.beat()
 
-    def _manifest_fields(self) -> dict[str, Any]:
+    def _manifest_fields(self, optimizer: Any) -> dict[str, Any]:
         import resilient_training
+        from resilient_training.run.config import DEFAULT_TASK
 
+        fields: dict[str, Any] = {}
+        if self.config.task == DEFAULT_TASK:
+            fields["model_config"] = {k: getattr(self.config.model, k) for k in self.config.model.__slots__}
         return {
-            "model_config": {k: getattr(self.config.model, k) for k in self.config.model.__slots__},
+            **fields,
+            "task": self.config.task,
+            "task_args": self.task_args,
             "seed": self.config.seed,
-            "optimizer": {"type": "AdamW", "lr": self.config.lr},
+            "optimizer": {"type": type(optimizer).__name__, "lr": optimizer.param_groups[0].get("lr")},
             "versions": {
                 "torch": torch.__version__,
                 "nvidia-resiliency-ext": nvrx_adapter.installed_version(),
@@ -302,44 +347,48 @@ class Trainer:
             with contextlib.suppress(Exception):
                 torch.distributed.destroy_process_group()
 
-    def _build(self, *, materialize: bool) -> tuple[Any, Any]:
-        """A fresh sharded model and optimizer: FSDP binds to the process group it was built with.
+    def _build(self) -> tuple[Any, Any, Any]:
+        """The task's model, sharded, with its optimizer and scheduler: FSDP binds to the process
+        group it was built with, so every iteration builds anew.
 
-        On a GPU with room for the whole unsharded model, it is built there directly (its
-        initialization is a few kernels; the same seed gives every rank the same weights).
-        Otherwise, without ``materialize`` (a checkpoint will overwrite every weight), it is
-        built on the meta device and only allocated; with it, on the CPU and moved.
+        Built under the run's seed (the same initial weights on every rank and every restart,
+        also for a task that does not seed). On a GPU with room for the whole unsharded model it
+        is built there directly; otherwise on the CPU, and ``fully_shard`` moves each rank's
+        shards to the device.
         """
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
-        allocate_only = False
-        if self.on_gpu and self._fits_unsharded():
-            with torch.device(self.device):
-                model = build_model(self.config.model, self.config.seed)
-        elif materialize:
-            model = build_model(self.config.model, self.config.seed).to(self.device)
-        else:
-            with torch.device("meta"):
-                model = GPT(self.config.model)
-            allocate_only = True
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        if allocate_only:
-            model.to_empty(device=self.device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr)
-        return model, optimizer
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(self.config.seed)
+        try:
+            if self.on_gpu and self._fits_unsharded():
+                with torch.device(self.device):
+                    model = tk.build_model(self.task)
+            else:
+                model = tk.build_model(self.task)
+        finally:
+            torch.random.set_rng_state(generator_state)
+        if callable(getattr(self.task, "shard", None)):
+            tk.call(self.task, "shard", model, mesh)
+        else:
+            default_shard(model, mesh)
+        optimizer = tk.build_optimizer(self.task, model)
+        return model, optimizer, tk.lr_scheduler(self.task, optimizer)
 
     def _fits_unsharded(self) -> bool:
-        """The unsharded fp32 weights take under a quarter of this GPU's memory."""
-        return 4 * parameter_count(self.config.model) < torch.cuda.get_device_properties(self.device).total_memory / 4
+        """The unsharded fp32 weights take under a quarter of this GPU's memory (counted on the meta device)."""
+        with torch.device("meta"):
+            count = sum(p.numel() for p in tk.build_model(self.task).parameters())
+        return 4 * count < torch.cuda.get_device_properties(self.device).total_memory / 4
 
     def _restore(self, checkpointer: Checkpointer, path: Any, manifest: dict[str, Any], model: Any,
-                 optimizer: Any, started: float, laps: _Laps) -> None:
+                 optimizer: Any, scheduler: Any, data: Any, started: float, laps: _Laps) -> None:
         step = manifest.get("step", 0)
-        source = checkpointer.load(path, manifest, model, optimizer) if path is not None else None
+        source = None
+        if path is not None:
+            source, data_state = checkpointer.load(path, manifest, model, optimizer, scheduler)
+            tk.call(data, "load_state_dict", data_state)
         laps.lap("load_checkpoint")
         # Every rank must restore the same step; a disagreement would silently mix states.
         agreed = torch.tensor([step, -step], dtype=torch.float64, device=self.device)
@@ -405,6 +454,20 @@ class Trainer:
             else:
                 self.writer.abandon()
         self.heartbeats.close()
+
+
+def default_shard(model: Any, mesh: Any) -> None:
+    """FSDP2 as the trainer applies it unless the task shards itself: ``fully_shard`` on each
+    block of every ``nn.ModuleList`` (its unit of all-gather), then on the whole model.
+    """
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList):
+            for block in module:
+                fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 class _Laps:

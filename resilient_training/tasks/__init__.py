@@ -1,0 +1,1 @@
+"""Built-in training tasks (see :mod:`resilient_training.runtime.task` for the interface)."""

@@ -1,0 +1,251 @@
+"""The task interface: the user's model, optimizer, data and loss, which the trainer runs resiliently.
+
+A task is named ``MODULE:ATTR`` (an importable module) or ``path/to/file.py:ATTR`` (a file,
+imported under a private module name). ATTR is the task object itself or a callable returning
+one; a callable receives the ``--task-arg KEY=VALUE`` settings as keyword arguments (strings: the
+task parses them), so ``def task(lr="3e-3", **_): ...`` is a complete factory. An object named
+directly takes no settings (any given are an error).
+
+The trainer owns everything around the task: process group, FSDP2 sharding (``fully_shard`` on
+the model, unless the task defines ``shard``), device placement of batches, bf16 autocast on
+GPUs, the loss all-reduce and NaN guard, checkpoints (DCP), fault injection, restarts. The
+task's methods are duck-typed; :class:`Task` is the shape, for editors and type checkers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+REQUIRED = ("build_model", "build_optimizer", "build_data", "loss")
+
+
+@runtime_checkable
+class StatefulIterator(Protocol):
+    """What ``build_data`` returns: batches, and a position that survives a restart.
+
+    ``torchdata.stateful_dataloader.StatefulDataLoader`` is one. The trainer calls ``iter()`` on
+    it after ``load_state_dict`` and again at the end of each epoch.
+    """
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A user's training. Optional members, read with ``getattr``:
+
+    - ``shard(self, model, mesh) -> None``: wrap ``model`` with FSDP2 yourself (default:
+      ``fully_shard`` on every direct child of each ``nn.ModuleList``, then on the model);
+    - ``build_lr_scheduler(self, optimizer)``: a ``torch.optim.lr_scheduler`` stepped once per step
+      (its state is checkpointed);
+    - ``grad_clip: float``: clip the global gradient norm to this (0 or absent: off);
+    - ``grad_accumulation: int``: micro-batches per optimizer step (default 1).
+    """
+
+    def build_model(self) -> Any:
+        """A plain, unsharded ``torch.nn.Module``; the same initial weights on every rank."""
+
+    def build_optimizer(self, model: Any) -> Any:
+        """Any ``torch.optim.Optimizer`` over ``model.parameters()`` (called on the sharded model)."""
+
+    def build_data(self, rank: int, world_size: int, seed: int) -> StatefulIterator:
+        """The batches of ``rank`` (tensors or nests of them; the trainer moves them to the device)."""
+
+    def loss(self, model: Any, batch: Any) -> Any:
+        """The scalar loss of ``batch``."""
+
+
+class TaskError(ValueError):
+    """The task cannot be loaded or breaks the interface: the message names what and which method."""
+
+
+def _import_target(spec: str) -> Any:
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise TaskError(f"task {spec!r} must be MODULE:ATTR or path/to/file.py:ATTR")
+    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+        path = Path(module_name).expanduser().resolve()
+        if not path.is_file():
+            raise TaskError(f"task file {module_name} does not exist")
+        # A private module name per file: two task files named task.py never collide.
+        name = f"_rt_task_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        module = sys.modules.get(name)
+        if module is None:
+            loader_spec = importlib.util.spec_from_file_location(name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise TaskError(f"task file {module_name} cannot be imported")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module  # dataclasses and pickling look the module up by name
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException as exc:
+                sys.modules.pop(name, None)
+                raise TaskError(f"task file {module_name} failed to import: {type(exc).__name__}: {exc}") from exc
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except BaseException as exc:
+            raise TaskError(f"task module {module_name} failed to import: {type(exc).__name__}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise TaskError(f"task module {module_name} has no attribute {attr!r}") from None
+
+
+def load_task(spec: str, task_args: dict[str, str] | None = None) -> Any:
+    """The task object ``spec`` names, made with ``task_args``; TaskError if it breaks the interface."""
+    task_args = dict(task_args or {})
+    target = _import_target(spec)
+    if _is_task(target):
+        if task_args:
+            raise TaskError(f"task {spec} is an object, so it takes no --task-arg (got {', '.join(task_args)}); "
+                            "name a callable that returns the task to pass settings")
+        task = target
+    elif callable(target):
+        try:
+            signature = inspect.signature(target)
+        except (TypeError, ValueError):
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(**task_args)
+            except TypeError as exc:
+                raise TaskError(f"task {spec} does not accept these --task-arg settings: {exc}") from None
+        try:
+            task = target(**task_args)
+        except TaskError:
+            raise
+        except Exception as exc:
+            raise TaskError(f"task {spec} raised while being created: {type(exc).__name__}: {exc}") from exc
+    else:
+        raise TaskError(f"task {spec} is a {type(target).__name__}, not a task or a callable returning one")
+    missing = [m for m in REQUIRED if not callable(getattr(task, m, None))]
+    if missing:
+        raise TaskError(f"task {spec} lacks {', '.join(missing)} (a task needs {', '.join(REQUIRED)})")
+    return task
+
+
+def _is_task(obj: Any) -> bool:
+    return not isinstance(obj, type) and all(callable(getattr(obj, m, None)) for m in REQUIRED)
+
+
+def call(task: Any, method: str, *args: Any) -> Any:
+    """``task.method(*args)``; an exception becomes a TaskError naming the method."""
+    try:
+        return getattr(task, method)(*args)
+    except TaskError:
+        raise
+    except Exception as exc:
+        raise TaskError(f"task {method}() raised {type(exc).__name__}: {exc}") from exc
+
+
+def build_model(task: Any) -> Any:
+    from torch import nn
+
+    model = call(task, "build_model")
+    if not isinstance(model, nn.Module):
+        raise TaskError(f"task build_model() returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def build_optimizer(task: Any, model: Any) -> Any:
+    import torch
+
+    optimizer = call(task, "build_optimizer", model)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TaskError(f"task build_optimizer() returned a {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    return optimizer
+
+
+def build_data(task: Any, rank: int, world_size: int, seed: int) -> Any:
+    data = call(task, "build_data", rank, world_size, seed)
+    lacking = [m for m in ("__iter__", "state_dict", "load_state_dict") if not callable(getattr(data, m, None))]
+    if lacking:
+        raise TaskError(f"task build_data() returned a {type(data).__name__} without {', '.join(lacking)} "
+                        "(it must be iterable and have state_dict()/load_state_dict(), like StatefulDataLoader)")
+    return data
+
+
+def check_loss(value: Any) -> Any:
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.is_floating_point():
+        what = f"a tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise TaskError(f"task loss() returned {what}, not a scalar floating-point tensor")
+    return value.reshape(())
+
+
+def lr_scheduler(task: Any, optimizer: Any) -> Any:
+    """The task's scheduler, or None; it must have step()/state_dict()/load_state_dict()."""
+    if not callable(getattr(task, "build_lr_scheduler", None)):
+        return None
+    scheduler = call(task, "build_lr_scheduler", optimizer)
+    if scheduler is None:
+        return None
+    lacking = [m for m in ("step", "state_dict", "load_state_dict") if not callable(getattr(scheduler, m, None))]
+    if lacking:
+        raise TaskError(f"task build_lr_scheduler() returned a {type(scheduler).__name__} without {', '.join(lacking)}")
+    return scheduler
+
+
+def option(task: Any, name: str, kind: type, default: Any) -> Any:
+    """An ordinary option the task may set (``grad_clip``, ``grad_accumulation``), checked."""
+    value = getattr(task, name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise TaskError(f"task {name} must be a non-negative number, got {value!r}")
+    if kind is int and (int(value) != value or value < 1):
+        raise TaskError(f"task {name} must be a positive integer, got {value!r}")
+    return kind(value)
+
+
+def preflight(config: Any, *, world_size: int) -> None:
+    """Load the task and check every ``build_*`` before any worker starts (TaskError on failure).
+
+    The model is built on the meta device (no memory, no weights: a 1B model checks in well
+    under a second); the optimizer is built over it; rank 0's data yields its first batch.
+    ``loss`` needs real weights, so the workers check it at their first step.
+    """
+    import torch
+
+    task = task_from_config(config)
+    seed = config.seed
+    with torch.device("meta"):
+        model = build_model(task)
+    build_optimizer(task, model)
+    data = build_data(task, 0, world_size, seed)
+    try:
+        next(iter(data))
+    except StopIteration:
+        raise TaskError("task build_data() yields no batch for rank 0") from None
+    except Exception as exc:
+        raise TaskError(f"task build_data()'s iterator raised {type(exc).__name__}: {exc}") from exc
+
+
+def effective_args(config: Any) -> dict[str, str]:
+    """The settings the run's task is made with: for the built-in GPT task, the run's ``--model-*``,
+    ``--batch-size`` and ``--lr`` flags under any ``--task-arg``; for any other task, ``--task-arg`` alone.
+    """
+    from resilient_training.run.config import DEFAULT_TASK
+
+    if config.task != DEFAULT_TASK:
+        return dict(config.task_args)
+    base = {name: str(getattr(config.model, name)) for name in config.model.__slots__}
+    base.update(batch_size=str(config.data.batch_size), lr=repr(config.lr))
+    return {**base, **config.task_args}
+
+
+def task_from_config(config: Any) -> Any:
+    return load_task(config.task, effective_args(config))
