@@ -9,8 +9,8 @@ Use it as ``--task resilient_training.tasks.llama:LlamaTask`` with ``--task-arg 
   interpreter's standard-library sources, which every machine has and no one here wrote.
 - ``seq_len``, ``batch_size`` (samples per rank per step), ``lr``, ``weight_decay``.
 
-The model is built from a ``LlamaConfig`` with random weights (nothing is downloaded) and seeded,
-so every rank and every restart builds the same one. Token ids are those of
+The model is built from a ``LlamaConfig`` with random weights (nothing is downloaded; the trainer seeds
+torch's generator with the run's seed, so every rank and every restart builds the same one). Token ids are those of
 ``transformers.ByT5Tokenizer(extra_ids=0)``: an exported model carries that tokenizer.
 """
 
@@ -50,7 +50,6 @@ class LlamaTask:
     batch_size: int = _arg(8, "samples per rank per step")
     lr: float = _arg(1e-3, "AdamW learning rate")
     weight_decay: float = _arg(0.0, "AdamW weight decay")
-    init_seed: int = _arg(0, "seed of the random initial weights (the same on every rank and restart)")
     hidden_size: int = _arg(0, "override the preset's hidden size (0 = preset)")
     intermediate_size: int = _arg(0, "override the preset's MLP size (0 = preset)")
     num_layers: int = _arg(0, "override the preset's decoder layers (0 = preset)")
@@ -107,13 +106,8 @@ class LlamaTask:
     def build_model(self) -> nn.Module:
         from transformers import LlamaForCausalLM
 
-        # Seeded here, not by the caller: every rank and every restart builds the same weights.
-        state = torch.random.get_rng_state()
-        torch.manual_seed(self.init_seed)
-        try:
-            return LlamaForCausalLM(self.model_config())
-        finally:
-            torch.random.set_rng_state(state)
+        # Random weights from torch's generator, which the trainer seeds with the run's seed.
+        return LlamaForCausalLM(self.model_config())
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.AdamW(model.parameters(), lr=self.lr, betas=(0.9, 0.95), weight_decay=self.weight_decay)
