@@ -17,30 +17,23 @@ import torch
 from resilient_training.cli.main import main
 from resilient_training.run import gate_records
 from resilient_training.runtime import task as tk
-from tests.support.runs import train
+from tests.support.runs import gated_llama_run, train
 
 pytestmark = pytest.mark.slow
 
-LLAMA = ["--task", "resilient_training.tasks.llama:task", "--task-arg", "preset=tiny", "--task-arg", "seq_len=32",
-         "--task-arg", "batch_size=4"]
-QUICK = ["--steps", "8", "--checkpoint-every", "4"]
-
-
-def trained_run(root: Path, *args: str) -> Path:
-    run = train(root / "run", *QUICK, *args)
-    assert run.returncode == 0, run.output[-3000:]
-    assert main(["validate-checkpoint", str(run.run_dir), "--all"]) == 0
-    return run.run_dir
 
 
 @pytest.fixture(scope="module")
 def llama_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return trained_run(tmp_path_factory.mktemp("llama"), "--nproc", "2", *LLAMA)
+    return gated_llama_run(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return trained_run(tmp_path_factory.mktemp("gpt"), "--nproc", "1")
+    run = train(tmp_path_factory.mktemp("gpt") / "run", "--steps", "8", "--checkpoint-every", "4", "--nproc", "1")
+    assert run.returncode == 0, run.output[-3000:]
+    assert main(["validate-checkpoint", str(run.run_dir)]) == 0
+    return run.run_dir
 
 
 @pytest.fixture
@@ -58,7 +51,7 @@ def reference(run: Path, step: int, tmp_path: Path) -> dict[str, torch.Tensor]:
     return torch.load(out, weights_only=True)["model"]
 
 
-def task_of(run: Path, step: int = 8):
+def task_of(run: Path, step: int = 12):
     manifest = json.loads((run / "checkpoints" / f"step_{step}" / "manifest.json").read_text())
     torch.manual_seed(0)
     return tk.load_task(manifest["task"], manifest["task_args"])
@@ -69,9 +62,9 @@ def test_safetensors_holds_the_full_model_and_loads_strictly_into_the_task_s_mod
 
     out = tmp_path / "model.safetensors"
     assert main(["export", str(llama_run), "--format", "safetensors", "-o", str(out)]) == 0
-    assert capsys.readouterr().out.startswith(f"exported: step 8 as safetensors -> {out} (")
+    assert capsys.readouterr().out.startswith(f"exported: step 12 as safetensors -> {out} (")
     tensors = load_file(str(out))
-    expected = reference(llama_run, 8, tmp_path)
+    expected = reference(llama_run, 12, tmp_path)
     assert tensors.keys() == expected.keys()
     assert all(torch.equal(tensors[k], expected[k]) for k in expected)
     model = task_of(llama_run).build_model()
@@ -80,7 +73,7 @@ def test_safetensors_holds_the_full_model_and_loads_strictly_into_the_task_s_mod
     # The same export again is a no-op; nothing beside OUT was left behind.
     assert main(["export", str(llama_run), "--format", "safetensors", "-o", str(out)]) == 0
     assert "already exported (no-op)" in capsys.readouterr().out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "reference-8.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "reference-12.pt"]
 
 
 def test_hf_is_a_transformers_model_directory_that_loads_and_generates_text(llama_run, tmp_path, capsys):
@@ -98,19 +91,19 @@ def test_hf_is_a_transformers_model_directory_that_loads_and_generates_text(llam
     assert tokenizer.decode(generated[0]).startswith("def main(")
     # The weights are the checkpoint's: the same logits as the task's own model holding them.
     task_model = task_of(llama_run).build_model()
-    task_model.load_state_dict(reference(llama_run, 8, tmp_path), strict=True)
+    task_model.load_state_dict(reference(llama_run, 12, tmp_path), strict=True)
     with torch.no_grad():
         assert torch.allclose(model(prompt).logits, task_model(prompt).logits, atol=1e-5)
     assert load_file(str(out / "model.safetensors")).keys() == task_model.state_dict().keys()
     record = json.loads((out / "export.json").read_text())
-    assert record["source"]["manifest_checksum"] == gate_records.manifest_digest(llama_run / "checkpoints/step_8")
+    assert record["source"]["manifest_checksum"] == gate_records.manifest_digest(llama_run / "checkpoints/step_12")
 
 
 def test_torch_is_dcp_to_torch_save_and_dcp_is_a_copy_that_dcp_reads(llama_run, tmp_path):
     assert main(["export", str(llama_run), "--format", "torch", "-o", str(tmp_path / "state.pt")]) == 0
     state = torch.load(tmp_path / "state.pt", weights_only=True)
     assert {"model", "optim"} <= state.keys()
-    expected = reference(llama_run, 8, tmp_path)
+    expected = reference(llama_run, 12, tmp_path)
     assert all(torch.equal(state["model"][k], expected[k]) for k in expected)
     assert main(["export", str(llama_run), "--step", "4", "--format", "dcp", "-o", str(tmp_path / "dcp")]) == 0
     source = llama_run / "checkpoints/step_4"
@@ -137,7 +130,7 @@ def test_a_model_that_is_not_a_transformers_model_exports_as_safetensors_but_not
     assert err.startswith("error: the run's task (resilient_training.tasks.gpt:task) builds a GPT, not a transformers")
     assert err.count("\n") == 1 and not (tmp_path / "hf").exists()
     assert main(["export", str(gpt_run), "--format", "safetensors", "-o", str(tmp_path / "gpt.safetensors")]) == 0
-    model = task_of(gpt_run).build_model()
+    model = task_of(gpt_run, 8).build_model()
     model.load_state_dict(load_file(str(tmp_path / "gpt.safetensors")), strict=True)
 
 
@@ -158,14 +151,14 @@ def edit_record(run: Path, edit) -> None:
 @pytest.mark.parametrize(("tamper", "message"), [
     (lambda run: (run / "gates" / "validation.json").unlink(), "was never validated"),
     (lambda run: edit_record(run, lambda r: r.update(passed=False)), "did not pass validation"),
-    (lambda run: edit_record(run, lambda r: r["checkpoints"]["checkpoints/step_8"].update(valid=False)),
+    (lambda run: edit_record(run, lambda r: r["checkpoints"]["checkpoints/step_12"].update(valid=False)),
      "did not pass validation"),
-    (lambda run: edit_record(run, lambda r: r["checkpoints"].pop("checkpoints/step_8")), "did not pass validation"),
-    (lambda run: edit_record(run, lambda r: r["checkpoints"]["checkpoints/step_8"].update(valid="yes")),
+    (lambda run: edit_record(run, lambda r: r["checkpoints"].pop("checkpoints/step_12")), "did not pass validation"),
+    (lambda run: edit_record(run, lambda r: r["checkpoints"]["checkpoints/step_12"].update(valid="yes")),
      "did not pass validation"),
-    (lambda run: edit_record(run, lambda r: r["checkpoints"]["checkpoints/step_8"].update(manifest_checksum="0" * 32)),
+    (lambda run: edit_record(run, lambda r: r["checkpoints"]["checkpoints/step_12"].update(manifest_checksum="0" * 32)),
      "changed since it was validated"),
-    (lambda run: edit_record(run, lambda r: r.update(checkpoints=["checkpoints/step_8"])), "did not pass validation"),
+    (lambda run: edit_record(run, lambda r: r.update(checkpoints=["checkpoints/step_12"])), "did not pass validation"),
     (lambda run: (run / "gates" / "validation.json").write_text("{not json"), "is not valid JSON"),
 ], ids=["absent", "failed", "entry-invalid", "entry-missing", "valid-not-true", "other-digest", "wrong-shape",
         "not-json"])
@@ -177,7 +170,7 @@ def test_an_absent_failed_or_tampered_validation_record_is_refused(run_copy, tmp
 
 
 def test_a_checkpoint_changed_after_validation_is_refused(run_copy, tmp_path, capsys):
-    step = run_copy / "checkpoints" / "step_8"
+    step = run_copy / "checkpoints" / "step_12"
     shard = step / "__1_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01  # one flipped bit in rank 1's chunks
@@ -195,7 +188,7 @@ def test_a_checkpoint_changed_after_validation_is_refused(run_copy, tmp_path, ca
 
 
 def test_a_step_not_validated_is_refused_even_when_another_step_was(run_copy, tmp_path, capsys):
-    assert main(["validate-checkpoint", str(run_copy)]) == 0  # latest only: the record now names step_8 alone
+    assert main(["validate-checkpoint", str(run_copy)]) == 0  # latest only: the record now names step_12 alone
     capsys.readouterr()
     refused(["export", str(run_copy), "--step", "4", "--format", "dcp", "-o", str(tmp_path / "d")], capsys,
             "checkpoints/step_4 did not pass validation", tmp_path / "d")
@@ -212,9 +205,9 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(llama_run, tmp_path,
     usage(["export", str(tmp_path / "nope"), "--format", "dcp", "-o", out], capsys, "does not exist")
     usage(["export", str(tmp_path), "--format", "dcp", "-o", out], capsys, "is not a run (no checkpoints/)")
     usage(["export", str(llama_run), "--step", "5", "--format", "dcp", "-o", out], capsys,
-          "no committed checkpoint at step 5 (committed steps: 4, 8)")
-    usage(["export", str(llama_run / "checkpoints/step_4"), "--step", "8", "--format", "dcp", "-o", out], capsys,
-          "is step 4, not --step 8")
+          "no committed checkpoint at step 5 (committed steps: 4, 8, 12)")
+    usage(["export", str(llama_run / "checkpoints/step_4"), "--step", "12", "--format", "dcp", "-o", out], capsys,
+          "is step 4, not --step 12")
     usage(["export", str(llama_run), "--format", "dcp", "-o", str(tmp_path / "missing" / "o")], capsys,
           "is not a directory")
     usage(["export", str(llama_run), "--format", "dcp", "-o", " "], capsys, "the output path is empty")
@@ -228,7 +221,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(llama_run, tmp_path,
     usage(["export", str(llama_run), "--format", "torch", "-o", str(tmp_path / "link")], capsys, "already exists")
     assert not (tmp_path / "elsewhere").exists()
     assert main(["export", str(llama_run), "--step", "4", "--format", "dcp", "-o", str(tmp_path / "d")]) == 0
-    usage(["export", str(llama_run), "--step", "8", "--format", "dcp", "-o", str(tmp_path / "d")], capsys,
+    usage(["export", str(llama_run), "--step", "12", "--format", "dcp", "-o", str(tmp_path / "d")], capsys,
           "already exists (and is not this export of this checkpoint)")
     usage(["export", str(llama_run), "--step", "4", "--format", "hf", "-o", str(tmp_path / "d")], capsys,
           "already exists")

@@ -277,3 +277,37 @@ def _write_hf(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
 
 
 WRITERS = {"dcp": _write_dcp, "torch": _write_torch, "safetensors": _write_safetensors, "hf": _write_hf}
+
+# Where ``promote_model(export=FMT)`` puts the export inside the promoted DEST (itself a DCP checkpoint).
+PROMOTED_NAMES = {"torch": "model.pt", "safetensors": "model.safetensors", "hf": "hf"}
+
+
+def export_promoted(checkpoint: str | os.PathLike[str], dest: str, fmt: str, *, s3_client: Any = None
+                    ) -> dict[str, Any]:
+    """After ``promote(checkpoint, dest)``: the same checkpoint exported as ``fmt`` into ``DEST/<name>``.
+
+    ``dcp`` adds nothing (DEST already is the DCP checkpoint). For ``s3://`` the export is written
+    locally first, then uploaded file by file; a repeat overwrites the same bytes.
+    """
+    if fmt == "dcp":
+        return {"out": dest, "format": fmt, "already_exported": True}
+    if fmt not in PROMOTED_NAMES:
+        raise ExportUsageError(f"export {fmt!r}: choose one of {', '.join(FORMATS)} (or empty for none)")
+    ckpt_dir = promote.resolve_checkpoint(checkpoint)
+    if not dest.startswith("s3://"):
+        return export(ckpt_dir.parent.parent, fmt=fmt, out=Path(dest) / PROMOTED_NAMES[fmt],
+                      step=cf.parse_step_dirname(ckpt_dir.name))
+    import tempfile
+
+    import boto3
+
+    bucket, prefix = promote.parse_s3(dest)
+    client = s3_client or boto3.client("s3")
+    with tempfile.TemporaryDirectory() as scratch:
+        local = Path(scratch) / PROMOTED_NAMES[fmt]
+        outcome = export(ckpt_dir.parent.parent, fmt=fmt, out=local, step=cf.parse_step_dirname(ckpt_dir.name))
+        files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
+        for path in files:
+            key = "/".join(filter(None, (prefix, path.relative_to(scratch).as_posix())))
+            client.upload_file(str(path), bucket, key)
+    return {**outcome, "out": f"{dest.rstrip('/')}/{PROMOTED_NAMES[fmt]}"}
