@@ -2,33 +2,41 @@
 
     python benchmarks/probe_io.py [--gb 1.6] [--dirs /dev/shm /tmp]
 
-For each directory: the trainer's own write (``checkpoint_format.write_shard``: torch.save
-streamed through the checksum, fsync, rename), a plain ``torch.save`` to a path, and a raw
-write of the same bytes; plus the checksum rate in memory and the read-back rate. Prints one
-table (GB/s). Used by benchmarks/gpu_suite.sh to explain the checkpoint rows.
+For each directory: the trainer's own write (``checkpoint_format.write_rank``: DCP's
+``FileSystemWriter`` with fsync, then the file checksummed and every chunk hashed), a plain
+``torch.save`` to a path, and a raw write of the same bytes; plus the checksum rate in memory and
+the read-back rate through ``torch.distributed.checkpoint.load``. Prints one table (GB/s). Used
+by benchmarks/gpu_suite.sh to explain the checkpoint rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 import xxhash
 
 from resilient_training.run import checkpoint_format as fmt
 
 
 def shard_of(gb: float) -> dict[str, object]:
-    """A shard like the trainer's: many fp32 tensors in shared memory."""
+    """One rank's write job like the trainer's: many fp32 tensors in shared memory."""
+    from torch.distributed.checkpoint.planner_helpers import _create_write_items
+
     n_tensors = 96
     per = int(gb * 1e9 / 4 / n_tensors)
     tensors = {f"t{i}": torch.rand(per).share_memory_() for i in range(n_tensors)}
-    return {"meta": {"step": 1, "layout": {}}, "tensors": tensors}
+    items = [item for name, t in tensors.items() for item in _create_write_items(name, t)]
+    return {"items": items, "tensors": tensors, "blobs": {}, "paths": {name: (name,) for name in tensors},
+            "data_state": {}, "meta": {"step": 1, "optimizer_step": 1, "data_position": 1}}
 
 
 def timed(fn) -> float:  # noqa: ANN001 - any callable
@@ -42,6 +50,7 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=1.6)
     parser.add_argument("--dirs", nargs="+", default=["/dev/shm", tempfile.gettempdir()])
     args = parser.parse_args()
+    warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
     shard = shard_of(args.gb)
     size = sum(t.numel() * 4 for t in shard["tensors"].values())
     gb = size / 1e9
@@ -50,8 +59,8 @@ def main() -> None:
     for base in args.dirs:
         work = Path(tempfile.mkdtemp(dir=base, prefix="probe-io-"))
         try:
-            t = timed(lambda: fmt.write_shard(work, 0, shard))  # noqa: B023
-            print(f"| {base}: write_shard (save + checksum + fsync + rename) | {gb / t:.2f} |")
+            t = timed(lambda: fmt.write_rank(work, 0, shard))  # noqa: B023
+            print(f"| {base}: write_rank (DCP write + fsync + checksums) | {gb / t:.2f} |")
 
             def plain(work: Path = work) -> None:
                 with open(work / "plain.pt", "wb") as handle:
@@ -69,10 +78,10 @@ def main() -> None:
                     os.fsync(handle.fileno())
 
             print(f"| {base}: raw bytes + fsync | {gb / timed(raw):.2f} |")
-            t = timed(lambda: fmt.load_shard(work / fmt.shard_name(0))["tensors"]["t0"].sum())  # noqa: B023
-            print(f"| {base}: load_shard (mmap, first tensor touched) | {gb / t:.2f} |")
-            t = timed(lambda: [v.sum() for v in fmt.load_shard(work / fmt.shard_name(0))["tensors"].values()])  # noqa: B023
-            print(f"| {base}: load_shard, every tensor read (page cache) | {gb / t:.2f} |")
+            fmt.write_metadata(work, [json.loads((work / fmt.sidecar_name(0)).read_text())])
+            target = {name: torch.empty_like(t) for name, t in shard["tensors"].items()}
+            t = timed(lambda: dcp.load(target, storage_reader=dcp.FileSystemReader(str(work)), no_dist=True))  # noqa: B023
+            print(f"| {base}: dcp.load, every tensor read (page cache) | {gb / t:.2f} |")
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -1,3 +1,5 @@
+"""The on-disk format: DCP directories with our manifest, the commit protocol, plain-torch readability."""
+
 import multiprocessing
 import os
 
@@ -5,60 +7,56 @@ import pytest
 import torch
 
 from resilient_training.run import checkpoint_format as fmt
-
-
-def _shard(step: int, rank: int, world: int, full: dict[str, torch.Tensor]) -> dict:
-    tensors, layout = {}, {}
-    for name, tensor in full.items():
-        offset, length = fmt.chunk_bounds(tensor.shape[0], world, rank)
-        tensors[name] = tensor[offset : offset + length].clone()
-        layout[name] = {"global_shape": list(tensor.shape), "offset": offset}
-    meta = {"format_version": 1, "step": step, "rank": rank, "world_size": world, "optimizer_step": step,
-            "data_position": step, "layout": layout}
-    return {"meta": meta, "tensors": tensors}
-
-
-FULL = {"model/w": torch.arange(15.0).reshape(5, 3), "model/b": torch.arange(3.0), "model/one": torch.ones(1, 2)}
-
-
-def _save(root, step, world=2, full=FULL):
-    tmp = root / f".tmp-step_{step}-t"
-    tmp.mkdir(parents=True)
-    for rank in range(world):
-        fmt.write_shard(tmp, rank, _shard(step, rank, world, full))
-    return fmt.commit(tmp, step=step, world_size=world, manifest_fields={"optimizer_step": step}, keep_last=2)
+from resilient_training.runtime.checkpointing import state_dict
+from tests.support.gates import TINY, rank_jobs, train_state, write_checkpoint
 
 
 def test_commit_writes_manifest_and_moves_latest(tmp_path):
     root = tmp_path / "checkpoints"
     assert fmt.read_latest(root) is None
-    first = _save(root, 5)
+    first = write_checkpoint(tmp_path, step=1, keep_last=2)
     assert fmt.read_latest(root) == first
     manifest = fmt.read_manifest(first)
-    assert manifest["step"] == 5 and manifest["checksum_algorithm"] == "xxh3_128"
-    assert sorted(os.listdir(first)) == ["manifest.json", "rank_0.pt", "rank_1.pt"]  # no sidecars left
+    assert manifest["step"] == 1 and manifest["checksum_algorithm"] == "xxh3_128"
+    assert manifest["format_version"] == 2 and manifest["world_size"] == 2
+    # DCP's files, our manifest and the data state; no sidecars left
+    assert sorted(os.listdir(first)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "data_rank_0.pt",
+                                         "data_rank_1.pt", "manifest.json"]
     for name, entry in manifest["files"].items():
         assert fmt.checksum_file(first / name) == (entry["bytes"], entry["checksum"])
-    _save(root, 10)
-    _save(root, 15)
-    assert fmt.committed_steps(root) == [10, 15]  # keep_last=2 pruned step 5
-    assert fmt.read_latest(root).name == "step_15"
+    # every chunk of a 2-rank save: rank 0 and rank 1 each hold their rows of the embedding
+    assert [c["rank"] for c in manifest["tensors"]["model.tok.weight"]["chunks"]] == [0, 1]
+    assert manifest["data_state"]["0"]["state"] == {"position": 4}
+    write_checkpoint(tmp_path, step=2, keep_last=2, train_steps=1)
+    write_checkpoint(tmp_path, step=3, keep_last=2, train_steps=1)
+    assert fmt.committed_steps(root) == [2, 3]  # keep_last=2 pruned step 1
+    assert fmt.read_latest(root).name == "step_3"
 
 
-def test_assemble_full_inverts_sharding_for_any_world_size(tmp_path):
-    for world in (1, 2, 3, 4, 7):
-        shards = [_shard(1, r, world, FULL) for r in range(world)]
-        full = fmt.assemble_full(shards)
-        for name, tensor in FULL.items():
-            assert torch.equal(full[name], tensor), (world, name)
+def test_a_step_directory_is_a_plain_dcp_checkpoint(tmp_path):
+    """dcp_to_torch_save, torch alone, gives the task's plain state dicts: full tensors, same keys."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    model, optimizer, _ = train_state(TINY, seed=1234, steps=3)
+    ckpt = write_checkpoint(tmp_path, step=3, world_size=3, state=state_dict(model, optimizer))
+    dcp_to_torch_save(ckpt, tmp_path / "out.pt")
+    plain = torch.load(tmp_path / "out.pt", weights_only=True)
+    expected = model.state_dict()
+    assert set(plain["model"]) == set(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(plain["model"][name], tensor), name
+    exp_avg = optimizer.state[model.head.weight]["exp_avg"]
+    assert torch.equal(plain["optim"]["state"]["head.weight"]["exp_avg"], exp_avg)
 
 
 def test_a_save_that_never_committed_is_invisible(tmp_path):
     root = tmp_path / "checkpoints"
-    _save(root, 5)
+    write_checkpoint(tmp_path, step=5, train_steps=1)
+    model, optimizer, data = train_state(TINY, seed=1, steps=1)
     tmp = root / ".tmp-step_10-x"
     tmp.mkdir()
-    fmt.write_shard(tmp, 0, _shard(10, 0, 2, FULL))  # rank 1 never finished
+    job = rank_jobs(state_dict(model, optimizer), world_size=2, step=10, data_state=data.state_dict())[0]
+    fmt.write_rank(tmp, 0, job)  # rank 1 never finished
     with pytest.raises(fmt.CheckpointError, match="rank 1 reported no shard"):
         fmt.commit(tmp, step=10, world_size=2, manifest_fields={})
     assert fmt.read_latest(root).name == "step_5"
@@ -66,7 +64,9 @@ def test_a_save_that_never_committed_is_invisible(tmp_path):
 
 
 def _torn_writer(tmp_dir: str) -> None:
-    fmt.write_shard(tmp_dir, 0, _shard(3, 0, 1, FULL), torn_write=True)
+    model, optimizer, data = train_state(TINY, seed=1, steps=1)
+    job = rank_jobs(state_dict(model, optimizer), world_size=1, step=3, data_state=data.state_dict())[0]
+    fmt.write_rank(tmp_dir, 0, job, torn_write=True)
 
 
 def test_a_write_killed_midway_leaves_only_a_partial_file(tmp_path):
@@ -74,16 +74,20 @@ def test_a_write_killed_midway_leaves_only_a_partial_file(tmp_path):
     tmp.mkdir()
     proc = multiprocessing.get_context("spawn").Process(target=_torn_writer, args=(str(tmp),))
     proc.start()
-    proc.join(60)
+    proc.join(120)
     assert proc.exitcode == -9  # SIGKILL, as the ckpt-kill / writer-kill faults do
-    assert [p.name for p in tmp.iterdir()] == ["rank_0.pt.partial"]
+    assert [p.name for p in tmp.iterdir()] == ["__0_0.distcp.partial"]
 
 
-def test_loading_refuses_arbitrary_pickles(tmp_path):
-    path = tmp_path / "rank_0.pt"
-    torch.save({"meta": {}, "tensors": {}, "evil": multiprocessing.get_context}, path)
+def test_data_state_loading_refuses_arbitrary_pickles(tmp_path):
+    torch.save({"position": 1, "evil": multiprocessing.get_context}, tmp_path / fmt.data_name(0))
     with pytest.raises(Exception, match="Weights only load failed"):
-        fmt.load_shard(path)
+        fmt.load_data_state(tmp_path, 0)
+
+
+def test_a_checkpoint_of_the_old_format_is_refused_with_one_sentence(tmp_path):
+    with pytest.raises(fmt.CheckpointError, match="format 1; this version reads format 2 .* Start a new run"):
+        fmt.require_format({"format_version": 1}, tmp_path)
 
 
 def test_latest_naming_a_missing_or_broken_checkpoint_is_an_error(tmp_path):
@@ -99,12 +103,3 @@ def test_latest_naming_a_missing_or_broken_checkpoint_is_an_error(tmp_path):
     (root / "step_9" / "manifest.json").write_text("{not json")
     with pytest.raises(fmt.CheckpointError, match="not valid JSON"):
         fmt.read_manifest(root / "step_9")
-
-
-@pytest.mark.parametrize(("dim0", "world"), [(5, 2), (1, 2), (7, 3), (8, 4), (0, 2)])
-def test_chunk_bounds_match_torch_chunk(dim0, world):
-    chunks = torch.chunk(torch.arange(dim0), world) if dim0 else ()
-    for rank in range(world):
-        offset, length = fmt.chunk_bounds(dim0, world, rank)
-        expected = chunks[rank].tolist() if rank < len(chunks) else []
-        assert list(range(offset, offset + length)) == expected

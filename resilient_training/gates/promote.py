@@ -4,7 +4,7 @@ Refuses unless ``RUN/gates/validation.json`` and ``RUN/gates/convergence.json`` 
 both name this checkpoint by the digest of its current ``manifest.json``; while copying,
 every file is checksummed again against the manifest, so damage after validation is caught.
 
-The promoted model is ``DEST/manifest.json``, ``DEST/rank_*.pt`` and ``DEST/promotion.json``
+The promoted model is the checkpoint's files (a DCP directory with its ``manifest.json``) and ``DEST/promotion.json``
 (the record of both gates and the source). Atomic and idempotent:
 
 - local: files are written and fsynced into ``.tmp-promote-<name>-<pid>`` beside DEST, which

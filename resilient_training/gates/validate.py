@@ -8,17 +8,21 @@ commit protocol guarantees nothing loads them, so they are not corruption.
 
 The stages, in order (a stage only looks at files the previous ones found whole):
 
-1. layout: ``latest`` names a committed ``step_N``; the manifest parses and lists every rank;
-   each listed file is present and no unknown file sits beside them;
+1. layout: ``latest`` names a committed ``step_N``; the manifest parses (format 2: PyTorch DCP)
+   and lists every rank's files and DCP's ``.metadata``; no unknown file sits beside them;
 2. bytes: every file is read once in large blocks, in parallel threads (xxhash releases the
-   GIL), and its size and xxh3_128 checksum compared with the manifest;
-3. contents: each shard loads with ``weights_only=True``; its recorded step, rank, world
-   size, optimizer step and data position agree with the manifest; its tensors match the
-   manifest's names, shapes, dtypes, layout and per-tensor checksums; floating tensors are
-   finite; optimizer state pairs with the model parameters (``exp_avg_sq`` >= 0);
-4. load: the slices assemble into global tensors (which is what resharding to another world
-   size needs), load strictly into a freshly built model, and every loaded tensor, sliced
-   again for the saved and for other world sizes, hashes the same as the saved one.
+   GIL), and its size and xxh3_128 checksum compared with the manifest; the world size is the
+   one the run's own event log recorded for this commit;
+3. contents: ``.metadata`` loads through a restricted unpickler and agrees with the manifest;
+   every tensor's chunks cover its full extent exactly (the proof that the whole state is
+   there); every chunk loads with ``weights_only=True`` and matches its recorded shape, dtype
+   and checksum, and is finite; optimizer values and data states load with ``weights_only=True``;
+4. load: DCP loads the checkpoint into a fresh model and optimizer of the run's task in one
+   process (resharding from the saved world size), strictly, and every loaded model value
+   hashes the same as the chunk the trainer saved.
+
+Only ``validate`` finds problems; it never repairs. A check it cannot make is a finding, never
+a silent skip.
 """
 
 from __future__ import annotations
@@ -366,13 +370,9 @@ class _Checker:
         covered = self.check_coverage()
         self.check_chunks()
         self.check_objects_and_data()
-        if not self.load:
-            return
-        if covered and not self.result.findings:
+        # A checkpoint with findings is not loaded: they already say why it is invalid.
+        if self.load and covered and not self.result.findings:
             self.check_load()
-        else:
-            self.find("load_not_attempted", cf.MANIFEST_NAME,
-                      "not loaded into a fresh model: the checkpoint failed the checks above")
 
     # 1. layout ---------------------------------------------------------------------------
     def check_manifest(self) -> bool:
@@ -581,6 +581,7 @@ class _Checker:
         the files and the manifest say about ranks.
         """
         ok = True
+        incomplete: list[tuple[str, str]] = []
         for fqn, entry in self.manifest["tensors"].items():
             size = entry["size"]
             total = math.prod(size)
@@ -603,10 +604,13 @@ class _Checker:
                     continue
                 break
             covered = sum(math.prod(s) for _, s in boxes)
-            if ok and covered != total:
-                self.find("coverage_incomplete", cf.METADATA_NAME, f"chunks cover {covered} of {total} elements "
-                          f"(size {size}): part of the tensor is in no file", fqn)
-                ok = False
+            if covered != total:
+                incomplete.append((fqn, f"chunks cover {covered} of {total} elements (size {size})"))
+        if incomplete:
+            # One problem (part of the state is in no file), one finding: count, and name the first.
+            self.find("coverage_incomplete", cf.METADATA_NAME, f"{len(incomplete)} tensors are not fully covered by "
+                      f"their chunks, so part of the state is in no file; first: {incomplete[0][1]}", incomplete[0][0])
+            ok = False
         if ok:
             self.result.checks.append(f"every tensor's chunks cover its full extent exactly "
                                       f"({len(self.manifest['tensors'])} tensors)")
@@ -632,40 +636,43 @@ class _Checker:
 
         problems = 0
         non_finite: list[tuple[str, str, str]] = []
+        grouped: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (code, file) -> [(tensor, message)]
         count = 0
+
+        def note(code: str, file: str, message: str, fqn: str) -> None:
+            grouped.setdefault((code, file), []).append((fqn, message))
         for fqn, entry in self.manifest["tensors"].items():
             for chunk in entry["chunks"]:
                 count += 1
                 file = chunk.get("file", "?")
                 if file not in self.whole:
                     if file not in self.expected_files:
-                        self.find("chunk_unreadable", cf.MANIFEST_NAME, f"stored in {file}, no file of this checkpoint",
-                                  fqn)
+                        note("chunk_unreadable", cf.MANIFEST_NAME, f"stored in {file}, no file of this checkpoint", fqn)
                         problems += 1
                     continue  # its file already has a finding
                 data = self._read(file, chunk.get("offset"), chunk.get("length"))
                 if data is None:
-                    self.find("chunk_unreadable", file, f"bytes {chunk.get('offset')}+{chunk.get('length')} lie outside "
-                              "the file", fqn)
+                    note("chunk_unreadable", file, f"bytes {chunk.get('offset')}+{chunk.get('length')} lie outside "
+                         "the file", fqn)
                     problems += 1
                     continue
                 try:
                     tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
                 except Exception as exc:
-                    self.find("chunk_unreadable", file, f"does not load with weights_only=True: {exc}"[:300], fqn)
+                    note("chunk_unreadable", file, f"does not load with weights_only=True: {exc}"[:300], fqn)
                     problems += 1
                     continue
                 if not isinstance(tensor, torch.Tensor) or list(tensor.shape) != chunk["sizes"] \
                         or cf.dtype_name(tensor.dtype) != entry["dtype"]:
                     what = f"{list(tensor.shape)} {tensor.dtype}" if isinstance(tensor, torch.Tensor) else \
                         type(tensor).__name__
-                    self.find("tensor_mismatch", file, f"chunk at {chunk['offsets']} holds {what}, expected "
-                              f"{chunk['sizes']} {entry['dtype']}", fqn)
+                    note("tensor_mismatch", file, f"chunk at {chunk['offsets']} holds {what}, expected "
+                         f"{chunk['sizes']} {entry['dtype']}", fqn)
                     problems += 1
                     continue
                 if tensor_checksum(tensor) != chunk.get("checksum"):
-                    self.find("tensor_checksum_mismatch", file, f"chunk at {chunk['offsets']}: values differ from the "
-                              "ones the trainer saved (per-chunk checksum)", fqn)
+                    note("tensor_checksum_mismatch", file, f"chunk at {chunk['offsets']}: values differ from the "
+                         "ones the trainer saved (per-chunk checksum)", fqn)
                     problems += 1
                     continue
                 if (tensor.is_floating_point() or tensor.is_complex()) and tensor.numel() \
@@ -676,13 +683,21 @@ class _Checker:
                         non_finite.append((file, fqn, f"{bad} of {tensor.numel()} values are not finite "
                                            f"({nans} NaN, {bad - nans} inf)"))
                         problems += 1
-        if len(non_finite) == 1:
-            self.find("non_finite", non_finite[0][0], non_finite[0][2], non_finite[0][1])
-        elif non_finite:
-            # One problem (the state diverged), one finding: name the first tensors, count the rest.
-            listed = ", ".join(f for _, f, _ in non_finite[:4]) + (", ..." if len(non_finite) > 4 else "")
-            self.find("non_finite", non_finite[0][0], f"{len(non_finite)} chunks hold non-finite values ({listed}); "
-                      f"first: {non_finite[0][2]}", non_finite[0][1])
+        for (code, file), found in grouped.items():
+            # One finding per problem and file: a shard from another step is one problem, not 100.
+            more = f" ({len(found)} chunks; first: {found[0][0]})" if len(found) > 1 else ""
+            self.find(code, file, found[0][1] + more, found[0][0])
+        by_file: dict[str, list[tuple[str, str]]] = {}
+        for file, fqn, message in non_finite:
+            by_file.setdefault(file, []).append((fqn, message))
+        for file, found in by_file.items():
+            if len(found) == 1:
+                self.find("non_finite", file, found[0][1], found[0][0])
+                continue
+            # One problem (the state diverged), one finding per file: name the first chunks, count the rest.
+            listed = ", ".join(f for f, _ in found[:4]) + (", ..." if len(found) > 4 else "")
+            self.find("non_finite", file, f"{len(found)} chunks hold non-finite values ({listed}); first: "
+                      f"{found[0][1]}", found[0][0])
         if not problems and all(f in self.whole for f in self.expected_files):
             self.result.checks.append(f"all {count} chunks load with weights_only=True and match the manifest's shape, "
                                       "dtype and checksum; every floating value is finite")
@@ -733,44 +748,54 @@ class _Checker:
 
     # 4. load -----------------------------------------------------------------------------
     def check_load(self) -> None:
-        """Load the model through DCP into a fresh model of the run's task, in this one process
-        (world size 1: DCP's reader reshards from the saved world size), strictly, and prove every
-        loaded value hashes the same as the chunk the trainer saved.
+        """Load the checkpoint through DCP into a freshly built model, optimizer (and scheduler) of the
+        run's task, in this one process (world size 1: DCP's reader reshards from the saved world
+        size), strictly both ways, and prove every loaded model value hashes the same as the chunk
+        the trainer saved.
+
+        The fresh optimizer's state (initialised as ``get_state_dict`` does) names every state
+        tensor a resume needs: a checkpoint lacking one fails here, whatever the manifest says.
         """
         import torch
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
 
         from resilient_training.run.checkpoint_format import tensor_checksum
+        from resilient_training.runtime.checkpointing import flat_state, state_dict
 
-        model = self._fresh_model()
-        if model is None:
+        built = self._fresh()
+        if built is None:
             return
-        state = model.state_dict()
-        saved = {k.removeprefix("model."): v for k, v in self.manifest["tensors"].items() if k.startswith("model.")}
-        saved_objects = {k.removeprefix("model.") for k in self.manifest["objects"] if k.startswith("model.")}
-        missing = sorted(set(state) - set(saved) - saved_objects)
-        extra = sorted(set(saved) - set(state))
+        model, optimizer, scheduler = built
+        try:
+            state = state_dict(model, optimizer, scheduler)
+        except Exception as exc:
+            self.find("load_failed", cf.MANIFEST_NAME, f"the task's optimizer state cannot be initialised: {exc}"[:600])
+            return
+        expected = set(flat_state(state)[0])
+        stored = set(self.manifest["tensors"]) | set(self.manifest["objects"])
+        missing, extra = sorted(expected - stored), sorted(stored - expected)
         if missing or extra:
-            detail = (f"missing {len(missing)} of the model's tensors (first {missing[0]})" if missing else
-                      f"holds {len(extra)} tensors the model lacks (first {extra[0]})")
-            self.find("load_failed", cf.MANIFEST_NAME, f"does not load strictly into a fresh model: {detail}")
+            detail = (f"lacks {len(missing)} entries a fresh model and optimizer of the task have (first {missing[0]})"
+                      if missing else f"holds {len(extra)} entries the task's model and optimizer lack (first {extra[0]})")
+            self.find("load_failed", cf.MANIFEST_NAME, f"does not load strictly: {detail}")
             return
         try:
             with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
                 warnings.simplefilter("ignore", UserWarning)
-                dcp.load({"model": state}, storage_reader=dcp.FileSystemReader(str(self.dir)), no_dist=True)
-            model.load_state_dict(state, strict=True)
+                dcp.load(state, storage_reader=dcp.FileSystemReader(str(self.dir)), no_dist=True)
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            if scheduler is not None:
+                scheduler.load_state_dict(state["lr_scheduler"])
         except Exception as exc:
-            self.find("load_failed", cf.MANIFEST_NAME, f"does not load into a fresh model: {exc}"[:600])
+            self.find("load_failed", cf.MANIFEST_NAME, f"does not load into a fresh model and optimizer: {exc}"[:600])
             return
         world = self.manifest["world_size"]
-        self.result.checks.append(f"loads strictly into a freshly built model of the run's task in one process "
+        self.result.checks.append(f"loads strictly into a fresh model and optimizer of the run's task in one process "
                                   f"(world size 1, resharded by DCP from {world})")
+        saved = {k.removeprefix("model."): v for k, v in self.manifest["tensors"].items() if k.startswith("model.")}
         for fqn, tensor in model.state_dict().items():
-            entry = saved.get(fqn)
-            if entry is None:
-                continue
-            for chunk in entry["chunks"]:
+            for chunk in saved[fqn]["chunks"]:
                 region = tensor
                 for dim, (offset, size) in enumerate(zip(chunk["offsets"], chunk["sizes"], strict=True)):
                     region = region.narrow(dim, offset, size)
@@ -781,7 +806,7 @@ class _Checker:
                     return
         self.result.checks.append(f"every loaded model tensor hashes the same as the chunks saved by {world} ranks")
 
-    def _fresh_model(self) -> Any:
+    def _fresh(self) -> tuple[Any, Any, Any] | None:
         import torch
 
         from resilient_training.runtime import task as tk
@@ -794,7 +819,10 @@ class _Checker:
         state = torch.random.get_rng_state()
         torch.manual_seed(int(self.manifest.get("seed", 0)))
         try:
-            return tk.build_model(tk.load_task(spec, {str(k): str(v) for k, v in args.items()}))
+            task = tk.load_task(spec, {str(k): str(v) for k, v in args.items()})
+            model = tk.build_model(task)
+            optimizer = tk.build_optimizer(task, model)
+            return model, optimizer, tk.lr_scheduler(task, optimizer)
         except tk.TaskError as exc:
             self.find("load_failed", cf.MANIFEST_NAME, f"the run's task builds no model here: {exc}"[:600])
             return None

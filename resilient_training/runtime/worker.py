@@ -31,11 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     events = ev.EventLog(config.run_dir, rank=rank, attempt=attempt)
     import torch
 
+    from resilient_training.runtime.task import TaskError
     from resilient_training.runtime.trainer import Trainer, worker_store_port  # torch import after argument errors surface
 
     failed_for_launcher = False
     heartbeats = nvrx_adapter.Heartbeats(config.restart.ft_launcher)
-    trainer = Trainer(config, events=events, heartbeats=heartbeats)
+    try:
+        trainer = Trainer(config, events=events, heartbeats=heartbeats)
+    except TaskError as exc:  # the task cannot be loaded here (e.g. missing from the image): retrying cannot help
+        code = _do_not_restart(events, heartbeats, rank, str(exc))
+        heartbeats.close()
+        events.close()
+        return code
     node = flt.this_node()
     agent, local_rank = _agent_identity(), int(os.environ.get("LOCAL_RANK", "0"))
     # Restarted by its own agent? TORCHELASTIC_RESTART_COUNT alone cannot tell: an agent that
@@ -83,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resilient-training worker rank {rank}: {reason}", file=sys.stderr)
             failed_for_launcher = True
             return 1
-        if isinstance(exc, CheckpointError) and "different model" in str(exc):
+        if isinstance(exc, TaskError) or (isinstance(exc, CheckpointError) and "different model" in str(exc)):
             return _do_not_restart(events, heartbeats, rank, str(exc))
         events.emit("end", None, status="failed", reason=f"{trainer.last_cause or type(exc).__name__}")
         raise

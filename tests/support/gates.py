@@ -2,13 +2,15 @@
 
 Checkpoints without a distributed run:
 
-:func:`write_checkpoint` trains a real :class:`~resilient_training.runtime.model.GPT` with AdamW for a
-few steps on the real synthetic data, slices every tensor along dim 0 the way FSDP2
-``Shard(0)`` does (``torch.chunk``) and writes one shard per rank through
-:func:`~resilient_training.run.checkpoint_format.write_shard` and
-:func:`~resilient_training.run.checkpoint_format.commit`: the same files the trainer writes.
-:func:`rewrite_shard` alters a committed shard and (optionally) re-records its checksums in
-the manifest, which is how a corruption that slipped past the writer looks.
+:func:`write_checkpoint` trains the built-in GPT task (:mod:`resilient_training.tasks.gpt`) for a
+few steps on its real data, splits every tensor along dim 0 the way FSDP2 ``Shard(0)`` does
+(``torch.chunk``) into one DCP write plan per rank, and writes them through
+:func:`~resilient_training.run.checkpoint_format.write_rank` and
+:func:`~resilient_training.run.checkpoint_format.commit`: the same files the trainer writes. It
+also logs the commit (``ckpt_committed`` with the world size) as the trainer does.
+:func:`rewrite_chunk` alters one stored chunk and (optionally) re-records its checksums in the
+manifest, which is how a corruption that slipped past the writer looks; :func:`rewrite_metadata`
+edits DCP's ``.metadata`` (the tool of an attacker who keeps everything consistent).
 
 Event logs with exact timestamps: :class:`ScriptedLog` writes ``RUN/events/*.jsonl`` in the
 real format (:class:`~resilient_training.run.events.Event`) on a virtual clock, so metrics can be
@@ -31,51 +33,77 @@ from resilient_training.run.config import ModelConfig
 TINY = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, seq_len=16)
 
 
-def train_state(cfg: ModelConfig, *, seed: int, steps: int, lr: float = 3e-3) -> tuple[Any, Any]:
-    """(model, optimizer) after ``steps`` real AdamW steps on the run's data."""
+def task_args(cfg: ModelConfig, *, lr: float = 3e-3, batch_size: int = 4) -> dict[str, str]:
+    """The built-in GPT task's settings for ``cfg`` (as the trainer records them)."""
+    return {**{k: str(getattr(cfg, k)) for k in cfg.__slots__}, "batch_size": str(batch_size), "lr": repr(lr)}
+
+
+def train_state(cfg: ModelConfig, *, seed: int, steps: int, lr: float = 3e-3) -> tuple[Any, Any, Any]:
+    """(model, optimizer, data) of the GPT task after ``steps`` real AdamW steps on its data."""
     import torch
 
-    from resilient_training.runtime.model import batch, build_model, loss_fn
+    from resilient_training.tasks.gpt import task
 
-    model = build_model(cfg, seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    for position in range(steps):
-        tokens = batch(cfg, seed=seed, position=position, rank=0, batch_size=4)
-        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+    gpt = task(**task_args(cfg, lr=lr))
+    torch.manual_seed(seed)
+    model = gpt.build_model()
+    optimizer = gpt.build_optimizer(model)
+    data = gpt.build_data(0, 1, seed)
+    for _ in range(steps):
+        loss = gpt.loss(model, next(data))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return model, optimizer
+    return model, optimizer, data
 
 
-def flat_state(model: Any, optimizer: Any) -> dict[str, Any]:
-    """``model/<fqn>`` and ``optim/<fqn>/<exp_avg|exp_avg_sq>`` tensors, as the trainer names them."""
-    tensors: dict[str, Any] = {}
-    names = {id(p): n for n, p in model.named_parameters()}
-    for fqn, tensor in model.state_dict().items():
-        tensors[f"model/{fqn}"] = tensor.detach().clone()
-    for param, state in optimizer.state.items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key in state:
-                tensors[f"optim/{names[id(param)]}/{key}"] = state[key].detach().clone()
-    return tensors
+def rank_jobs(state: Mapping[str, Any], *, world_size: int, step: int, data_state: Any) -> list[dict[str, Any]]:
+    """One DCP write job per rank, as FSDP2 ``Shard(0)`` over ``world_size`` ranks would stage them."""
+    import io
+
+    import torch
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+    from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+    from torch.distributed.checkpoint.planner_helpers import _create_write_items
+
+    from resilient_training.runtime.checkpointing import flat_state
+
+    flat, paths = flat_state(dict(state))
+    jobs = [{"items": [], "tensors": {}, "blobs": {}, "paths": paths, "data_state": data_state,
+             "meta": {"step": step, "optimizer_step": step, "data_position": step}} for _ in range(world_size)]
+    for name, value in flat.items():
+        if isinstance(value, torch.Tensor) and value.dim() >= 1:
+            chunk = -(-value.shape[0] // world_size)
+            for rank, job in enumerate(jobs):
+                offset = min(rank * chunk, value.shape[0])
+                length = max(0, min(chunk, value.shape[0] - offset))
+                offsets = torch.Size([offset] + [0] * (value.dim() - 1))
+                sizes = torch.Size([length, *value.shape[1:]])
+                job["items"].append(WriteItem(
+                    index=MetadataIndex(name, offsets), type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(offsets=offsets, sizes=sizes),
+                                                properties=TensorProperties.create_from_tensor(value),
+                                                size=value.size())))
+                job["tensors"][name] = value.detach().narrow(0, offset, length).clone()
+        elif isinstance(value, torch.Tensor):
+            jobs[0]["items"] += _create_write_items(name, value)
+            jobs[0]["tensors"][name] = value.detach().clone()
+        else:
+            blob = io.BytesIO()
+            torch.save(value, blob)
+            jobs[0]["items"] += _create_write_items(name, value)
+            jobs[0]["blobs"][name] = blob.getvalue()
+    return jobs
 
 
-def shards_from_full(
-    tensors: Mapping[str, Any], *, world_size: int, step: int, optimizer_step: int, data_position: int
-) -> list[dict[str, Any]]:
-    shards = []
-    for rank in range(world_size):
-        shards.append({
-            "meta": {"format_version": cf.FORMAT_VERSION, "step": step, "rank": rank, "world_size": world_size,
-                     "optimizer_step": optimizer_step, "data_position": data_position, "layout": {}},
-            "tensors": {},
-        })
-    for name, tensor in tensors.items():
-        for rank, (offset, piece) in enumerate(cf.split_dim0(tensor, world_size)):
-            shards[rank]["tensors"][name] = piece.clone()
-            shards[rank]["meta"]["layout"][name] = {"global_shape": list(tensor.shape), "offset": offset}
-    return shards
+def log_commit(run_dir: str | os.PathLike[str], step: int, world_size: int) -> None:
+    """Rank 0's ``ckpt_committed`` for ``step``, as the trainer logs it (validation reads its world size)."""
+    from resilient_training.run.events import EventLog
+
+    log = EventLog(run_dir, rank=0, attempt=0)
+    log.emit("ckpt_committed", step, bytes=0, seconds=0.0, path=f"checkpoints/step_{step}", tier="persistent",
+             world_size=world_size)
+    log.close()
 
 
 def write_checkpoint(
@@ -88,33 +116,39 @@ def write_checkpoint(
     train_steps: int | None = None,
     keep_last: int = 100,
     run_id: str = "test-run",
-    tensors: Mapping[str, Any] | None = None,
+    state: Mapping[str, Any] | None = None,
 ) -> Path:
     """Commit ``RUN/checkpoints/step_<step>`` holding real trained state; returns its path."""
     import torch
 
-    if tensors is None:
-        model, optimizer = train_state(cfg, seed=seed, steps=step if train_steps is None else train_steps)
-        tensors = flat_state(model, optimizer)
+    from resilient_training.run.config import DEFAULT_TASK
+    from resilient_training.runtime.checkpointing import state_dict
+
+    data_state: Any = {"position": 0}
+    if state is None:
+        model, optimizer, data = train_state(cfg, seed=seed, steps=step if train_steps is None else train_steps)
+        state, data_state = state_dict(model, optimizer), data.state_dict()
     root = layout.checkpoints_dir(run_dir)
     tmp = root / f"{cf.TMP_PREFIX}{cf.step_dirname(step)}-a0i0"
     tmp.mkdir(parents=True, exist_ok=True)
-    for rank, shard in enumerate(
-        shards_from_full(tensors, world_size=world_size, step=step, optimizer_step=step, data_position=step)
-    ):
-        cf.write_shard(tmp, rank, shard)
-    return cf.commit(
+    for rank, job in enumerate(rank_jobs(state, world_size=world_size, step=step, data_state=data_state)):
+        cf.write_rank(tmp, rank, job)
+    path = cf.commit(
         tmp,
         step=step,
         world_size=world_size,
         keep_last=keep_last,
         manifest_fields={
             "model_config": dataclasses.asdict(cfg),
+            "task": DEFAULT_TASK,
+            "task_args": task_args(cfg),
             "versions": {"torch": torch.__version__},
             "seed": seed,
             "run_id": run_id,
         },
     )
+    log_commit(run_dir, step, world_size)
+    return path
 
 
 def rewrite_manifest(ckpt_dir: str | os.PathLike[str], edit: Callable[[dict[str, Any]], None]) -> None:
@@ -134,36 +168,80 @@ def record_file(ckpt_dir: str | os.PathLike[str], name: str) -> None:
     rewrite_manifest(ckpt_dir, edit)
 
 
-def rewrite_shard(
+def read_metadata(ckpt_dir: str | os.PathLike[str]) -> Any:
+    import pickle
+
+    with open(Path(ckpt_dir) / cf.METADATA_NAME, "rb") as handle:
+        return pickle.load(handle)
+
+
+def rewrite_metadata(ckpt_dir: str | os.PathLike[str], edit: Callable[[Any], None]) -> None:
+    """Edit DCP's ``.metadata`` in place and re-record its checksum (a consistent forgery)."""
+    import pickle
+
+    metadata = read_metadata(ckpt_dir)
+    edit(metadata)
+    path = Path(ckpt_dir) / cf.METADATA_NAME
+    tmp = path.with_name(path.name + ".rewrite")
+    tmp.write_bytes(pickle.dumps(metadata))
+    os.replace(tmp, path)
+    record_file(ckpt_dir, cf.METADATA_NAME)
+
+
+def chunk_entry(ckpt_dir: str | os.PathLike[str], fqn: str, rank: int) -> dict[str, Any]:
+    """The manifest's record of the chunk of ``fqn`` that ``rank`` wrote."""
+    manifest = cf.read_manifest(ckpt_dir)
+    return next(c for c in manifest["tensors"][fqn]["chunks"] if c["rank"] == rank)
+
+
+def rewrite_chunk(
     ckpt_dir: str | os.PathLike[str],
+    fqn: str,
     rank: int,
-    edit: Callable[[dict[str, Any]], None],
+    edit: Callable[[Any], None],
     *,
     rerecord: str | None = "all",
 ) -> None:
-    """Load a shard, let ``edit`` change it in place and save it back.
+    """Load the chunk of ``fqn`` that ``rank`` stored, let ``edit`` change it in place, store it back.
 
-    ``rerecord``: ``"all"`` re-records the file and its tensors in the manifest (as if the
-    writer had saved the edited state), ``"file"`` only the file's size and checksum (a
+    ``rerecord``: ``"all"`` re-records the chunk's checksum and its file in the manifest (as if
+    the writer had saved the edited state), ``"file"`` only the file's size and checksum (a
     careless repair), None nothing (damage after the commit).
     """
-    path = Path(ckpt_dir) / cf.shard_name(rank)
-    shard = cf.load_shard(path)
-    edit(shard)
-    save_replacing(shard, path)
+    import io
+
+    import torch
+
+    entry = chunk_entry(ckpt_dir, fqn, rank)
+    path = Path(ckpt_dir) / entry["file"]
+    data = path.read_bytes()
+    start, length = entry["offset"], entry["length"]
+    tensor = torch.load(io.BytesIO(data[start:start + length]), weights_only=True)
+    edit(tensor)
+    blob = io.BytesIO()
+    torch.save(tensor, blob)
+    assert len(blob.getvalue()) == length, "the edit changed the stored length"
+    save_bytes(data[:start] + blob.getvalue() + data[start + length:], path)
     if rerecord == "all":
-        layout = shard["meta"].get("layout", {})
+        def edit_manifest(manifest: dict[str, Any]) -> None:
+            for chunk in manifest["tensors"][fqn]["chunks"]:
+                if chunk["rank"] == rank:
+                    chunk["checksum"] = cf.tensor_checksum(tensor)
 
-        def edit_tensors(manifest: dict[str, Any]) -> None:
-            manifest["tensors"][path.name] = {n: cf.tensor_entry(t, layout.get(n)) for n, t in shard["tensors"].items()}
-
-        rewrite_manifest(ckpt_dir, edit_tensors)
+        rewrite_manifest(ckpt_dir, edit_manifest)
     if rerecord in ("all", "file"):
-        record_file(ckpt_dir, path.name)
+        record_file(ckpt_dir, entry["file"])
+
+
+def save_bytes(data: bytes, path: Path) -> None:
+    """Write a new file renamed over ``path`` (readers that mapped the old one keep it whole)."""
+    tmp = path.with_name(path.name + ".rewrite")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def save_replacing(obj: Any, path: Path) -> None:
-    """torch.save to a new file renamed over ``path``: load_shard memory-maps the old one, and
+    """torch.save to a new file renamed over ``path``: a reader may memory-map the old one, and
     truncating a mapped file in place would SIGBUS whoever still reads it.
     """
     import torch
@@ -270,7 +348,7 @@ TRAINER_RUNS: dict[str, list[str]] = {
     # NaN loss at step 6 with the NaN guard off: the weights turn NaN and training goes on.
     "nan": ["--steps", "12", "--checkpoint-every", "5", "--no-async-checkpoint", "--no-nan-guard",
             "--faults", "nan@6:0"],
-    # rank 1 killed while writing step 10's shard: ft_launcher restarts; .tmp-step_10-*/rank_1.pt.partial stays.
+    # rank 1 killed while writing step 10's shard: ft_launcher restarts; .tmp-step_10-*/__1_0.distcp.partial stays.
     "killed-mid-save": ["--steps", "30", "--checkpoint-every", "5", "--no-async-checkpoint",
                         "--faults", "ckpt-kill@10:1"],
     # learning rate 0: runs fine, learns nothing.
@@ -323,16 +401,22 @@ def tamper_with_initial_weights(ckpt_dir: str | os.PathLike[str]) -> None:
     The result is internally consistent (validation passes): only the loss after a restore
     from it shows that it is not the state the run saved.
     """
-    from resilient_training.runtime.model import build_model
+    import torch
+
+    from resilient_training.runtime import task as tk
 
     manifest = cf.read_manifest(ckpt_dir)
-    fresh = build_model(ModelConfig(**manifest["model_config"]), int(manifest.get("seed", 0))).state_dict()
-    for rank in range(manifest["world_size"]):
-        def edit(shard: dict[str, Any], rank: int = rank) -> None:
-            for fqn, tensor in fresh.items():
-                shard["tensors"][f"model/{fqn}"] = cf.split_dim0(tensor, manifest["world_size"])[rank][1].clone()
+    torch.manual_seed(int(manifest.get("seed", 0)))  # the trainer builds under the run's seed
+    fresh = tk.build_model(tk.load_task(manifest["task"], manifest["task_args"])).state_dict()
+    for fqn, tensor in fresh.items():
+        for chunk in manifest["tensors"][f"model.{fqn}"]["chunks"]:
+            def edit(stored: Any, chunk: dict[str, Any] = chunk, tensor: Any = tensor) -> None:
+                region = tensor
+                for dim, (offset, size) in enumerate(zip(chunk["offsets"], chunk["sizes"], strict=True)):
+                    region = region.narrow(dim, offset, size)
+                stored.copy_(region)
 
-        rewrite_shard(ckpt_dir, rank, edit)
+            rewrite_chunk(ckpt_dir, f"model.{fqn}", chunk["rank"], edit)
 
 
 def build_trainer_runs(root: Path) -> None:

@@ -35,7 +35,9 @@ def test_promotes_a_gated_checkpoint_and_a_second_call_is_a_noop(gated_run: Path
     dest = tmp_path / "models" / "gpt"
     outcome = promote(gated_run / CKPT, str(dest))
     assert outcome["already_promoted"] is False and outcome["step"] == 4
-    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json", PROMOTION_NAME, "rank_0.pt", "rank_1.pt"]
+    assert sorted(p.name for p in dest.iterdir()) == sorted([
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "data_rank_0.pt", "data_rank_1.pt", "manifest.json",
+        PROMOTION_NAME])
     manifest = cf.read_manifest(dest)
     for name, entry in manifest["files"].items():
         assert cf.checksum_file(dest / name) == (entry["bytes"], entry["checksum"])
@@ -87,7 +89,7 @@ def test_refuses_a_checkpoint_changed_after_validation(gated_run: Path, tmp_path
 
 
 def test_damage_after_validation_is_caught_while_copying(gated_run: Path, tmp_path: Path) -> None:
-    shard = gated_run / CKPT / "rank_1.pt"
+    shard = gated_run / CKPT / "__1_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 1
     shard.write_bytes(bytes(data))
@@ -141,7 +143,7 @@ def test_a_crash_midway_leaves_nothing_that_looks_promoted(big_gated_run: Path, 
     proc = subprocess.Popen([sys.executable, "-m", "resilient_training.cli", "promote", str(big_gated_run), str(dest)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".tmp-promote-dest-*/rank_0.pt")) and time.monotonic() < deadline:
+    while not list(tmp_path.glob(".tmp-promote-dest-*/__0_0.distcp")) and time.monotonic() < deadline:
         time.sleep(0.0005)
     proc.send_signal(signal.SIGKILL)  # mid-copy: no cleanup code runs
     assert proc.wait() == -signal.SIGKILL
@@ -206,7 +208,9 @@ def keys(client, bucket: str = "models") -> list[str]:
 def test_promotes_to_s3_idempotently(gated_run: Path, s3) -> None:
     outcome = promote(gated_run / CKPT, "s3://models/gpt/v1", s3_client=s3)
     assert outcome["already_promoted"] is False
-    assert keys(s3) == ["gpt/v1/manifest.json", f"gpt/v1/{PROMOTION_NAME}", "gpt/v1/rank_0.pt", "gpt/v1/rank_1.pt"]
+    assert keys(s3) == sorted(f"gpt/v1/{name}" for name in [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "data_rank_0.pt", "data_rank_1.pt", "manifest.json",
+        PROMOTION_NAME])
     manifest = cf.read_manifest(gated_run / CKPT)
     for name, entry in manifest["files"].items():
         body = s3.get_object(Bucket="models", Key=f"gpt/v1/{name}")
@@ -219,11 +223,11 @@ def test_promotes_to_s3_idempotently(gated_run: Path, s3) -> None:
 
 
 def test_s3_leftovers_of_a_crashed_upload_are_not_a_promotion(gated_run: Path, s3) -> None:
-    s3.put_object(Bucket="models", Key="gpt/v1/rank_0.pt", Body=b"half a shard")
+    s3.put_object(Bucket="models", Key="gpt/v1/__0_0.distcp", Body=b"half a shard")
     assert read_promotion("s3://models/gpt/v1", s3_client=s3) is None
     promote(gated_run / CKPT, "s3://models/gpt/v1", s3_client=s3)
-    body = s3.get_object(Bucket="models", Key="gpt/v1/rank_0.pt")["Body"].read()
-    assert body == (gated_run / CKPT / "rank_0.pt").read_bytes()
+    body = s3.get_object(Bucket="models", Key="gpt/v1/__0_0.distcp")["Body"].read()
+    assert body == (gated_run / CKPT / "__0_0.distcp").read_bytes()
 
 
 def test_s3_missing_bucket_is_a_usage_error(gated_run: Path, s3) -> None:

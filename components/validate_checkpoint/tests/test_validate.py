@@ -12,9 +12,19 @@ import pytest
 from resilient_training.gates.validate import UsageError, validate
 from resilient_training.run import checkpoint_format as cf
 from resilient_training.run import gate_records
-from tests.support.gates import copy_run, record_file, rewrite_manifest, rewrite_shard, save_replacing
+from tests.support.gates import (
+    chunk_entry,
+    copy_run,
+    record_file,
+    rewrite_chunk,
+    rewrite_manifest,
+    rewrite_metadata,
+    save_bytes,
+)
 
 STEP4 = Path("checkpoints/step_4")
+R0, R1 = cf.shard_name(0), cf.shard_name(1)  # __0_0.distcp, __1_0.distcp
+FIRST = "model.blocks.0.fc.bias"  # the first tensor (sorted by name) with a chunk in rank 1's file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,59 +50,134 @@ def flip_byte(path: Path, at: float = 0.5) -> None:
     path.write_bytes(bytes(data))
 
 
-def set_tensor(name: str, value: float, index: int = 0) -> Callable[[dict], None]:
-    def edit(shard: dict) -> None:
-        shard["tensors"][name].view(-1)[index] = value
+def set_value(value: float, index: int = 0) -> Callable[[object], None]:
+    def edit(tensor) -> None:
+        tensor.view(-1)[index] = value
 
     return edit
 
 
-def set_meta(key: str, value: object) -> Callable[[dict], None]:
-    def edit(shard: dict) -> None:
-        shard["meta"][key] = value if not callable(value) else value(shard["meta"])
+def drop_entries(t: Target, *prefixes: str) -> None:
+    """Remove every entry whose name starts with one of ``prefixes`` from manifest and .metadata
+    consistently (a forgery).
+    """
+    prefix = tuple(prefixes)
+    def edit_metadata(md) -> None:
+        for fqn in [k for k in md.state_dict_metadata if k.startswith(prefix)]:
+            del md.state_dict_metadata[fqn]
+        md.storage_data = {k: v for k, v in md.storage_data.items() if not k.fqn.startswith(prefix)}
 
-    return edit
+    def edit_manifest(m: dict) -> None:
+        m["tensors"] = {k: v for k, v in m["tensors"].items() if not k.startswith(prefix)}
 
-
-def drop_head(t: Target) -> None:
-    """Remove head.weight and its optimizer state consistently from shards and manifest."""
-    names = ["model/head.weight", "optim/head.weight/exp_avg", "optim/head.weight/exp_avg_sq"]
-    for rank in (0, 1):
-        def edit(shard: dict) -> None:
-            for n in names:
-                shard["tensors"].pop(n)
-                shard["meta"]["layout"].pop(n)
-
-        rewrite_shard(t.ckpt, rank, edit)
+    rewrite_metadata(t.ckpt, edit_metadata)
+    rewrite_manifest(t.ckpt, edit_manifest)
 
 
-def swap_ranks(t: Target) -> None:
-    d = t.ckpt
-    (d / "rank_0.pt").rename(d / "tmp")
-    (d / "rank_1.pt").rename(d / "rank_0.pt")
-    (d / "tmp").rename(d / "rank_1.pt")
+def forge_without_rank_1(t: Target) -> None:
+    """Issue #14's attack: delete rank 1's files, then rewrite manifest and .metadata as a
+    consistent 1-rank checkpoint of what is left (every remaining byte and checksum is right).
+    """
+    (t.ckpt / R1).unlink()
+    (t.ckpt / cf.data_name(1)).unlink()
 
-    def edit(m: dict) -> None:
-        m["tensors"]["rank_0.pt"], m["tensors"]["rank_1.pt"] = m["tensors"]["rank_1.pt"], m["tensors"]["rank_0.pt"]
+    def edit_metadata(md) -> None:
+        for meta in md.state_dict_metadata.values():
+            if hasattr(meta, "chunks"):
+                kept = [c for c in meta.chunks if md.storage_data[_index(md, c)].relative_path != R1]
+                meta.chunks[:] = kept
+        md.storage_data = {k: v for k, v in md.storage_data.items() if v.relative_path != R1}
 
-    rewrite_manifest(d, edit)
-    record_file(d, "rank_0.pt")
-    record_file(d, "rank_1.pt")
+    def edit_manifest(m: dict) -> None:
+        m["world_size"] = 1
+        for name in (R1, cf.data_name(1)):
+            m["files"].pop(name)
+        for entry in m["tensors"].values():
+            entry["chunks"] = [c for c in entry["chunks"] if c["rank"] != 1]
+        m["data_state"].pop("1")
+
+    rewrite_metadata(t.ckpt, edit_metadata)
+    rewrite_manifest(t.ckpt, edit_manifest)
 
 
-def pickle_object(t: Target) -> None:
-    path = t.ckpt / "rank_1.pt"
-    shard = cf.load_shard(path)
-    shard["meta"]["hook"] = NotATensor()
-    save_replacing(shard, path)
-    record_file(t.ckpt, "rank_1.pt")
+def _index(md, chunk):
+    return next(k for k in md.storage_data if k.offset == chunk.offsets and md.state_dict_metadata.get(k.fqn) is not None
+                and chunk in getattr(md.state_dict_metadata[k.fqn], "chunks", []))
 
 
-def shift_offset(t: Target) -> None:
-    def edit(shard: dict) -> None:
-        shard["meta"]["layout"]["model/tok.weight"]["offset"] += 1
+def halve_chunk(t: Target, fqn: str = "model.tok.weight") -> None:
+    """A consistent manifest over a truncated chunk: rank 1's rows of ``fqn`` cut to half, the file,
+    .metadata and manifest all rewritten to match (sizes, offsets, lengths, checksums).
+    """
+    import io
 
-    rewrite_shard(t.ckpt, 1, edit)
+    import torch
+
+    entry = chunk_entry(t.ckpt, fqn, 1)
+    data = (t.ckpt / entry["file"]).read_bytes()
+    tensor = torch.load(io.BytesIO(data[entry["offset"]:entry["offset"] + entry["length"]]), weights_only=True)
+    half = tensor[: tensor.shape[0] // 2].clone()
+    blob = io.BytesIO()
+    torch.save(half, blob)
+    new = blob.getvalue()
+    # Appended at the end of the file: every other chunk keeps its offset.
+    save_bytes(data + new, t.ckpt / entry["file"])
+    sizes = [half.shape[0], *entry["sizes"][1:]]
+
+    def edit_metadata(md) -> None:
+        for chunk in md.state_dict_metadata[fqn].chunks:
+            if list(chunk.offsets) == entry["offsets"]:
+                chunk.sizes = torch.Size(sizes)
+        for index, info in md.storage_data.items():
+            if index.fqn == fqn and list(index.offset) == entry["offsets"]:
+                info.offset, info.length = len(data), len(new)
+
+    def edit_manifest(m: dict) -> None:
+        for chunk in m["tensors"][fqn]["chunks"]:
+            if chunk["rank"] == 1:
+                chunk.update(sizes=sizes, offset=len(data), length=len(new), checksum=cf.tensor_checksum(half))
+
+    rewrite_metadata(t.ckpt, edit_metadata)
+    rewrite_manifest(t.ckpt, edit_manifest)
+    record_file(t.ckpt, entry["file"])
+
+
+def overlap_chunk(t: Target, fqn: str = "model.head.weight") -> None:
+    """Rank 1's chunk of ``fqn`` claims to start one row early (manifest and .metadata agree): it
+    overlaps rank 0's rows and the last row is in no file.
+    """
+    second = chunk_entry(t.ckpt, fqn, 1)
+    moved = [second["offsets"][0] - 1, *second["offsets"][1:]]
+
+    def edit_metadata(md) -> None:
+        import torch
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+
+        for chunk in md.state_dict_metadata[fqn].chunks:
+            if list(chunk.offsets) == second["offsets"]:
+                chunk.offsets = torch.Size(moved)
+        for index in [k for k in md.storage_data if k.fqn == fqn and list(k.offset) == second["offsets"]]:
+            md.storage_data[MetadataIndex(fqn, torch.Size(moved))] = md.storage_data.pop(index)
+
+    def edit_manifest(m: dict) -> None:
+        for chunk in m["tensors"][fqn]["chunks"]:
+            if chunk["rank"] == 1:
+                chunk.update(offsets=moved)
+
+    rewrite_metadata(t.ckpt, edit_metadata)
+    rewrite_manifest(t.ckpt, edit_manifest)
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/rt-validate-pwned",))
+
+
+def evil_metadata(t: Target) -> None:
+    import pickle
+
+    (t.ckpt / cf.METADATA_NAME).write_bytes(pickle.dumps({"state_dict_metadata": _Evil()}))
+    record_file(t.ckpt, cf.METADATA_NAME)
 
 
 def step_behind(manifest: dict) -> None:
@@ -100,25 +185,42 @@ def step_behind(manifest: dict) -> None:
 
 
 def shard_from_other_step(t: Target) -> None:
-    shutil.copy(t.other / "rank_1.pt", t.ckpt / "rank_1.pt")
-    record_file(t.ckpt, "rank_1.pt")
+    shutil.copy(t.other / R1, t.ckpt / R1)
+    record_file(t.ckpt, R1)
 
 
 def write_random(t: Target) -> None:
-    (t.ckpt / "rank_1.pt").write_bytes(os.urandom(4096))
-    record_file(t.ckpt, "rank_1.pt")
+    (t.ckpt / R1).write_bytes(os.urandom((t.ckpt / R1).stat().st_size))
+    record_file(t.ckpt, R1)
+
+
+def pickle_object_as_data_state(t: Target) -> None:
+    import torch
+
+    torch.save({"position": NotATensor()}, t.ckpt / cf.data_name(1))
+    record_file(t.ckpt, cf.data_name(1))
 
 
 def truncate(t: Target) -> None:
-    os.truncate(t.ckpt / "rank_0.pt", (t.ckpt / "rank_0.pt").stat().st_size // 2)
+    os.truncate(t.ckpt / R0, (t.ckpt / R0).stat().st_size // 2)
+
+
+def log_commit_as(t: Target, world_size: int) -> None:
+    from tests.support.gates import log_commit
+
+    log_commit(t.run, cf.read_manifest(t.ckpt)["step"], world_size)
 
 
 # id -> (corrupt(target), [(code, file, tensor or None), ...]): exactly these findings.
 # In file names "{ckpt}" stands for the checkpoint `latest` names, relative to the run.
 GALLERY: dict[str, tuple[Callable[[Target], object], list[tuple[str, str, str | None]]]] = {
-    "shard-deleted": (lambda t: (t.ckpt / "rank_1.pt").unlink(), [("shard_missing", "{ckpt}/rank_1.pt", None)]),
-    "shard-truncated": (truncate, [("size_mismatch", "{ckpt}/rank_0.pt", None)]),
-    "bit-flip": (lambda t: flip_byte(t.ckpt / "rank_1.pt"), [("checksum_mismatch", "{ckpt}/rank_1.pt", None)]),
+    "shard-deleted": (lambda t: (t.ckpt / R1).unlink(), [("shard_missing", f"{{ckpt}}/{R1}", None)]),
+    "shard-truncated": (truncate, [("size_mismatch", f"{{ckpt}}/{R0}", None)]),
+    "bit-flip": (lambda t: flip_byte(t.ckpt / R1), [("checksum_mismatch", f"{{ckpt}}/{R1}", None)]),
+    "metadata-bit-flip": (lambda t: flip_byte(t.ckpt / cf.METADATA_NAME),
+                          [("checksum_mismatch", "{ckpt}/.metadata", None)]),
+    "data-state-deleted": (lambda t: (t.ckpt / cf.data_name(0)).unlink(),
+                           [("shard_missing", "{ckpt}/data_rank_0.pt", None)]),
     "manifest-not-json": (lambda t: (t.ckpt / "manifest.json").write_text('{"step": 4, "files": '),
                           [("manifest_invalid", "{ckpt}/manifest.json", None)]),
     "manifest-deleted": (lambda t: (t.ckpt / "manifest.json").unlink(), [("latest_uncommitted", "{ckpt}", None)]),
@@ -128,39 +230,51 @@ GALLERY: dict[str, tuple[Callable[[Target], object], list[tuple[str, str, str | 
                        [("latest_invalid", "checkpoints/latest", None)]),
     "unknown-file": (lambda t: (t.ckpt / "notes.txt").write_text("hi"),
                      [("unexpected_file", "{ckpt}/notes.txt", None)]),
-    "partial-inside-commit": (lambda t: shutil.copy(t.ckpt / "rank_0.pt", t.ckpt / "rank_0.pt.partial"),
-                              [("unexpected_file", "{ckpt}/rank_0.pt.partial", None)]),
-    "shard-from-other-step": (shard_from_other_step, [("step_mismatch", "{ckpt}/rank_1.pt", None)]),
-    "nan-saved": (lambda t: rewrite_shard(t.ckpt, 0, set_tensor("model/blocks.0.fc.weight", float("nan"))),
-                  [("non_finite", "{ckpt}/rank_0.pt", "model/blocks.0.fc.weight")]),
-    "inf-in-optimizer": (lambda t: rewrite_shard(t.ckpt, 1, set_tensor("optim/pos.weight/exp_avg", float("inf"))),
-                         [("non_finite", "{ckpt}/rank_1.pt", "optim/pos.weight/exp_avg")]),
+    "partial-inside-commit": (lambda t: shutil.copy(t.ckpt / R0, t.ckpt / (R0 + ".partial")),
+                              [("unexpected_file", f"{{ckpt}}/{R0}.partial", None)]),
+    "shard-from-other-step": (shard_from_other_step, [("tensor_checksum_mismatch", f"{{ckpt}}/{R1}",
+                                                       FIRST)]),
+    "nan-saved": (lambda t: rewrite_chunk(t.ckpt, "model.blocks.0.fc.weight", 0, set_value(float("nan"))),
+                  [("non_finite", f"{{ckpt}}/{R0}", "model.blocks.0.fc.weight")]),
+    "inf-in-optimizer": (lambda t: rewrite_chunk(t.ckpt, "optim.state.pos.weight.exp_avg", 1, set_value(float("inf"))),
+                         [("non_finite", f"{{ckpt}}/{R1}", "optim.state.pos.weight.exp_avg")]),
     "values-altered-checksum-rewritten": (
-        lambda t: rewrite_shard(t.ckpt, 1, set_tensor("model/head.weight", 0.5), rerecord="file"),
-        [("tensor_checksum_mismatch", "{ckpt}/rank_1.pt", "model/head.weight")]),
-    "shard-optimizer-step-behind": (
-        lambda t: rewrite_shard(t.ckpt, 0, set_meta("optimizer_step", lambda m: m["step"] - 1)),
-        [("optimizer_step_mismatch", "{ckpt}/rank_0.pt", None)]),
+        lambda t: rewrite_chunk(t.ckpt, "model.head.weight", 1, set_value(0.5), rerecord="file"),
+        [("tensor_checksum_mismatch", f"{{ckpt}}/{R1}", "model.head.weight")]),
     "manifest-optimizer-step-behind": (lambda t: rewrite_manifest(t.ckpt, step_behind),
                                        [("optimizer_step_mismatch", "{ckpt}/manifest.json", None)]),
-    "data-position-behind": (lambda t: rewrite_shard(t.ckpt, 1, set_meta("data_position", 2)),
-                             [("data_position_mismatch", "{ckpt}/rank_1.pt", None)]),
-    "ranks-swapped": (swap_ranks, [("rank_mismatch", "{ckpt}/rank_0.pt", None),
-                                   ("rank_mismatch", "{ckpt}/rank_1.pt", None)]),
-    "not-a-pickle": (write_random, [("shard_unreadable", "{ckpt}/rank_1.pt", None)]),
-    "arbitrary-object-pickled": (pickle_object, [("shard_unreadable", "{ckpt}/rank_1.pt", None)]),
-    "negative-second-moment": (
-        lambda t: rewrite_shard(t.ckpt, 0, set_tensor("optim/blocks.0.qkv.weight/exp_avg_sq", -1.0)),
-        [("optimizer_state_invalid", "{ckpt}/rank_0.pt", "optim/blocks.0.qkv.weight/exp_avg_sq")]),
-    "parameter-missing": (drop_head, [("load_failed", "{ckpt}/manifest.json", None)]),
-    "layout-gap": (shift_offset, [("layout_invalid", "{ckpt}/rank_1.pt", "model/tok.weight")]),
+    "data-position-behind": (lambda t: rewrite_manifest(t.ckpt, lambda m: m.update(data_position=2)),
+                             [("data_position_mismatch", "{ckpt}/manifest.json", None)]),
+    "not-a-pickle": (write_random, [("chunk_unreadable", f"{{ckpt}}/{R1}", FIRST)]),
+    "arbitrary-object-as-data-state": (pickle_object_as_data_state,
+                                       [("data_state_invalid", "{ckpt}/data_rank_1.pt", None)]),
+    "arbitrary-code-in-metadata": (evil_metadata, [("metadata_invalid", "{ckpt}/.metadata", None)]),
+    "parameter-missing": (lambda t: drop_entries(t, "model.head.weight", "optim.state.head.weight."),
+                          [("load_failed", "{ckpt}/manifest.json", None)]),
+    "optimizer-state-orphaned": (lambda t: drop_entries(t, "model.head.weight"), [
+        ("optimizer_state_mismatch", "{ckpt}/.metadata", "optim.state.head.weight.exp_avg")]),
+    "optimizer-state-missing": (lambda t: drop_entries(t, "optim.state.ln_f.bias.exp_avg_sq"),
+                                [("load_failed", "{ckpt}/manifest.json", None)]),
     "manifest-shape-wrong": (
-        lambda t: rewrite_manifest(t.ckpt, lambda m: m["tensors"]["rank_0.pt"]["model/ln_f.bias"].update(shape=[3])),
-        [("tensor_mismatch", "{ckpt}/rank_0.pt", "model/ln_f.bias")]),
-    "world-size-shrunk": (lambda t: rewrite_manifest(t.ckpt, lambda m: m.update(world_size=1)),
-                          [("manifest_incomplete", "{ckpt}/manifest.json", None),
-                           ("unexpected_file", "{ckpt}/rank_1.pt", None),
-                           ("world_size_mismatch", "{ckpt}/rank_0.pt", None)]),
+        lambda t: rewrite_manifest(t.ckpt, lambda m: m["tensors"]["model.ln_f.bias"].update(size=[3])),
+        [("metadata_mismatch", "{ckpt}/.metadata", "model.ln_f.bias")]),
+    # Issue #14: one rank's files deleted, manifest and .metadata rewritten consistently.
+    "rank-deleted-manifest-rewritten": (forge_without_rank_1, [
+        ("coverage_incomplete", "{ckpt}/.metadata", FIRST),
+        ("world_size_mismatch", "{ckpt}/manifest.json", None)]),
+    # ... and the event log forged too: coverage alone still proves the model incomplete.
+    "rank-deleted-log-forged": (lambda t: (forge_without_rank_1(t), log_commit_as(t, 1)), [
+        ("coverage_incomplete", "{ckpt}/.metadata", FIRST)]),
+    "chunk-truncated-consistently": (halve_chunk, [("coverage_incomplete", "{ckpt}/.metadata", "model.tok.weight")]),
+    "chunks-overlap-consistently": (overlap_chunk, [("coverage_invalid", "{ckpt}/.metadata", "model.head.weight")]),
+    "world-size-shrunk": (lambda t: rewrite_manifest(t.ckpt, lambda m: m.update(world_size=1)), [
+        ("manifest_incomplete", "{ckpt}/manifest.json", None),
+        ("manifest_incomplete", "{ckpt}/manifest.json", None),
+        ("unexpected_file", f"{{ckpt}}/{R1}", None),
+        ("unexpected_file", "{ckpt}/data_rank_1.pt", None),
+        ("world_size_mismatch", "{ckpt}/manifest.json", None),
+        ("chunk_unreadable", "{ckpt}/manifest.json", FIRST),
+        ("data_state_invalid", "{ckpt}/manifest.json", None)]),
 }
 
 
@@ -191,11 +305,21 @@ def test_corruption_is_caught_with_the_right_finding(name: str, target: Target) 
     assert got == want, [str(f) for f in report.all_findings]
 
 
+def test_a_metadata_pickle_that_runs_a_command_is_refused_not_run(run_copy: Path, tmp_path: Path) -> None:
+    marker = Path("/tmp/rt-validate-pwned")
+    marker.unlink(missing_ok=True)
+    evil_metadata(Target(run_copy, run_copy / STEP4, run_copy / "checkpoints/step_2"))
+    report = validate(run_copy)
+    assert [f.code for f in report.all_findings] == ["metadata_invalid"]
+    assert "posix.system is not part of DCP metadata" in report.all_findings[0].message
+    assert not marker.exists()
+
+
 def test_healthy_run_has_no_findings(synthetic_run: Path) -> None:
     report = validate(synthetic_run, all_checkpoints=True)
     assert report.valid, [str(f) for f in report.all_findings]
     assert [c.step for c in report.checkpoints] == [2, 4]
-    assert all(len(c.checks) == 9 for c in report.checkpoints)
+    assert all(len(c.checks) == 10 for c in report.checkpoints)
     assert report.checkpoints[-1].bytes == sum(
         e["bytes"] for e in cf.read_manifest(synthetic_run / STEP4)["files"].values())
 
@@ -204,16 +328,16 @@ def test_leftovers_of_a_killed_save_are_ignored_not_corruption(run_copy: Path) -
     root = run_copy / "checkpoints"
     tmp = root / ".tmp-step_6-a1i0"
     tmp.mkdir()
-    data = (root / "step_4/rank_0.pt").read_bytes()
-    (tmp / "rank_0.pt.partial").write_bytes(data[: len(data) // 2])
-    shutil.copy(root / "step_4/rank_1.pt", tmp / "rank_1.pt")
+    data = (root / "step_4" / R0).read_bytes()
+    (tmp / (R0 + ".partial")).write_bytes(data[: len(data) // 2])
+    shutil.copy(root / "step_4" / R1, tmp / R1)
     (tmp / "rank_1.json").write_text("{}")
     (root / ".tmp-latest.4242").write_text("step_6\n")
     (root / "step_8").mkdir()  # renamed but manifest never written: cannot happen via commit(), still harmless
     report = validate(run_copy)
     assert report.valid, [str(f) for f in report.all_findings]
     ignored = {i["path"]: i["reason"] for i in report.ignored}
-    assert "rank_0.pt.partial" in ignored["checkpoints/.tmp-step_6-a1i0"]
+    assert R0 + ".partial" in ignored["checkpoints/.tmp-step_6-a1i0"]
     assert "checkpoints/.tmp-latest.4242" in ignored
     assert ignored["checkpoints/step_8"].startswith("uncommitted")
     assert "older committed" in ignored["checkpoints/step_2"]
@@ -226,11 +350,11 @@ def test_a_checkpoint_directory_validates_on_its_own(synthetic_run: Path) -> Non
 
 
 def test_findings_in_an_older_checkpoint_need_all(run_copy: Path) -> None:
-    flip_byte(run_copy / "checkpoints/step_2/rank_0.pt")
+    flip_byte(run_copy / "checkpoints/step_2" / R0)
     assert validate(run_copy).valid  # latest is whole: the run can resume and ship
     report = validate(run_copy, all_checkpoints=True)
     assert [str(f) for f in report.all_findings] == [
-        next(str(f) for f in report.all_findings if f.file == "checkpoints/step_2/rank_0.pt")]
+        next(str(f) for f in report.all_findings if f.file == f"checkpoints/step_2/{R0}")]
 
 
 def test_a_run_without_checkpoints_is_invalid(tmp_path: Path) -> None:
@@ -261,7 +385,7 @@ def test_validation_record_names_the_checkpoint(run_copy: Path) -> None:
     entry = record["checkpoints"]["checkpoints/step_4"]
     assert entry["step"] == 4 and entry["valid"]
     assert entry["manifest_checksum"] == gate_records.manifest_digest(run_copy / STEP4)
-    flip_byte(run_copy / STEP4 / "rank_0.pt")
+    flip_byte(run_copy / STEP4 / R0)
     write_validation_record(run_copy, validate(run_copy))
     record = gate_records.read_record(run_copy, gate_records.VALIDATION)
     assert record["passed"] is False and "checksum_mismatch" in record["findings"][0]

@@ -24,8 +24,8 @@ def test_component_validates_and_records(kfp_local: Path, trainer_runs: Path, tm
 def test_component_reports_invalid_without_failing_the_task(kfp_local: Path, synthetic_run: Path,
                                                             tmp_path: Path) -> None:
     run = copy_run(synthetic_run, tmp_path / "run")
-    (run / "checkpoints/step_4/rank_1.pt").unlink()
+    (run / "checkpoints/step_4/__1_0.distcp").unlink()
     task = validate_checkpoint(run_dir=str(run))
     assert task.outputs["Output"] is False
     assert task.outputs["metrics"].metadata["findings"] == 1.0
-    assert "shard_missing: checkpoints/step_4/rank_1.pt" in Path(task.outputs["summary"].path).read_text()
+    assert "shard_missing: checkpoints/step_4/__1_0.distcp" in Path(task.outputs["summary"].path).read_text()

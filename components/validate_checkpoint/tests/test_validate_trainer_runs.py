@@ -15,14 +15,14 @@ def test_every_committed_checkpoint_of_a_healthy_run_is_valid(trainer_runs: Path
     assert report.valid, [str(f) for f in report.all_findings]
     assert len(report.checkpoints) == 3  # keep_last
     for ckpt in report.checkpoints:
-        assert len(ckpt.checks) == 9 and ckpt.bytes > 1_000_000
+        assert len(ckpt.checks) == 10 and ckpt.bytes > 1_000_000
 
 
 def test_a_run_killed_mid_save_leaves_only_ignored_leftovers(trainer_runs: Path) -> None:
     report = validate(trainer_runs / "killed-mid-save")
     assert report.valid
     leftovers = [i for i in report.ignored if i["path"].startswith("checkpoints/.tmp-step_10-")]
-    assert len(leftovers) == 1 and "rank_1.pt.partial" in leftovers[0]["reason"]
+    assert len(leftovers) == 1 and "__1_0.distcp.partial" in leftovers[0]["reason"]
     assert leftovers[0]["reason"].startswith("uncommitted")
 
 
@@ -39,5 +39,5 @@ def test_nan_weights_written_by_the_trainer_are_caught(trainer_runs: Path) -> No
     for step in (10, 12):
         findings = by_step[step].findings
         assert [(f.code, f.file) for f in findings] == [
-            ("non_finite", f"checkpoints/step_{step}/rank_0.pt"), ("non_finite", f"checkpoints/step_{step}/rank_1.pt")]
-        assert findings[0].tensor.startswith("model/") and "tensors hold non-finite values" in findings[0].message
+            ("non_finite", f"checkpoints/step_{step}/__0_0.distcp"), ("non_finite", f"checkpoints/step_{step}/__1_0.distcp")]
+        assert findings[0].tensor.startswith("model.") and "chunks hold non-finite values" in findings[0].message

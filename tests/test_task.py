@@ -1,0 +1,149 @@
+"""The task interface: loading ``--task``, refusing broken tasks before any worker starts, and a
+user's own task (own model, SGD, StatefulDataLoader, scheduler, clipping, accumulation) trained
+with faults, validated, read back by plain torch and resumed at other world sizes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from resilient_training.run import checkpoint_format as fmt
+from resilient_training.run import config as cfg
+from resilient_training.run import layout
+from resilient_training.runtime import task as tk
+from tests.support.runs import train
+
+USER_TASK = str(Path(__file__).parent / "support" / "user_task.py")
+
+
+def test_the_default_task_is_the_built_in_gpt_with_the_runs_model_flags():
+    config = cfg.from_argv(["--run-dir", "r", "--model-d-model", "48", "--lr", "0.01", "--task-arg", "seq_len=8"])
+    task = tk.task_from_config(config)
+    assert type(task).__name__ == "GPTTask"
+    assert (task.cfg.d_model, task.cfg.seq_len, task.lr, task.batch_size) == (48, 8, 0.01, 8)
+
+
+def test_a_task_file_and_its_arguments():
+    task = tk.load_task(f"{USER_TASK}:make", {"width": "4"})
+    assert task.width == 4 and task.lr == 0.05
+    assert tk.load_task(f"{USER_TASK}:make") is not task  # a callable makes a new task each time
+    with pytest.raises(tk.TaskError, match="does not accept these --task-arg settings: got an unexpected keyword"):
+        tk.load_task(f"{USER_TASK}:make", {"depth": "3"})
+    with pytest.raises(tk.TaskError, match="is an object, so it takes no --task-arg"):
+        tk.load_task(f"{USER_TASK}:model_raises", {"width": "3"})
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("user_task.py:make", "task file user_task.py does not exist"),
+    (f"{USER_TASK}:nothing", "has no attribute 'nothing'"),
+    ("no_such_module_here:task", "task module no_such_module_here failed to import: ModuleNotFoundError"),
+    (f"{USER_TASK}:not_a_task", "is a int, not a task or a callable returning one"),
+    (f"{USER_TASK}:model_not_a_module", "task build_model() returned a dict, not a torch.nn.Module"),
+    (f"{USER_TASK}:model_raises", "task build_model() raised RuntimeError: no GPU here"),
+    (f"{USER_TASK}:optimizer_wrong_type", "task build_optimizer() returned a list, not a torch.optim.Optimizer"),
+    (f"{USER_TASK}:data_without_state", "task build_data() returned a list_iterator without state_dict, "
+                                        "load_state_dict"),
+    ("resilient_training", "must be MODULE:ATTR or path/to/file.py:ATTR"),
+])
+def test_a_broken_task_is_one_line_and_exit_2_before_any_worker_starts(tmp_path, spec, message):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(run_dir),
+                           "--task", spec], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if "Warning" not in line and "import pynvml" not in line]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists()  # nothing written
+
+
+def test_a_loss_that_is_not_a_scalar_names_the_method():
+    task = tk.load_task(f"{USER_TASK}:loss_not_scalar")
+    model = tk.build_model(task)
+    batch = next(iter(tk.build_data(task, 0, 1, 0)))
+    with pytest.raises(tk.TaskError, match=r"task loss\(\) returned a tensor of shape \[16, 1\], not a scalar"):
+        tk.check_loss(task.loss(model, batch))
+
+
+def _last_manifest(run_dir: Path) -> dict:
+    return fmt.read_manifest(fmt.read_latest(layout.checkpoints_dir(run_dir)))
+
+
+@pytest.mark.slow
+def test_a_user_task_trains_through_faults_validates_and_resumes_at_another_world_size(tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from resilient_training.gates.validate import validate
+
+    run_dir = tmp_path / "run"
+    args = ["--task", f"{USER_TASK}:make", "--task-arg", "width=24", "--checkpoint-every", "3"]
+    first = train(run_dir, "--nproc", "2", "--steps", "9", "--faults", "exception@5:1", *args)
+    assert first.returncode == 0, first.output[-3000:]
+    manifest = _last_manifest(run_dir)
+    assert manifest["task_args"] == {"width": "24"} and manifest["optimizer"]["type"] == "SGD"
+    assert "lr_scheduler.last_epoch" in manifest["objects"]
+    # a StatefulDataLoader's own state, per rank: 9 steps x 2 micro-batches = 18 batches, of which
+    # 16 (256 samples of rank 1 / 16) made the first epoch
+    assert manifest["data_state"]["1"]["state"]["_num_yielded"] == 2
+    report = validate(run_dir)
+    assert report.valid, [str(f) for f in report.all_findings]
+
+    # plain torch reads the model: the task's own state_dict, buffer included
+    step_dir = fmt.read_latest(layout.checkpoints_dir(run_dir))
+    dcp_to_torch_save(step_dir, tmp_path / "plain.pt")
+    plain = torch.load(tmp_path / "plain.pt", weights_only=True)
+    model = tk.load_task(f"{USER_TASK}:make", {"width": "24"}).build_model()
+    assert set(plain["model"]) == set(model.state_dict())
+    model.load_state_dict(plain["model"], strict=True)
+    assert float(model.scale) == 2.0
+    assert set(plain["optim"]["state"]["layers.0.weight"]) == {"momentum_buffer"}
+
+    resumed = train(run_dir, "--nproc", "1", "--steps", "12", *args)
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    loads = [e for e in resumed.events if e.event == "load_done" and e.get("path")]
+    assert loads[-1].step == 9 and loads[-1]["source"] == "storage (resharded)"
+    assert _last_manifest(run_dir)["world_size"] == 1
+    report = validate(run_dir)
+    assert report.valid, [str(f) for f in report.all_findings]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 3])
+def test_the_built_in_task_resumes_at_another_world_size_at_the_same_global_sample(tmp_path, world):
+    from resilient_training.gates.validate import validate
+
+    run_dir = tmp_path / "run"
+    first = train(run_dir, "--nproc", "2", "--steps", "8", "--checkpoint-every", "4", "--no-async-checkpoint")
+    assert first.returncode == 0, first.output[-3000:]
+    assert _last_manifest(run_dir)["data_state"]["0"]["state"] == {"position": 8 * 2 * 8}  # steps x ranks x batch
+    losses_before = {e.step: e["loss"] for e in first.events if e.event == "step" and e.rank == 0}
+    resumed = train(run_dir, "--nproc", str(world), "--steps", "12", "--checkpoint-every", "4",
+                    "--no-async-checkpoint")
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    loads = [e for e in resumed.events if e.event == "load_done" and e.get("path")]
+    assert loads[-1].step == 8 and loads[-1]["source"] == "storage (resharded)"
+    manifest = _last_manifest(run_dir)
+    assert manifest["world_size"] == world and manifest["step"] == 12
+    # continued at global sample 128: 4 more steps of `world` ranks x 8 samples
+    assert manifest["data_state"]["0"]["state"] == {"position": 128 + 4 * world * 8}
+    after = [e["loss"] for e in resumed.events if e.event == "step" and e.rank == 0 and e.step == 9]
+    assert after and after[-1] < losses_before[1]  # it resumed the trained model, not a fresh one
+    report = validate(run_dir)
+    assert report.valid, [str(f) for f in report.all_findings]
+
+
+def test_a_worker_that_cannot_import_the_task_asks_not_to_be_restarted(tmp_path):
+    """The launcher's preflight ran elsewhere (a cluster pod's image may lack the task): exit 93."""
+    from resilient_training.run import events as ev
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.runtime.worker", "--run-dir", str(run_dir),
+                           "--task", "no_such_module_here:task", "--no-inprocess", "--no-ft-launcher"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 93, proc.stderr[-2000:]
+    end = [e for e in ev.read_events(run_dir) if e.event == "end"]
+    assert end[-1]["status"] == "failed" and "task module no_such_module_here failed to import" in end[-1]["reason"]
