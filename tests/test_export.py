@@ -226,3 +226,25 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(llama_run, tmp_path,
     usage(["export", str(llama_run), "--step", "4", "--format", "hf", "-o", str(tmp_path / "d")], capsys,
           "already exists")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "link", "taken"]
+
+
+def test_promote_then_export_to_s3_uploads_the_hf_directory_under_dest(llama_run, tmp_path):
+    import boto3
+    from moto import mock_aws
+
+    from resilient_training.gates.export import export_promoted
+    from resilient_training.gates.promote import promote
+
+    run = Path(shutil.copytree(llama_run, tmp_path / "run", symlinks=True))
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="models")
+        promote(run, "s3://models/llama/v1", s3_client=client)
+        outcome = export_promoted(run, "s3://models/llama/v1", "hf", s3_client=client)
+        keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="models")["Contents"])
+        hf = [k for k in keys if k.startswith("llama/v1/hf/")]
+        assert {"llama/v1/hf/config.json", "llama/v1/hf/model.safetensors", "llama/v1/hf/tokenizer_config.json",
+                "llama/v1/hf/export.json"} <= set(hf)
+        assert "llama/v1/promotion.json" in keys and outcome["out"] == "s3://models/llama/v1/hf"
+        body = client.get_object(Bucket="models", Key="llama/v1/hf/export.json")["Body"].read()
+        assert json.loads(body)["source"]["checkpoint"] == "checkpoints/step_12"
