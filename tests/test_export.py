@@ -187,6 +187,23 @@ def test_a_checkpoint_changed_after_validation_is_refused(run_copy, tmp_path, ca
             "changed since it was validated", tmp_path / "hf")
 
 
+def test_a_manifest_and_record_forged_together_to_reach_outside_the_checkpoint_are_refused(run_copy, tmp_path,
+                                                                                            capsys):
+    from resilient_training.run import checkpoint_format as cf
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours")
+    step = run_copy / "checkpoints" / "step_12"
+    manifest = json.loads((step / "manifest.json").read_text())
+    size, digest = cf.checksum_file(secret)
+    manifest["files"]["../../../secret.txt"] = {"rank": 0, "bytes": size, "checksum": digest}
+    (step / "manifest.json").write_text(json.dumps(manifest))
+    new_digest = gate_records.manifest_digest(step)
+    edit_record(run_copy, lambda r: r["checkpoints"]["checkpoints/step_12"].update(manifest_checksum=new_digest))
+    refused(["export", str(run_copy), "--format", "dcp", "-o", str(tmp_path / "d")], capsys,
+            "lists files outside the checkpoint", tmp_path / "d")
+
+
 def test_a_step_not_validated_is_refused_even_when_another_step_was(run_copy, tmp_path, capsys):
     assert main(["validate-checkpoint", str(run_copy)]) == 0  # latest only: the record now names step_12 alone
     capsys.readouterr()
@@ -226,6 +243,10 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(llama_run, tmp_path,
     usage(["export", str(llama_run), "--step", "4", "--format", "hf", "-o", str(tmp_path / "d")], capsys,
           "already exists")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "link", "taken"]
+    # Not into the run's checkpoints (validation would then find a stranger there).
+    inside = llama_run / "checkpoints" / "step_12" / "model.safetensors"
+    usage(["export", str(llama_run), "--format", "safetensors", "-o", str(inside)], capsys, "lies inside the run's")
+    assert not inside.exists()
 
 
 def test_promote_then_export_to_s3_uploads_the_hf_directory_under_dest(llama_run, tmp_path):

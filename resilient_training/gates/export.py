@@ -90,6 +90,13 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
         raise ExportRefused(str(exc)) from None
     record = {"format": fmt, "source": record["source"], "task": record["manifest"].get("task"),
               "task_args": record["manifest"].get("task_args"), "files": record["files"], "exported_at": time.time()}
+    names = [name for name in record["files"] if not isinstance(name, str) or Path(name).name != name
+             or name in ("", ".", "..")]
+    if names:  # a manifest naming paths outside its own directory (forged along with its record)
+        raise ExportRefused(f"{ckpt_dir / cf.MANIFEST_NAME} lists files outside the checkpoint: {names[:3]}")
+    checkpoints = layout.checkpoints_dir(record["source"]["run_dir"]).resolve()
+    if out.resolve().is_relative_to(checkpoints):
+        raise ExportUsageError(f"{out} lies inside the run's {layout.CHECKPOINTS_DIRNAME}/: export elsewhere")
     if _already_exported(out, fmt, record):
         return _outcome(out, fmt, record, already=True)
     parent = out.absolute().parent
