@@ -155,3 +155,24 @@ def test_the_same_seed_builds_the_same_model_and_the_loss_falls_on_cpu(one_threa
         losses.append(loss.item())
     assert losses[0] > 5.0  # ln(259) = 5.56: a random model knows nothing
     assert sum(losses[-5:]) / 5 < 0.65 * losses[0], losses
+
+
+@pytest.mark.slow
+def test_the_trainer_resumes_the_llama_task_at_another_world_size_at_the_same_global_sample(tmp_path_factory,
+                                                                                           tmp_path):
+    """2 ranks x 4 samples for 12 steps leave the position at sample 96; one rank then reads 96.. onwards."""
+    from resilient_training.run import checkpoint_format as cf
+    from tests.support.gates import copy_run
+    from tests.support.runs import LLAMA_TINY, gated_llama_run, train
+
+    run = copy_run(gated_llama_run(tmp_path_factory.getbasetemp()), tmp_path / "run")
+    before = cf.load_data_state(run / "checkpoints" / "step_12", 1)
+    assert before["dataset_state"]["position"] == 12 * 2 * 4
+    resumed = train(run, "--steps", "16", "--checkpoint-every", "4", "--no-async-checkpoint", "--nproc", "1",
+                    *LLAMA_TINY)
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert any(e.event == "load_done" and e.step == 12 for e in resumed.events)
+    after = cf.load_data_state(run / "checkpoints" / "step_16", 0)
+    assert after["dataset_state"]["position"] == 96 + 4 * 1 * 4
+    losses = [e["loss"] for e in resumed.events if e.event == "step"]
+    assert losses[0] > 5.0 and losses[-1] < 0.8 * losses[0]  # the first run's and the resumed one's
