@@ -21,7 +21,7 @@ from resilient_training.components.resilience_report import resilience_report
 from resilient_training.components.teardown_storage import teardown_storage
 from resilient_training.components.validate_checkpoint import validate_checkpoint
 
-from .defaults import RUN_CHECKPOINT_EVERY, RUN_FAULTS, RUN_STEPS, TASK, TASK_ARGS
+from .defaults import EXPORT, RUN_CHECKPOINT_EVERY, RUN_FAULTS, RUN_STEPS, TASK, TASK_ARGS
 
 # Where every step mounts the run's claim on a cluster (kfp-kubernetes needs it at compile time).
 MOUNT_PATH = "/mnt/run"
@@ -63,6 +63,7 @@ def resilient_training(
     fsx_deployment_type: str = "SCRATCH_2",
     region: str = "",
     promote_to: str = "promoted",
+    export: str = EXPORT,
     max_final_loss: float = -1.0,
     min_improvement: float = 0.1,
     delete_file_system: bool = True,
@@ -100,6 +101,9 @@ def resilient_training(
         fsx_deployment_type: SCRATCH_2 or PERSISTENT_2.
         region: AWS region (default: the client's).
         promote_to: Where a model that passed both gates is copied: a directory or s3://bucket/prefix.
+        export: Also write the promoted model inside promote_to in a format other tools load:
+            safetensors (model.safetensors), torch (model.pt) or hf (hf/, for transformers models);
+            empty for the DCP checkpoint only.
         max_final_loss: Convergence gate: the final loss must be below this (negative: no limit).
         min_improvement: Convergence gate: relative loss improvement over the first window.
         delete_file_system: Delete an FSx file system this run created when the run ends.
@@ -132,7 +136,8 @@ def resilient_training(
         ).set_display_name("check convergence").after(valid)
         with dsl.If(valid.outputs["Output"] == True, name="checkpoint-valid"):  # noqa: E712 - a KFP condition
             with dsl.If(converged.outputs["Output"] == True, name="converged"):  # noqa: E712
-                promoted = promote_model(checkpoint=run_dir, dest=promote_to).set_display_name("promote model")
+                promoted = promote_model(checkpoint=run_dir, dest=promote_to, export=export).set_display_name(
+                    "promote model")
         report = resilience_report(run_dir=run_dir).set_display_name("resilience report").after(converged)
         for task in (trained, valid, converged, promoted, report):
             mount_run_storage(task, claim)

@@ -103,3 +103,19 @@ def test_faults_on_two_workers_then_resume_at_another_world_size_then_export(tmp
     assert manifest["world_size"] == 3
     model = tk.load_task(manifest["task"], manifest["task_args"]).build_model()
     model.load_state_dict(load_file(str(out)), strict=True)
+
+
+@pytest.mark.slow
+def test_the_whole_local_pipeline_runs_the_example_and_exports_the_promoted_model(tmp_path):
+    from safetensors.torch import load_file
+
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "run", "--output-dir", str(tmp_path / "out"),
+                           "--task", TASK, "--task-arg", "lr=0.05", "--steps", "16", "--checkpoint-every", "4",
+                           "--faults", "sigkill@6:1", "--export", "safetensors"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "validation:         PASSED" in proc.stdout and "convergence:        PASSED" in proc.stdout
+    exported = Path(proc.stdout.split("exported model:")[1].split()[0])
+    assert exported.name == "model.safetensors" and (exported.parent / "promotion.json").is_file()
+    model = tk.load_task(TASK, {"lr": "0.05"}).build_model()
+    model.load_state_dict(load_file(str(exported)), strict=True)
