@@ -2,8 +2,8 @@
 
 Use it as ``--task resilient_training.tasks.llama:LlamaTask`` with ``--task-arg KEY=VALUE``:
 
-- ``preset``: ``tiny`` (~1M parameters, seconds on a CPU), ``20m`` (~20M, CPU tests),
-  ``150m``, ``1b`` (>= 1B, GPUs). ``hidden_size``, ``intermediate_size``, ``num_layers``,
+- ``preset``: ``tiny`` (0.5M parameters, seconds on a CPU), ``20m`` (19.5M, CPU tests),
+  ``150m`` (142M), ``1b`` (1.1B, GPUs). ``hidden_size``, ``intermediate_size``, ``num_layers``,
   ``num_heads``, ``num_kv_heads`` override the preset's sizes.
 - ``data``: a glob of the user's text files (``/fsx/corpus/**/*.txt``); by default the running
   interpreter's standard-library sources, which every machine has and no one here wrote.
