@@ -228,6 +228,10 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(llama_run, tmp_path,
     usage(["export", str(llama_run), "--format", "dcp", "-o", str(tmp_path / "missing" / "o")], capsys,
           "is not a directory")
     usage(["export", str(llama_run), "--format", "dcp", "-o", " "], capsys, "the output path is empty")
+    usage(["export", str(llama_run), "--format", "onnx", "-o", out], capsys,
+          "format 'onnx': choose one of dcp, torch, safetensors, hf")
+    usage(["export", str(llama_run), "-o", out], capsys, "give --format dcp|torch|safetensors|hf and -o PATH")
+    usage(["export", str(llama_run), "--format", "hf"], capsys, "give --format")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     # Never overwrites: another file, another export, a dangling symlink (a planted redirect).
     (tmp_path / "taken").write_text("mine")

@@ -75,9 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run", metavar="RUN", help="run directory (or RUN/checkpoints/step_N)")
     p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the run's latest)")
-    p.add_argument("--format", dest="fmt", required=True, choices=("dcp", "torch", "safetensors", "hf"),
-                   help="output format")
-    p.add_argument("-o", "--output", required=True, metavar="PATH", help="file (torch, safetensors) or directory")
+    # Checked by export() rather than argparse: a bad value is one line, not usage plus error.
+    p.add_argument("--format", dest="fmt", default=None, metavar="{dcp,torch,safetensors,hf}", help="output format")
+    p.add_argument("-o", "--output", default=None, metavar="PATH", help="file (torch, safetensors) or directory")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=export_main)
 
@@ -169,6 +169,8 @@ def promote_main(args: argparse.Namespace) -> int:
 def export_main(args: argparse.Namespace) -> int:
     from resilient_training.gates.export import ExportRefused, ExportUsageError, export
 
+    if args.fmt is None or args.output is None:
+        return _fail_usage("give --format dcp|torch|safetensors|hf and -o PATH")
     try:
         outcome = export(args.run, fmt=args.fmt, out=args.output, step=args.step)
     except ExportUsageError as exc:
