@@ -103,3 +103,21 @@ def test_latest_naming_a_missing_or_broken_checkpoint_is_an_error(tmp_path):
     (root / "step_9" / "manifest.json").write_text("{not json")
     with pytest.raises(fmt.CheckpointError, match="not valid JSON"):
         fmt.read_manifest(root / "step_9")
+
+
+def test_training_into_a_run_of_the_old_format_is_refused_before_anything_starts(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    step = tmp_path / "run" / "checkpoints" / "step_5"
+    step.mkdir(parents=True)
+    (step / "manifest.json").write_text(json.dumps({"format_version": 1, "step": 5, "world_size": 2}))
+    (step.parent / "latest").write_text("step_5\n")
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "is in checkpoint format 1; this version reads format 2 (PyTorch DCP directories) only" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before  # nothing written

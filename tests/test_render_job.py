@@ -18,7 +18,8 @@ def test_render_job_writes_a_valid_job(tmp_path, shared_schemas):
                      "registry.example.com/rt/trainer:0.1.0", "--pvc", "fsx-claim", "--namespace", "team-a",
                      "--efa", "32", "--node-selector", "node.kubernetes.io/instance-type=p5.48xlarge",
                      "--toleration", "nvidia.com/gpu:NoSchedule", "--steps", "2000", "--faults", "sigkill@500:17",
-                     "--heartbeat-timeout", "300", "--model-d-model", "2048", "--model-n-heads", "16", "-o", str(out)])
+                     "--heartbeat-timeout", "300", "--model-d-model", "2048", "--model-n-heads", "16",
+                     "--task", "team_a.train:task", "--task-arg", "data=/mnt/run/text/*.txt", "-o", str(out)])
     assert code == 0
     job = yaml.safe_load(out.read_text())
     schema = crd_schema.load_crd_schema(shared_schemas / "kubeflow.org_pytorchjobs.yaml")
@@ -28,6 +29,8 @@ def test_render_job_writes_a_valid_job(tmp_path, shared_schemas):
     assert args[args.index("--run-dir") + 1] == "/mnt/run/runs/llama-ft"
     assert args[args.index("--faults") + 1] == "sigkill@500:17"
     assert "--ft-rank-heartbeat-timeout=300.0" in args
+    assert args[args.index("--task") + 1] == "team_a.train:task"  # imported in the trainer image, not here
+    assert args[args.index("--task-arg") + 1] == "data=/mnt/run/text/*.txt"
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 64
 
 

@@ -61,6 +61,16 @@ def test_a_broken_task_is_one_line_and_exit_2_before_any_worker_starts(tmp_path,
     assert not run_dir.exists()  # nothing written
 
 
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_the_pipelines_refuse_a_broken_task_before_anything_runs(tmp_path, command):
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", command, "--output-dir",
+                           str(tmp_path / "out"), "--task", f"{USER_TASK}:optimizer_wrong_type"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: task build_optimizer() returned a list, not a torch.optim.Optimizer" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
 def test_a_loss_that_is_not_a_scalar_names_the_method():
     task = tk.load_task(f"{USER_TASK}:loss_not_scalar")
     model = tk.build_model(task)
