@@ -138,8 +138,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_the_same_seed_builds_the_same_model_and_the_loss_falls_on_cpu(one_thread):
-    task = llama.LlamaTask(preset="tiny", seq_len=64, batch_size=8, lr=3e-3)
+@pytest.mark.parametrize(("preset", "steps", "lr"), [("tiny", 40, 3e-3), ("20m", 20, 1e-3)])
+def test_the_same_seed_builds_the_same_model_and_the_loss_falls_on_cpu(one_thread, preset, steps, lr):
+    task = llama.LlamaTask(preset=preset, seq_len=64, batch_size=8, lr=lr)
     torch.manual_seed(3)
     model = task.build_model()
     torch.manual_seed(3)
@@ -147,7 +148,7 @@ def test_the_same_seed_builds_the_same_model_and_the_loss_falls_on_cpu(one_threa
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True))
     optimizer = task.build_optimizer(model)
     losses = []
-    for batch in batches(task.build_data(0, 1, seed=0), 40):
+    for batch in batches(task.build_data(0, 1, seed=0), steps):
         loss = task.loss(model, batch)
         loss.backward()
         optimizer.step()
