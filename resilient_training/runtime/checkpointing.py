@@ -37,6 +37,13 @@ def write_rank_job(tmp_dir: str, rank: int, job: dict[str, Any], torn_write: boo
     fmt.write_rank(tmp_dir, rank, job, torn_write=torn_write)
 
 
+def warm_up_writer() -> None:
+    """Runs first in the background writer process: import DCP's writer there now (seconds on
+    a loaded machine), not during the first save.
+    """
+    import torch.distributed.checkpoint.filesystem  # noqa: F401
+
+
 def state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> dict[str, Any]:
     """What a checkpoint holds (besides the data state): DCP's view of model, optimizer, scheduler.
 

@@ -404,9 +404,11 @@ class AsyncWriter:
     def in_flight(self) -> bool:
         return self._pending > 0
 
-    def warm_up(self) -> None:
-        """Start the writer process now (it imports torch: seconds), not at the first save."""
-        self.submit(_warm_up_job, ())
+    def warm_up(self, job: Callable[[], None] = _warm_up_job) -> None:
+        """Start the writer process now (it imports torch: seconds), not at the first save;
+        ``job`` (module-level) runs there first, e.g. to import what the writes will need.
+        """
+        self.submit(job, ())
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest

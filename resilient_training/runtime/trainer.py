@@ -26,7 +26,13 @@ from resilient_training.run import faults as flt
 from resilient_training.run.config import TrainConfig
 from resilient_training.runtime import nvrx_adapter
 from resilient_training.runtime import task as tk
-from resilient_training.runtime.checkpointing import Checkpointer, StagingBuffers, local_tensors, state_dict
+from resilient_training.runtime.checkpointing import (
+    Checkpointer,
+    StagingBuffers,
+    local_tensors,
+    state_dict,
+    warm_up_writer,
+)
 
 # Calibrated heartbeat timeouts never go below this: observed gaps on a quiet machine can be
 # milliseconds, and a loaded one must not be mistaken for a hang.
@@ -92,7 +98,7 @@ class Trainer:
             if self.config.checkpoint.async_save and not self.writer.started:
                 # Started before the restore so the first save finds it ready (it imports torch
                 # in a process of its own: seconds); NVRx 0.7's runs without a CUDA context.
-                self.writer.warm_up()
+                self.writer.warm_up(warm_up_writer)
                 laps.lap("writer_start")
             checkpointer = Checkpointer(
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
