@@ -6,6 +6,8 @@
 # The training task (the built-in GPT on synthetic tokens) and its settings (--task-arg).
 TASK = "resilient_training.tasks.gpt:task"
 TASK_ARGS: dict[str, str] = {}
+# promote_model's export: "" (the promoted DCP checkpoint only), safetensors, torch or hf.
+EXPORT = ""
 
 RUN_STEPS = 40
 RUN_CHECKPOINT_EVERY = 5

@@ -23,6 +23,7 @@ from resilient_training.components.validate_checkpoint import validate_checkpoin
 
 from .defaults import (
     CACHING_NOTE,
+    EXPORT,
     LAUNCH_RETRY,
     PROVISION_RETRY,
     RUN_CHECKPOINT_EVERY,
@@ -94,6 +95,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         fsx_deployment_type: str = "SCRATCH_2",
         region: str = "",
         promote_to: str = "promoted",
+        export: str = EXPORT,
         max_final_loss: float = -1.0,
         min_improvement: float = 0.1,
         delete_file_system: bool = True,
@@ -132,6 +134,9 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             fsx_deployment_type: SCRATCH_2 or PERSISTENT_2.
             region: AWS region (default: the client's).
             promote_to: Where a model that passed both gates is copied: a directory or s3://bucket/prefix.
+            export: Also write the promoted model inside promote_to in a format other tools load:
+                safetensors (model.safetensors), torch (model.pt) or hf (hf/, for transformers models);
+                empty for the DCP checkpoint only.
             max_final_loss: Convergence gate: the final loss must be below this (negative: no limit).
             min_improvement: Convergence gate: relative loss improvement over the first window.
             delete_file_system: Delete an FSx file system this run created when the run ends.
@@ -167,7 +172,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             ).set_display_name("check convergence").after(valid)
             with dsl.If(valid.outputs["Output"] == True, name="checkpoint-valid"):  # noqa: E712 - a KFP condition
                 with dsl.If(converged.outputs["Output"] == True, name="converged"):  # noqa: E712
-                    promoted = promote_model(checkpoint=run_dir, dest=promote_to).set_display_name("promote model")
+                    promoted = promote_model(checkpoint=run_dir, dest=promote_to, export=export).set_display_name(
+                        "promote model")
             report = resilience_report(run_dir=run_dir).set_display_name("resilience report").after(converged)
             for task in (valid, converged, promoted, report):
                 side_effecting(task)  # deterministic: a retry would give the same answer

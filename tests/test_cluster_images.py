@@ -53,7 +53,11 @@ def test_dockerfiles_pin_every_package_and_install_this_one_without_dependencies
                 assert "==" in arg or arg == "${EXTRA_PACKAGES}", f"{image}: {arg} is not pinned"
     trainer = _pip_installs((ROOT / "images" / "trainer" / "Dockerfile").read_text())
     assert "nvidia-resiliency-ext==0.7.0" in trainer[0]
-    assert not any(arg.startswith("torch") for args in trainer for arg in args)
+    assert not any(arg.split("==")[0] == "torch" for args in trainer for arg in args)
+    assert "torchdata==0.11.0" in trainer[0] and "transformers==5.24.0" in trainer[0]
+    # torchdata and NVRx depend on torch: the base image's torch is pinned before anything is installed.
+    text = (ROOT / "images" / "trainer" / "Dockerfile").read_text()
+    assert text.index("ENV PIP_CONSTRAINT=") < text.index("RUN python -m pip install")
 
 
 IMAGE_UID = "1000"  # both images: files on the shared run storage have one owner

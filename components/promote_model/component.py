@@ -12,6 +12,7 @@ def promote_model(
     dest: str,
     model: dsl.Output[dsl.Model],
     promotion: dsl.Output[dsl.Artifact],
+    export: str = "",
 ) -> str:
     """Copy a checkpoint that passed validation and the convergence gate of its run to DEST.
 
@@ -26,6 +27,10 @@ def promote_model(
         model: Output Model artifact: its URI is DEST; metadata carries step, bytes and the
             manifest digest.
         promotion: Output JSON artifact: the promotion record (source, both gate records, files).
+        export: Also write the promoted checkpoint in a format other tools load, inside DEST:
+            "safetensors" (DEST/model.safetensors), "torch" (DEST/model.pt), "hf" (DEST/hf/, a
+            Hugging Face model directory, for transformers models); "dcp" or empty adds nothing
+            (DEST already is a DCP checkpoint).
 
     Returns:
         The destination the model was promoted to.
@@ -33,14 +38,23 @@ def promote_model(
     """
     import json
 
+    from resilient_training.gates.export import FORMATS
     from resilient_training.gates.promote import promote, read_promotion
 
+    if export.strip() not in ("", *FORMATS):  # before promoting: a typo must not leave half the work done
+        raise ValueError(f"export {export!r}: choose one of {', '.join(FORMATS)} (or empty for none)")
     outcome = promote(checkpoint, dest)
     record = read_promotion(dest)
+    exported = None
+    if export.strip():
+        from resilient_training.gates.export import export_promoted
+
+        exported = export_promoted(checkpoint, dest, export.strip())
     model.uri = dest
     model.metadata.update({"step": outcome["step"], "bytes": outcome["bytes"],
                            "already_promoted": outcome["already_promoted"],
-                           "manifest_checksum": record["source"]["manifest_checksum"] if record else ""})
+                           "manifest_checksum": record["source"]["manifest_checksum"] if record else "",
+                           "export": exported["out"] if exported else ""})
     with open(promotion.path, "w", encoding="utf-8") as handle:
-        json.dump({"outcome": outcome, "record": record}, handle, indent=1, allow_nan=True)
+        json.dump({"outcome": outcome, "record": record, "export": exported}, handle, indent=1, allow_nan=True)
     return dest

@@ -1,7 +1,7 @@
-"""Subcommands of the gates: validate-checkpoint, check-convergence, promote, report.
+"""Subcommands of the gates: validate-checkpoint, check-convergence, promote, export, report.
 
-Exit codes, shared by all four: 0 the check passed (or the work was done), 1 the check ran
-and failed (invalid checkpoint, gate failed, promotion refused), 2 the input could not be
+Exit codes, shared by all five: 0 the check passed (or the work was done), 1 the check ran
+and failed (invalid checkpoint, gate failed, promotion or export refused), 2 the input could not be
 used (missing path, not a run, bad flag, destination not writable); nothing is written on 2.
 """
 
@@ -64,6 +64,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dest", metavar="DEST", help="destination directory or s3://bucket/prefix")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=promote_main)
+
+    p = subparsers.add_parser(
+        "export",
+        help="write a validated checkpoint as DCP, torch, safetensors or a Hugging Face model directory",
+        description="Export a checkpoint that passed validate-checkpoint in its run, in a format other tools load: "
+        "dcp (a copy of the step directory), torch (dcp_to_torch_save), safetensors (the model's full tensors), "
+        "hf (save_pretrained, for transformers models). Atomic; never overwrites. Exit 0 exported (or already), "
+        "1 refused, 2 usage error.",
+    )
+    p.add_argument("run", metavar="RUN", help="run directory (or RUN/checkpoints/step_N)")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the run's latest)")
+    # Checked by export() rather than argparse: a bad value is one line, not usage plus error.
+    p.add_argument("--format", dest="fmt", default=None, metavar="{dcp,torch,safetensors,hf}", help="output format")
+    p.add_argument("-o", "--output", default=None, metavar="PATH", help="file (torch, safetensors) or directory")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=export_main)
 
     p = subparsers.add_parser(
         "report",
@@ -165,6 +181,26 @@ def _refuse_inside_run(run_dir: str, outputs: list[str]) -> None:
         if any(path == p or p in path.parents for p in protected):
             raise ValueError(f"{output} lies in the run's own records ({path.relative_to(run)}): write the report "
                              "elsewhere")
+
+
+def export_main(args: argparse.Namespace) -> int:
+    from resilient_training.gates.export import ExportRefused, ExportUsageError, export
+
+    if args.fmt is None or args.output is None:
+        return _fail_usage("give --format dcp|torch|safetensors|hf and -o PATH")
+    try:
+        outcome = export(args.run, fmt=args.fmt, out=args.output, step=args.step)
+    except ExportUsageError as exc:
+        return _fail_usage(str(exc))
+    except ExportRefused as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        _print_json(outcome)
+    else:
+        state = "already exported (no-op)" if outcome["already_exported"] else "exported"
+        print(f"{state}: step {outcome['step']} as {outcome['format']} -> {outcome['out']} ({outcome['bytes']} bytes)")
+    return EXIT_OK
 
 
 def report_main(args: argparse.Namespace) -> int:

@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     _check_training_input(output, args.steps, args.checkpoint_every, args.faults, args.nproc, overrides, args.task,
                           args.task_arg)
     task = _task_settings(args.task, args.task_arg)
+    if args.export not in ("", "dcp", "torch", "safetensors", "hf"):
+        raise UsageError(f"--export {args.export!r}: choose safetensors, torch or hf")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     promote_to = _promotion_dest(args.promote_to, output / "promoted" / stamp)
     kfp_root = _init_local(output)
@@ -125,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
             PIPELINES["resilient-training"](
                 storage="local", launcher="local", steps=args.steps, checkpoint_every=args.checkpoint_every,
                 faults=args.faults, procs_per_node=args.nproc, local_root=str(output),
-                promote_to=str(promote_to), train_overrides=overrides, min_improvement=args.min_improvement,
+                promote_to=str(promote_to), export=args.export, train_overrides=overrides,
+                min_improvement=args.min_improvement,
                 **task,
             )
         except Exception as exc:  # kfp.local raises when a task fails; teardown has run by then
@@ -156,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
     promoted = _promoted(promote_to)
     if promoted:
         print(f"promoted model:     {promote_to}")
+        for name in ("model.safetensors", "model.pt", "hf"):
+            if (promote_to / name).exists():
+                print(f"exported model:     {promote_to / name}")
     else:
         print("promoted model:     none (promotion runs only when both gates pass)")
     print(f"local runner log:   {log_path}")
@@ -296,6 +302,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(parser, steps=defaults.RUN_STEPS, every=defaults.RUN_CHECKPOINT_EVERY, faults=defaults.RUN_FAULTS)
     parser.add_argument("--promote-to", default="", help="promotion directory (default OUTPUT/promoted/<time>)")
+    parser.add_argument("--export", default="", metavar="FORMAT",
+                        help="also export the promoted model: safetensors, torch or hf (inside the promotion directory)")
     parser.add_argument("--min-improvement", type=float, default=0.1, help="convergence gate: relative improvement")
     parser.add_argument("--train-overrides", default="", help='trainer settings as JSON, e.g. \'{"nan_guard": false}\'')
     parser.set_defaults(func=_guard(run))

@@ -18,7 +18,7 @@ COMMANDS: tuple[str, ...] = (
     "resilient_training.cli.train",  # train
     "resilient_training.cli.render",  # render-job
     "resilient_training.cli.kfp",  # compile, upload, submit, schedule, runs, schedules
-    "resilient_training.cli.gates",  # validate-checkpoint, check-convergence, promote, report
+    "resilient_training.cli.gates",  # validate-checkpoint, check-convergence, promote, export, report
 )
 
 

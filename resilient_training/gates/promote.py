@@ -89,25 +89,30 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     raise PromotionUsageError(f"{path} is neither a checkpoint (no {cf.MANIFEST_NAME}) nor a run (no checkpoints/)")
 
 
-def check_gates(ckpt_dir: Path) -> dict[str, Any]:
-    """The records proving ``ckpt_dir`` passed the full validation and the convergence gate of its run."""
+def check_validated(ckpt_dir: Path) -> dict[str, Any]:
+    """Prove ``ckpt_dir`` passed the full validation in its run and is unchanged since (by its manifest digest).
+
+    Returns what promotion and export record: ``source`` (run, checkpoint, step, digest), the
+    ``validation`` record, the ``manifest`` and its ``files``. Raises PromotionRefused otherwise.
+    """
     run_dir = gate_records.run_dir_of(ckpt_dir)
     if run_dir is None:
         raise PromotionRefused(f"{ckpt_dir} is not inside a run (RUN/checkpoints/step_N): it cannot have been gated")
     try:
         manifest = cf.read_manifest(ckpt_dir)
         digest = gate_records.manifest_digest(ckpt_dir)
-        records = {gate: gate_records.read_record(run_dir, gate)
-                   for gate in (gate_records.VALIDATION, gate_records.CONVERGENCE)}
+        validation = gate_records.read_record(run_dir, gate_records.VALIDATION)
     except cf.CheckpointError as exc:
         raise PromotionRefused(str(exc)) from None
     rel = os.path.relpath(ckpt_dir.resolve(), run_dir.resolve())
-    validation, convergence = records[gate_records.VALIDATION], records[gate_records.CONVERGENCE]
     if validation is None:
         raise PromotionRefused(f"{rel} was never validated in {run_dir} (run validate-checkpoint first)")
-    entry = validation.get("checkpoints", {}).get(rel)
-    if not validation.get("passed") or entry is None or not entry.get("valid"):
-        why = "; ".join(validation.get("findings", [])[:3]) or f"{rel} is not among the validated checkpoints"
+    checkpoints = validation.get("checkpoints") if isinstance(validation, dict) else None
+    entry = checkpoints.get(rel) if isinstance(checkpoints, dict) else None
+    if validation.get("passed") is not True or not isinstance(entry, dict) or entry.get("valid") is not True:
+        findings = validation.get("findings")
+        why = "; ".join(map(str, findings[:3])) if isinstance(findings, list) and findings else \
+            f"{rel} is not among the validated checkpoints"
         raise PromotionRefused(f"{rel} did not pass validation: {why}")
     if entry.get("manifest_checksum") != digest:
         raise PromotionRefused(f"{rel} changed since it was validated (manifest digest {digest}, validated "
@@ -116,14 +121,6 @@ def check_gates(ckpt_dir: Path) -> dict[str, Any]:
         skipped = "; ".join(entry.get("skipped") or []) or "the record does not say every check ran"
         raise PromotionRefused(f"{rel} was not fully validated (skipped: {skipped}); promotion needs the full check: "
                                "run validate-checkpoint without --no-load")
-    if convergence is None:
-        raise PromotionRefused(f"the convergence gate never ran in {run_dir} (run check-convergence first)")
-    if not convergence.get("passed"):
-        failed = [f"{n}: {c['reason']}" for n, c in convergence.get("checks", {}).items() if not c.get("passed")]
-        raise PromotionRefused(f"the convergence gate failed: {'; '.join(failed)}")
-    if convergence.get("manifest_checksum") != digest:
-        raise PromotionRefused(f"the convergence gate judged {convergence.get('checkpoint')} "
-                               f"(step {convergence.get('step')}), not {rel}")
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise PromotionRefused(f"{rel}/{cf.MANIFEST_NAME} lists no files")
@@ -133,8 +130,33 @@ def check_gates(ckpt_dir: Path) -> dict[str, Any]:
         "source": {"run_dir": str(run_dir), "checkpoint": rel, "step": manifest.get("step"),
                    "run_id": manifest.get("run_id"), "manifest_checksum": digest},
         "validation": validation,
+        "manifest": manifest,
+        "files": manifest["files"],
+    }
+
+
+def check_gates(ckpt_dir: Path) -> dict[str, Any]:
+    """The records proving ``ckpt_dir`` passed validation and the convergence gate of its run."""
+    validated = check_validated(ckpt_dir)
+    run_dir, rel = Path(validated["source"]["run_dir"]), validated["source"]["checkpoint"]
+    digest = validated["source"]["manifest_checksum"]
+    try:
+        convergence = gate_records.read_record(run_dir, gate_records.CONVERGENCE)
+    except cf.CheckpointError as exc:
+        raise PromotionRefused(str(exc)) from None
+    if convergence is None:
+        raise PromotionRefused(f"the convergence gate never ran in {run_dir} (run check-convergence first)")
+    if not convergence.get("passed"):
+        failed = [f"{n}: {c['reason']}" for n, c in convergence.get("checks", {}).items() if not c.get("passed")]
+        raise PromotionRefused(f"the convergence gate failed: {'; '.join(failed)}")
+    if convergence.get("manifest_checksum") != digest:
+        raise PromotionRefused(f"the convergence gate judged {convergence.get('checkpoint')} "
+                               f"(step {convergence.get('step')}), not {rel}")
+    return {
+        "source": validated["source"],
+        "validation": validated["validation"],
         "convergence": convergence,
-        "files": files,
+        "files": validated["files"],
     }
 
 

@@ -73,3 +73,26 @@ def check_recovered(run: Run, fault: str, *, layer: str, cause: str | None, step
     assert {e.rank for e in ends if e["status"] == "completed" and e.step == steps} == {0, 1}
     return {"restored": load.step, "continuity_checked": bool(before), "events": events,
             "recovery_seconds": resumed[0] - fault_event.ts}
+
+
+# The built-in Llama task at its smallest: real text, a transformers model, seconds per run on a CPU.
+LLAMA_TINY = ["--task", "resilient_training.tasks.llama:task", "--task-arg", "preset=tiny", "--task-arg", "seq_len=32",
+              "--task-arg", "batch_size=4"]
+
+
+def gated_llama_run(cache_root: Path) -> Path:
+    """A real 2-worker Llama run (checkpoints at steps 4, 8, 12) whose checkpoints all passed
+    validate-checkpoint and whose loss passed check-convergence; built once per test session.
+    """
+    from resilient_training.cli.main import main
+    from tests.support.gates import build_once
+
+    def build(path: Path) -> None:
+        # Synchronous saves: a checkpoint at every 4th step, none deferred behind a busy writer.
+        run = train(path, "--steps", "12", "--checkpoint-every", "4", "--no-async-checkpoint", "--nproc", "2",
+                    *LLAMA_TINY)
+        assert run.returncode == 0, run.output[-3000:]
+        assert main(["validate-checkpoint", str(path), "--all"]) == 0
+        assert main(["check-convergence", str(path)]) == 0
+
+    return build_once(cache_root, "gated-llama-run", build)

@@ -1,0 +1,320 @@
+"""Export a validated checkpoint in a format other tools load: DCP, torch, safetensors, Hugging Face.
+
+``export(RUN, step=N, fmt=..., out=PATH)``:
+
+- ``dcp``: a copy of the step directory (DCP files, ``.metadata`` and our ``manifest.json``);
+- ``torch``: ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``: one ``torch.save``
+  file of the whole state (``{"model": ..., "optim": ..., ...}``, full tensors);
+- ``safetensors``: one file of the model's full tensors under the plain ``model.state_dict()``
+  names, which ``safetensors.torch.load_file`` reads and ``load_state_dict(strict=True)`` takes;
+- ``hf``: for a task whose model is a ``transformers.PreTrainedModel``: ``save_pretrained`` of the
+  task's model with the checkpoint's weights (and the task's tokenizer when it has one), which
+  ``AutoModelForCausalLM.from_pretrained`` loads.
+
+Export refuses a checkpoint that did not pass ``validate-checkpoint`` in its run, or that changed
+since (the validation record names it by its manifest's digest), and re-checks every file's bytes
+against the manifest before reading it. Output is atomic (written beside ``PATH`` under a hidden
+name, renamed into place) and never overwrites anything; a repeated export of the same checkpoint
+to the same place is a no-op (``export.json`` in a directory, the header metadata of a
+safetensors file record what was exported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from resilient_training.gates import promote
+from resilient_training.run import checkpoint_format as cf
+from resilient_training.run import layout
+
+FORMATS = ("dcp", "torch", "safetensors", "hf")
+RECORD_NAME = "export.json"
+STAGING_PREFIX = ".tmp-export-"
+
+
+class ExportUsageError(ValueError):
+    """The run, step or output cannot be used as given (exit code 2); nothing was written."""
+
+
+class ExportRefused(RuntimeError):
+    """The checkpoint did not pass validation, or changed since (exit code 1); nothing was written."""
+
+
+def resolve(run: str | os.PathLike[str], step: int | None) -> Path:
+    """``RUN/checkpoints/step_N`` (``step``) or the run's latest; ``run`` may also be a step directory."""
+    path = Path(run)
+    if not path.is_dir():
+        raise ExportUsageError(f"{path} is not a directory" if path.exists() else f"{path} does not exist")
+    if cf.parse_step_dirname(path.name) is not None and path.parent.name == layout.CHECKPOINTS_DIRNAME:
+        if step is not None and cf.parse_step_dirname(path.name) != step:
+            raise ExportUsageError(f"{path} is step {cf.parse_step_dirname(path.name)}, not --step {step}")
+        return path
+    root = layout.checkpoints_dir(path)
+    if not root.is_dir():
+        raise ExportUsageError(f"{path} is not a run (no {layout.CHECKPOINTS_DIRNAME}/)")
+    if step is not None:
+        if step < 0:
+            raise ExportUsageError(f"--step must be >= 0, got {step}")
+        committed = cf.committed_steps(root)
+        if step not in committed:
+            have = ", ".join(map(str, committed)) or "none"
+            raise ExportUsageError(f"{path} has no committed checkpoint at step {step} (committed steps: {have})")
+        return root / cf.step_dirname(step)
+    try:
+        latest = cf.read_latest(root)
+    except cf.CheckpointError as exc:
+        raise ExportRefused(str(exc)) from None
+    if latest is None:
+        raise ExportUsageError(f"{path} has no committed checkpoint")
+    return latest
+
+
+def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str], step: int | None = None
+           ) -> dict[str, Any]:
+    """Export the validated checkpoint (see the module doc); returns what was written."""
+    if fmt not in FORMATS:
+        raise ExportUsageError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if not str(out).strip():
+        raise ExportUsageError("the output path is empty")
+    out = Path(out)
+    ckpt_dir = resolve(run, step)
+    try:
+        record = promote.check_validated(ckpt_dir)
+    except promote.PromotionRefused as exc:
+        raise ExportRefused(str(exc)) from None
+    record = {"format": fmt, "source": record["source"], "task": record["manifest"].get("task"),
+              "task_args": record["manifest"].get("task_args"), "files": record["files"], "exported_at": time.time()}
+    names = [name for name in record["files"] if not isinstance(name, str) or Path(name).name != name
+             or name in ("", ".", "..")]
+    if names:  # a manifest naming paths outside its own directory (forged along with its record)
+        raise ExportRefused(f"{ckpt_dir / cf.MANIFEST_NAME} lists files outside the checkpoint: {names[:3]}")
+    checkpoints = layout.checkpoints_dir(record["source"]["run_dir"]).resolve()
+    if out.resolve().is_relative_to(checkpoints):
+        raise ExportUsageError(f"{out} lies inside the run's {layout.CHECKPOINTS_DIRNAME}/: export elsewhere")
+    if _already_exported(out, fmt, record):
+        return _outcome(out, fmt, record, already=True)
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        raise ExportUsageError(f"{parent} is not a directory")
+    if not os.access(parent, os.W_OK):
+        raise ExportUsageError(f"cannot write to {parent}: permission denied")
+    _verify_files(ckpt_dir, record)
+    for stale in parent.glob(f"{STAGING_PREFIX}{out.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+    staging = parent / f"{STAGING_PREFIX}{out.name}-{os.getpid()}"
+    try:
+        WRITERS[fmt](ckpt_dir, staging, record)
+        umask = os.umask(0)
+        os.umask(umask)
+        for path in [*staging.rglob("*"), staging] if staging.is_dir() else [staging]:
+            if path.is_file():  # safetensors creates its files private (0600): give them the usual mode
+                path.chmod(0o666 & ~umask)
+        if staging.is_dir():
+            cf.fsync_dir(staging)
+        staging.rename(out)  # atomic: OUT appears complete or not at all
+        cf.fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True) if staging.is_dir() else staging.unlink(missing_ok=True)
+        raise
+    return _outcome(out, fmt, record, already=False)
+
+
+def _outcome(out: Path, fmt: str, record: dict[str, Any], *, already: bool) -> dict[str, Any]:
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) if out.is_dir() else out.stat().st_size
+    return {"out": str(out), "format": fmt, "step": record["source"]["step"], "bytes": size,
+            "checkpoint": str(Path(record["source"]["run_dir"]) / record["source"]["checkpoint"]),
+            "already_exported": already}
+
+
+def _already_exported(out: Path, fmt: str, record: dict[str, Any]) -> bool:
+    """True when ``out`` holds this very export; refuses to touch anything else there."""
+    if not out.exists() and not out.is_symlink():
+        return False
+    existing = None
+    if fmt in ("dcp", "hf") and (out / RECORD_NAME).is_file():
+        try:
+            existing = json.loads((out / RECORD_NAME).read_text())
+        except (OSError, json.JSONDecodeError):
+            existing = None
+    elif fmt == "safetensors" and out.is_file():
+        existing = _safetensors_record(out)
+    if isinstance(existing, dict) and existing.get("format") == fmt and isinstance(existing.get("source"), dict) \
+            and existing["source"].get("manifest_checksum") == record["source"]["manifest_checksum"]:
+        return True
+    raise ExportUsageError(f"{out} already exists (and is not this export of this checkpoint): refusing to overwrite it")
+
+
+def _safetensors_record(path: Path) -> dict[str, Any] | None:
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        return {"format": "safetensors", "source": json.loads(metadata.get("source", "null"))}
+    except Exception:
+        return None
+
+
+def _verify_files(ckpt_dir: Path, record: dict[str, Any]) -> None:
+    """Every file the manifest lists still has its recorded bytes (damage after validation)."""
+    for name, entry in sorted(record["files"].items()):
+        try:
+            size, digest = cf.checksum_file(ckpt_dir / name)
+        except OSError as exc:
+            raise ExportRefused(f"{ckpt_dir / name} cannot be read: {exc.strerror or exc}") from None
+        if size != entry["bytes"] or digest != entry["checksum"]:
+            raise ExportRefused(f"{ckpt_dir / name} no longer matches its manifest ({size} bytes, {digest}; manifest "
+                                f"{entry['bytes']} bytes, {entry['checksum']}): damaged after validation")
+
+
+def model_state(ckpt_dir: Path) -> dict[str, Any]:
+    """The model's full tensors under the plain ``model.state_dict()`` names, read through DCP in one process."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = dcp.FileSystemReader(str(ckpt_dir))
+    metadata = reader.read_metadata()
+    state: dict[str, Any] = {}
+    others = []
+    for key, entry in metadata.state_dict_metadata.items():
+        if not key.startswith("model."):
+            continue
+        if isinstance(entry, TensorStorageMetadata):
+            state[key.removeprefix("model.")] = torch.empty(entry.size, dtype=entry.properties.dtype)
+        else:
+            others.append(key)
+    if others:
+        raise ExportRefused(f"{ckpt_dir}: the model state holds non-tensor values ({', '.join(others[:3])}), "
+                            "which a tensor file cannot hold")
+    if not state:
+        raise ExportRefused(f"{ckpt_dir} holds no model tensors")
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    return state
+
+
+def _write_record(directory: Path, record: dict[str, Any]) -> None:
+    with open(directory / RECORD_NAME, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, indent=1, sort_keys=True, allow_nan=True))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _write_dcp(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
+    staging.mkdir()
+    for name in [*sorted(record["files"]), cf.MANIFEST_NAME]:
+        size, digest = promote._copy_hashing(ckpt_dir / name, staging / name)
+        expected = (record["source"]["manifest_checksum"] if name == cf.MANIFEST_NAME
+                    else record["files"][name]["checksum"])
+        if digest != expected:
+            raise ExportRefused(f"{ckpt_dir / name} changed while being exported")
+    _write_record(staging, record)
+
+
+def _write_torch(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp_to_torch_save(str(ckpt_dir), str(staging))
+    with open(staging, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _write_safetensors(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    state = {name: tensor.contiguous() for name, tensor in model_state(ckpt_dir).items()}
+    # Header metadata is str -> str: what was exported, from where (also how a repeat is recognised).
+    save_file(state, str(staging), metadata={"format": "pt", "source": json.dumps(record["source"], sort_keys=True),
+                                             "task": str(record["task"]),
+                                             "task_args": json.dumps(record["task_args"], sort_keys=True)})
+    with open(staging, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def build_task_model(record: dict[str, Any]) -> tuple[Any, Any]:
+    """(task, model) of the run's task with the checkpoint's recorded settings (random weights)."""
+    import torch
+
+    from resilient_training.runtime import task as tk
+
+    spec, args = record["task"], record["task_args"] or {}
+    if not isinstance(spec, str) or not isinstance(args, dict):
+        raise ExportRefused("the checkpoint's manifest names no task: cannot build its model")
+    generator_state = torch.random.get_rng_state()
+    try:
+        task = tk.load_task(spec, {str(k): str(v) for k, v in args.items()})
+        return task, tk.build_model(task)
+    except tk.TaskError as exc:
+        raise ExportUsageError(f"the run's task cannot be built here: {exc}") from None
+    finally:
+        torch.random.set_rng_state(generator_state)
+
+
+def _write_hf(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        raise ExportUsageError("--format hf needs transformers (pip install 'resilient-training[llama]')") from None
+    task, model = build_task_model(record)
+    if not isinstance(model, PreTrainedModel):
+        raise ExportUsageError(f"the run's task ({record['task']}) builds a {type(model).__name__}, not a transformers "
+                               "model: export it with --format safetensors (or torch, dcp)")
+    from transformers.utils import logging as hf_logging
+
+    model.load_state_dict(model_state(ckpt_dir), strict=True)
+    staging.mkdir()
+    hf_logging.disable_progress_bar()  # one line of output, not a progress bar on stderr
+    model.save_pretrained(str(staging))
+    if callable(getattr(task, "tokenizer", None)):
+        task.tokenizer().save_pretrained(str(staging))
+    for path in staging.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    _write_record(staging, record)
+
+
+WRITERS = {"dcp": _write_dcp, "torch": _write_torch, "safetensors": _write_safetensors, "hf": _write_hf}
+
+# Where ``promote_model(export=FMT)`` puts the export inside the promoted DEST (itself a DCP checkpoint).
+PROMOTED_NAMES = {"torch": "model.pt", "safetensors": "model.safetensors", "hf": "hf"}
+
+
+def export_promoted(checkpoint: str | os.PathLike[str], dest: str, fmt: str, *, s3_client: Any = None
+                    ) -> dict[str, Any]:
+    """After ``promote(checkpoint, dest)``: the same checkpoint exported as ``fmt`` into ``DEST/<name>``.
+
+    ``dcp`` adds nothing (DEST already is the DCP checkpoint). For ``s3://`` the export is written
+    locally first, then uploaded file by file; a repeat overwrites the same bytes.
+    """
+    if fmt == "dcp":
+        return {"out": dest, "format": fmt, "already_exported": True}
+    if fmt not in PROMOTED_NAMES:
+        raise ExportUsageError(f"export {fmt!r}: choose one of {', '.join(FORMATS)} (or empty for none)")
+    ckpt_dir = promote.resolve_checkpoint(checkpoint)
+    if not dest.startswith("s3://"):
+        return export(ckpt_dir.parent.parent, fmt=fmt, out=Path(dest) / PROMOTED_NAMES[fmt],
+                      step=cf.parse_step_dirname(ckpt_dir.name))
+    import tempfile
+
+    import boto3
+
+    bucket, prefix = promote.parse_s3(dest)
+    client = s3_client or boto3.client("s3")
+    with tempfile.TemporaryDirectory() as scratch:
+        local = Path(scratch) / PROMOTED_NAMES[fmt]
+        outcome = export(ckpt_dir.parent.parent, fmt=fmt, out=local, step=cf.parse_step_dirname(ckpt_dir.name))
+        files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
+        for path in files:
+            key = "/".join(filter(None, (prefix, path.relative_to(scratch).as_posix())))
+            client.upload_file(str(path), bucket, key)
+    return {**outcome, "out": f"{dest.rstrip('/')}/{PROMOTED_NAMES[fmt]}"}
