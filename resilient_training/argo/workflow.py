@@ -138,7 +138,8 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
         Step("check-convergence", "check_convergence", {"run_dir": run_dir, **_params("max_final_loss", "min_improvement")},
              claim=claim, run_dir=run_dir, depends="validate-checkpoint"),
         # Promotion only when both gates returned true (the KFP pipeline's two nested dsl.If).
-        Step("promote-model", "promote_model", {"checkpoint": run_dir, "dest": Param("promote_to"), "export": Param("export")},
+        Step("promote-model", "promote_model",
+             {"checkpoint": run_dir, "dest": Param("promote_to"), "export": Param("export")},
              claim=claim, run_dir=run_dir, depends="validate-checkpoint && check-convergence",
              when=f"{_gate_passed('validate-checkpoint')} && {_gate_passed('check-convergence')}"),
         Step("resilience-report", "resilience_report", {"run_dir": run_dir},
