@@ -201,7 +201,7 @@ def test_a_manifest_and_record_forged_together_to_reach_outside_the_checkpoint_a
     new_digest = gate_records.manifest_digest(step)
     edit_record(run_copy, lambda r: r["checkpoints"]["checkpoints/step_12"].update(manifest_checksum=new_digest))
     refused(["export", str(run_copy), "--format", "dcp", "-o", str(tmp_path / "d")], capsys,
-            "lists files outside the checkpoint", tmp_path / "d")
+            "which is not a file inside the checkpoint", tmp_path / "d")
 
 
 def test_a_step_not_validated_is_refused_even_when_another_step_was(run_copy, tmp_path, capsys):

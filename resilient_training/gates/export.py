@@ -32,6 +32,7 @@ from typing import Any
 from resilient_training.gates import promote
 from resilient_training.run import checkpoint_format as cf
 from resilient_training.run import layout
+from resilient_training.run.paths import check_writable
 
 FORMATS = ("dcp", "torch", "safetensors", "hf")
 RECORD_NAME = "export.json"
@@ -82,8 +83,14 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
         raise ExportUsageError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if not str(out).strip():
         raise ExportUsageError("the output path is empty")
+    try:  # the output's own problems are bad input (exit 2), found before the gates are read
+        check_writable(out, "-o", directory=fmt in ("dcp", "hf"))
+    except ValueError as exc:
+        raise ExportUsageError(str(exc)) from None
     out = Path(out)
     ckpt_dir = resolve(run, step)
+    if out.resolve().is_relative_to(ckpt_dir.parent.resolve()):
+        raise ExportUsageError(f"{out} lies inside the run's {layout.CHECKPOINTS_DIRNAME}/: export elsewhere")
     try:
         record = promote.check_validated(ckpt_dir)
     except promote.PromotionRefused as exc:
