@@ -156,12 +156,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"                    goodput: training {m['training_goodput']:.1%}, infrastructure "
               f"{m['infrastructure_goodput']:.1%}; {recovery['count']} recoveries, mean "
               f"{recovery['mean'] or 0:.1f} s, max {recovery['max'] or 0:.1f} s")
+    from resilient_training.gates.export import PROMOTED_NAMES
+
     promoted = _promoted(promote_to)
     if promoted:
         print(f"promoted model:     {promote_to}")
-        for name in ("model.safetensors", "model.pt", "hf"):
-            if (promote_to / name).exists():
-                print(f"exported model:     {promote_to / name}")
+        if args.export in PROMOTED_NAMES:
+            print(f"exported model:     {promote_to.rstrip('/')}/{PROMOTED_NAMES[args.export]}")
     else:
         print("promoted model:     none (promotion runs only when both gates pass)")
     print(f"local runner log:   {log_path}")
