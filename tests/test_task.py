@@ -157,3 +157,17 @@ def test_a_worker_that_cannot_import_the_task_asks_not_to_be_restarted(tmp_path)
     assert proc.returncode == 93, proc.stderr[-2000:]
     end = [e for e in ev.read_events(run_dir) if e.event == "end"]
     assert end[-1]["status"] == "failed" and "task module no_such_module_here failed to import" in end[-1]["reason"]
+
+
+@pytest.mark.slow
+def test_a_task_file_named_relative_to_the_current_directory_reaches_the_workers(tmp_path):
+    import json
+    import shutil
+
+    shutil.copy(USER_TASK, tmp_path / "my_task.py")
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(run_dir),
+                           "--nproc", "1", "--steps", "2", "--checkpoint-every", "2", "--task", "my_task.py:make"],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads((run_dir / "config.json").read_text())["task"] == f"{tmp_path / 'my_task.py'}:make"

@@ -55,10 +55,7 @@ def _task_settings(task: str, task_args: list[str] | None) -> dict[str, Any]:
 
     settings: dict[str, Any] = {}
     if task:
-        module, sep, attr = task.rpartition(":")
-        if sep and (module.endswith(".py") or "/" in module):  # the pipeline's steps may run elsewhere
-            task = f"{Path(module).expanduser().resolve()}:{attr}"
-        settings["task"] = task
+        settings["task"] = cfg.absolute_task(task)
     if task_args:
         try:
             settings["task_args"] = cfg.task_args_from(list(task_args))

@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     try:
         config = cfg.from_namespace(args)
+        config.task = cfg.absolute_task(config.task)  # the workers may start in another directory
         if args.nodes is None:
             result = run_local(config, nproc=args.nproc)
         else:

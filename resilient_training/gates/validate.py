@@ -294,23 +294,23 @@ class _MetadataUnpickler(pickle.Unpickler):
     validation resolves only the classes DCP's metadata consists of.
     """
 
-    ALLOWED_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                       "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
+    METADATA_MODULE = "torch.distributed.checkpoint.metadata"  # its dataclasses and enums
+    ALLOWED = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("collections", "OrderedDict"),
+               ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")}
 
     def find_class(self, module: str, name: str) -> Any:
         import torch
 
-        if module in self.ALLOWED_MODULES:
+        if module == self.METADATA_MODULE:
             found = super().find_class(module, name)
-            if isinstance(found, type):  # its dataclasses and enums, never a function
+            if isinstance(found, type):  # never a function
                 return found
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
         if module == "torch" and name == "Size":
             return torch.Size
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.layout | torch.memory_format):
             return getattr(torch, name)
-        if (module, name) in (("collections", "OrderedDict"), ("torch.serialization", "_get_layout"),
-                              ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")):
-            return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP metadata")
 
 

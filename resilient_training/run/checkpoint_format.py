@@ -41,7 +41,7 @@ import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import xxhash
 
@@ -53,10 +53,6 @@ METADATA_NAME = ".metadata"  # DCP's
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"step_(\d+)")
 _READ_CHUNK = 8 << 20
-
-
-# Shard metadata every rank must agree on; commit() lifts it into the manifest.
-SHARED_META = ("step", "optimizer_step", "data_position")
 
 
 class CheckpointError(RuntimeError):
@@ -101,24 +97,6 @@ def checksum_file(path: str | os.PathLike[str], chunk: int = _READ_CHUNK) -> tup
             hasher.update(block)
             size += len(block)
     return size, hasher.hexdigest()
-
-
-class _HashingWriter:
-    """A write-only file object that hashes what passes through, so no re-read is needed."""
-
-    def __init__(self, handle: BinaryIO) -> None:
-        self._handle = handle
-        self.hasher = new_hasher()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        view = memoryview(data)
-        self.hasher.update(view)
-        self.size += len(view)
-        return self._handle.write(view)
-
-    def flush(self) -> None:
-        self._handle.flush()
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

@@ -120,6 +120,18 @@ class DataConfig:
 DEFAULT_TASK = "resilient_training.tasks.gpt:task"
 
 
+def absolute_task(spec: str) -> str:
+    """A task file named relative to this directory, made absolute (workers and pipeline steps may
+    run elsewhere); a module name is returned unchanged.
+    """
+    import os
+
+    module, sep, attr = spec.rpartition(":")
+    if sep and (module.endswith(".py") or "/" in module):
+        return f"{os.path.abspath(os.path.expanduser(module))}:{attr}"
+    return spec
+
+
 def parse_task_arg(item: str) -> tuple[str, str]:
     """``KEY=VALUE`` (one ``--task-arg``) as a pair; the value may contain ``=``."""
     key, sep, value = item.partition("=")

@@ -315,6 +315,31 @@ def test_a_metadata_pickle_that_runs_a_command_is_refused_not_run(run_copy: Path
     assert not marker.exists()
 
 
+class _Reader:
+    def __reduce__(self):
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return (FileSystemReader, ("/",))
+
+
+def test_metadata_naming_a_dcp_class_that_is_no_metadata_is_refused(run_copy: Path) -> None:
+    import pickle
+
+    (run_copy / STEP4 / cf.METADATA_NAME).write_bytes(pickle.dumps({"x": _Reader()}))
+    record_file(run_copy / STEP4, cf.METADATA_NAME)
+    report = validate(run_copy)
+    assert [f.code for f in report.all_findings] == ["metadata_invalid"]
+    assert "FileSystemReader is not part of DCP metadata" in report.all_findings[0].message
+
+
+def test_a_task_that_cannot_be_imported_here_is_a_finding_not_a_skip(run_copy: Path) -> None:
+    rewrite_manifest(run_copy / STEP4, lambda m: m.update(task="team_a.not_installed_here:task"))
+    report = validate(run_copy)
+    assert [f.code for f in report.all_findings] == ["load_failed"]
+    assert "the run's task builds no model here: task module team_a.not_installed_here failed to import" in \
+        report.all_findings[0].message
+
+
 def test_healthy_run_has_no_findings(synthetic_run: Path) -> None:
     report = validate(synthetic_run, all_checkpoints=True)
     assert report.valid, [str(f) for f in report.all_findings]
