@@ -229,3 +229,46 @@ def test_the_failing_rank_s_own_report_beats_the_peer_s(tmp_path: Path) -> None:
     (fault,) = compute_metrics(tmp_path / "b")["faults"]
     assert (fault["root_cause"]["kind"], fault["root_cause"]["rank"]) == ("timeout", 1)
     assert [s["rank"] for s in fault["symptoms"] if s["event"] == "failure_detected"] == [0]
+
+
+def test_a_writer_death_found_at_the_next_save_is_the_injected_fault_not_a_second_one(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 12, checkpoint_every=5)
+    log.emit("fault_injected", 13, rank=0, fault="writer-kill@13:0", type="writer-kill")
+    log.steps(13, 14)  # training goes on: nothing fails until the next save
+    log.emit("failure_detected", 15, rank=0, cause="writer_died", message="CheckpointWriterDied: writer died")
+    log.emit("failure_detected", 15, rank=1, cause="DistBackendError", message="peer went away")
+    log.attempt += 1
+    log.wait(3.0)
+    log.emit("restart_done", layer="launcher")
+    log.emit("load_done", 10, path="checkpoints/step_10", seconds=0.2)
+    log.steps(11, 16)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    (fault,) = m["faults"]
+    assert fault["root_cause"]["kind"] == "writer-kill" and fault["root_cause"]["rank"] == 0
+    assert fault["root_cause"]["detected_seconds_after_fault"] == pytest.approx(0.2)
+    assert fault["layer"] == "launcher" and m["restart_causes"] == {"writer-kill": 1}
+
+
+def test_a_peer_s_collective_error_is_a_symptom_when_the_failing_rank_says_more(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 12, checkpoint_every=5)
+    log.emit("failure_detected", 13, rank=0, cause="DistBackendError", message="NCCL communicator aborted")
+    log.emit("failure_detected", 13, rank=1, cause="RuntimeError", message="CUDA error: an illegal memory access")
+    log.emit("restart_begin", 13, layer="inprocess", cause="RuntimeError")
+    log.iteration += 1
+    log.wait(1.0)
+    log.emit("restart_done", layer="inprocess")
+    log.emit("load_done", 10, path="checkpoints/step_10", seconds=0.2)
+    log.steps(11, 14)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert (fault["root_cause"]["kind"], fault["root_cause"]["rank"]) == ("RuntimeError", 1)
+    assert (0, "DistBackendError") in {(s["rank"], s["cause"]) for s in fault["symptoms"]}

@@ -293,7 +293,7 @@ def _write_hf(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
 WRITERS = {"dcp": _write_dcp, "torch": _write_torch, "safetensors": _write_safetensors, "hf": _write_hf}
 
 # Where ``promote_model(export=FMT)`` puts the export inside the promoted DEST (itself a DCP checkpoint).
-PROMOTED_NAMES = {"torch": "model.pt", "safetensors": "model.safetensors", "hf": "hf"}
+PROMOTED_NAMES = dict(zip(("torch", "safetensors", "hf"), promote.EXPORTS_INSIDE_DEST, strict=True))
 
 
 def export_promoted(checkpoint: str | os.PathLike[str], dest: str, fmt: str, *, s3_client: Any = None

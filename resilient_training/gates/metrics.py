@@ -20,8 +20,11 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
   another rank's failure (``peer_failure``, ``restart_requested``: exception type and message,
   ``nan``, timeouts), else a pod/node restart cause, else — when every reporting rank only saw a
   peer fail — the training rank that reported nothing (it died without a word: a signal or a
-  crash). The other ranks' reports are the episode's **symptoms**, linked to it and never counted
-  as faults of their own.
+  crash). A peer's failed collective (``DistBackendError``) is the root cause only when no rank says
+  more. The other ranks' reports are the episode's **symptoms**, linked to it and never counted
+  as faults of their own. An injected fault that only shows later (a killed checkpoint writer is
+  found at the next save) is linked to the failure it caused: one fault, with the seconds until it
+  was detected.
 - **infrastructure goodput** = (wall − downtime) / wall, downtime = union of episode spans
   (an episode never closed runs to the end of the log).
 - **checkpoint freshness** at a step = that step minus the newest step committed before it
@@ -52,6 +55,11 @@ from resilient_training.run import layout
 TRIGGERS = ("fault_injected", "failure_detected", "restart_begin")
 # What a rank reports when *another* rank failed or a restart was requested of it: never a root cause.
 SYMPTOMS = ("peer_failure", "restart_requested")
+# A collective that failed because a peer went away: the root cause only when no rank says more.
+COMM_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
+# Injected faults whose failure shows later (the writer is found dead at the next save), by the cause
+# the trainer then reports: the later episode is that fault's, not a fault of its own.
+DELAYED = {"writer_died": "writer-kill"}
 LAYER_ORDER = {"none": 0, "reload": 1, "inprocess": 2, "launcher": 3, "pod": 4}
 
 
@@ -188,7 +196,25 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
     for episode in found:
         _classify(episode, events, ref)
         _attribute(episode, events)
-    return found
+    return _link_delayed(found)
+
+
+def _link_delayed(found: list[Episode]) -> list[Episode]:
+    """An injected fault absorbed without a restart whose failure showed later is one fault, not two."""
+    out: list[Episode] = []
+    for episode in found:
+        injected = DELAYED.get(str(episode.root_cause.get("kind")))
+        earlier = next((e for e in reversed(out) if e.layer == "none" and e.root_cause.get("injected")
+                        and e.root_cause.get("kind") == injected), None) if injected else None
+        if earlier is not None and not episode.root_cause.get("injected"):
+            out.remove(earlier)
+            found_as = episode.root_cause
+            episode.fault = earlier.fault
+            episode.root_cause = {**earlier.root_cause, "detail": f"{earlier.root_cause.get('detail')}: "
+                                  f"{found_as.get('detail')}", "detected_seconds_after_fault": episode.start - earlier.start}
+            episode.cause = str(episode.root_cause["kind"])
+        out.append(episode)
+    return out
 
 
 def _attribute(episode: Episode, events: list[ev.Event]) -> None:
@@ -196,7 +222,8 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
     end = episode.end if episode.end is not None else math.inf
     inside = [e for e in events if e.event in TRIGGERS and episode.start <= e.ts <= end]
     injected = next((e for e in inside if e.event == "fault_injected"), None)
-    primary = next((e for e in inside if e.event == "failure_detected" and e.get("cause") not in SYMPTOMS), None)
+    reports = [e for e in inside if e.event == "failure_detected" and e.get("cause") not in SYMPTOMS]
+    primary = next((e for e in reports if e.get("cause") not in COMM_ERRORS), reports[0] if reports else None)
     pod = next((e for e in inside if e.event == "restart_begin" and e.get("layer") == "pod"), None)
     root: dict[str, Any]
     if injected is not None:

@@ -319,6 +319,10 @@ def _holder(record: dict[str, Any]) -> dict[str, Any]:
             "manifest_checksum": record["source"]["manifest_checksum"], "token": uuid.uuid4().hex}
 
 
+# Names promote_model's export option writes inside DEST; gates/export.py's PROMOTED_NAMES uses these.
+EXPORTS_INSIDE_DEST = ("model.pt", "model.safetensors", "hf")
+
+
 def _verify_local_copy(dest: Path, record: dict[str, Any]) -> None:
     """DEST holds exactly the files of this checkpoint, byte for byte, and its marker."""
     expected = set(_files_to_copy(record)) | {PROMOTION_NAME}
@@ -327,7 +331,9 @@ def _verify_local_copy(dest: Path, record: dict[str, Any]) -> None:
         raise PromotionRefused(f"{dest} is marked as this checkpoint's promotion but {', '.join(links[:5])} "
                                "is a symbolic link, not a copy; remove DEST and promote again")
     present = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if not p.is_dir()}
-    extra = sorted(present - expected)
+    # An export of this checkpoint that promote_model's export option wrote inside DEST (export.py
+    # PROMOTED_NAMES) is not foreign content: export verifies its own record on a repeat.
+    extra = sorted(name for name in present - expected if name.split("/", 1)[0] not in EXPORTS_INSIDE_DEST)
     if extra:
         raise PromotionRefused(f"{dest} is marked as this checkpoint's promotion but also holds {', '.join(extra[:5])}; "
                                "remove DEST and promote again")
