@@ -39,7 +39,7 @@ def test_a_task_file_and_its_arguments():
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("user_task.py:make", "task file user_task.py does not exist"),
+    ("user_task.py:make", "user_task.py does not exist"),
     (f"{USER_TASK}:nothing", "has no attribute 'nothing'"),
     ("no_such_module_here:task", "task module no_such_module_here failed to import: ModuleNotFoundError"),
     (f"{USER_TASK}:not_a_task", "is a int, not a task or a callable returning one"),
