@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from typing import NoReturn
 
 # Add one line per subcommand module; order is the order shown in --help.
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch.cuda imports pynvml, which warns about its own deprecation on every import; the commands
+    # that import torch (task preflight, validation) would print it on every run.
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
