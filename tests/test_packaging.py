@@ -25,7 +25,7 @@ def expected_modules() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # A copy without build leftovers (a stale build/ would hide a package missing from the list).
     src = out / "src"
@@ -37,7 +37,12 @@ def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                            "-w", str(out), "."], cwd=src, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (wheel,) = out.glob("resilient_training-*.whl")
+    (built,) = out.glob("resilient_training-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def wheel_files(wheel: Path) -> set[str]:
     with zipfile.ZipFile(wheel) as zf:
         return set(zf.namelist())
 
@@ -53,6 +58,7 @@ def test_the_wheel_holds_no_test_double(wheel_files):
     assert doubles == []
 
 
-def test_the_wheel_has_the_command(wheel_files):
+def test_the_wheel_has_the_command(wheel: Path, wheel_files: set[str]):
     (entry_points,) = [n for n in wheel_files if n.endswith("entry_points.txt")]
-    assert entry_points
+    with zipfile.ZipFile(wheel) as zf:
+        assert "resilient-training = resilient_training.cli.main:main" in zf.read(entry_points).decode()
