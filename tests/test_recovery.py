@@ -52,6 +52,42 @@ def test_each_fault_alone_recovers_to_the_last_commit(tmp_path, fault, layer, ca
         assert fmt.read_manifest(latest)["step"] == 16
 
 
+def test_the_progress_guard_names_the_hung_rank_before_any_collective_timeout(tmp_path):
+    """The peer's gloo collective times out only after 5 s; the guard's calibrated allowance (a
+    few seconds: 5 x the slowest step, at least 3 s) runs out first on the hung rank, which
+    reports a soft timeout to NVRx's in-process layer. (On NCCL the same report also aborts
+    the peer's communicator; gloo cannot be aborted, so there the peer waits out its timeout.)
+    """
+    run = train(tmp_path / "run", *FAST, "--faults", "hang@10:1", "--pg-timeout", "5", "--soft-timeout", "6")
+    found = check_recovered(run, "hang@10:1", layer="inprocess", cause="hang")
+    events = found["events"]
+    injected = next(e for e in events if e.event == "fault_injected")
+    detected = {e.rank: e for e in events if e.event == "hang_detected"}
+    # The hung rank stalled in its own step; the peer (if its guard fired too) while waiting on it.
+    assert detected[1]["where"] == "step" and "slowest step" in detected[1]["reason"], detected[1].fields
+    assert 0 not in detected or detected[0]["where"] == "collective", detected[0].fields
+    peer_failed = next(e for e in events if e.event == "failure_detected" and e.rank == 0 and e.ts > injected.ts)
+    assert detected[1].ts < peer_failed.ts
+    assert 3.0 <= detected[1].ts - injected.ts < 5.0, detected[1].ts - injected.ts
+    calibrated = next(e for e in events if e.event == "calibrated")
+    assert calibrated["timeouts"]["progress"]["step"] >= 3.0
+
+
+@pytest.mark.parametrize(
+    ("faults", "fault", "extra"),
+    [
+        ("ckpt-hang@8:1", "ckpt-hang@8:1", ["--no-async-checkpoint"]),
+        ("ckpt-hang@8:1", "ckpt-hang@8:1", []),
+        # Sync saves: step 8 is committed before the exception at step 10, whatever the load.
+        ("exception@10:0,load-hang@4:1", "load-hang@4:1", ["--no-async-checkpoint"]),
+    ],
+    ids=["during-sync-save", "during-async-save", "during-restore"],
+)
+def test_a_hang_during_a_save_or_a_restore_is_recovered_in_process(tmp_path, faults, fault, extra):
+    run = train(tmp_path / "run", *FAST, "--faults", faults, *extra)
+    check_recovered(run, fault, layer="inprocess", cause="hang")
+
+
 def test_mixed_schedule_of_three_faults(tmp_path):
     run = train(tmp_path / "run", "--nproc", "2", "--steps", "40", "--checkpoint-every", "5",
                 "--faults", "sigkill@12:1,exception@22:0,hang@33:1")

@@ -47,6 +47,11 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "ckpt_failed": ("reason",),
     "fault_injected": ("fault",),
     "failure_detected": ("cause", "message"),
+    # the progress guard's allowance ran out (reason: for how long, at which phase or step
+    # allowance, calibrated from what); where: step | collective (waiting for peers: likely a
+    # symptom of a hung peer) | a phase (start, load, save, commit, calibrate).
+    # failure_detected follows once the training thread is released.
+    "hang_detected": ("reason", "where"),
     # layer pod: written by the simulated cluster (rank -1) when it kills a node (cause node-loss)
     # or finds an agent dead; node: the pod index concerned (null for other layers).
     "restart_begin": ("layer", "cause", "node"),

@@ -28,9 +28,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-FAULT_TYPES = ("exception", "sigkill", "hang", "oom", "nan", "ckpt-kill", "writer-kill", "node-loss")
+FAULT_TYPES = ("exception", "sigkill", "hang", "oom", "nan", "ckpt-kill", "writer-kill", "ckpt-hang", "load-hang",
+               "node-loss")
 # Faults that act while a checkpoint is being written, at a checkpoint step.
-CHECKPOINT_FAULTS = ("ckpt-kill", "writer-kill")
+CHECKPOINT_FAULTS = ("ckpt-kill", "writer-kill", "ckpt-hang")
+# A fault that acts in the first restore from a checkpoint after its step was trained (so another
+# fault must cause a restore).
+LOAD_FAULTS = ("load-hang",)
 # Faults whose target is a node (pod index), not a rank; they need the simulated cluster.
 NODE_FAULTS = ("node-loss",)
 # How long the worker that announced a node loss waits for the simulated cluster to kill its
@@ -217,6 +221,8 @@ def validate(faults: list[Fault], *, world_size: int, steps: int, async_checkpoi
                 f"fault {fault}: {fault.type} acts during a checkpoint write, but step {fault.step} "
                 f"saves no checkpoint (every {checkpoint_every})"
             )
+        if fault.type in LOAD_FAULTS and fault.step == 0:
+            raise FaultSpecError(f"fault {fault}: {fault.type} acts in a restore after step {fault.step}; use a step >= 1")
         if fault.type == "writer-kill" and not async_checkpoint:
             raise FaultSpecError(f"fault {fault}: writer-kill needs async checkpointing (the writer process)")
 
@@ -251,6 +257,19 @@ class Injector:
         """Log the injection (before it acts) and remember it."""
         self._fired[fault.key] = self._fired.get(fault.key, 0) + 1
         self._emit("fault_injected", step, fault=fault.key, type=fault.type)
+
+    def hang_in_restore(self, reached: int, step: int) -> None:
+        """Act out a ``load-hang`` due by now: this rank has trained up to ``reached`` and is
+        restoring the checkpoint of ``step``.
+        """
+        for fault in self._mine:
+            if fault.type in LOAD_FAULTS and fault.step <= reached and self._fired.get(fault.key, 0) < fault.count:
+                self.mark(fault, step)
+                self.hang()
+
+    def hang(self) -> None:
+        self.hanging = True
+        hang_forever()
 
     def maybe_inject_in_step(self, step: int) -> bool:
         """Act out a step fault due now. Returns True when the loss must be poisoned (``nan``)."""
@@ -334,6 +353,11 @@ def allocate_past_limit(limit_mb: int) -> None:
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     raise InjectedOOM("expected allocation failure did not happen")
+
+
+def reached_step(events: Iterable[Any], rank: int) -> int:
+    """The highest step ``rank`` has trained so far (0 before any)."""
+    return max((e.step for e in events if e.event == "step" and e.rank == rank and e.step), default=0)
 
 
 def injected_counts(events: Iterable[Any], rank: int) -> dict[str, int]:

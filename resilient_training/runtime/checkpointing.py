@@ -451,6 +451,14 @@ class Checkpointer:
             return 0.0
         return 1.0 if self._writer.poll() else 0.0
 
+    def in_flight_seconds(self) -> float | None:
+        """Seconds since the save in flight began (None when none is)."""
+        return None if self._in_flight is None else time.time() - self._in_flight.begin_ts
+
+    def will_commit(self, done_count: float) -> bool:
+        """:meth:`maybe_commit` with this count would commit now."""
+        return self._in_flight is not None and round(done_count) == self.world_size
+
     def maybe_commit(self, done_count: float) -> None:
         """Commit the save in flight once every rank reported it durable (same step everywhere)."""
         if self._in_flight is not None and round(done_count) == self.world_size:

@@ -330,6 +330,19 @@ def inprocess_wrap(
     return wrapper(entry)
 
 
+def report_hang(call_wrapper: Any, rank: int) -> None:
+    """Record a soft timeout for ``rank`` now, as NVRx's monitor process does when its own
+    ``soft_timeout`` expires (0.4.1 and 0.7.0): every rank's monitor thread then aborts the
+    distributed backend and restarts the wrapped function. Raising into the training thread from
+    another thread instead collides with NVRx's progress watchdog, whose pending calls swallow it.
+    """
+    from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
+
+    state = getattr(call_wrapper, "state", None)
+    rank = getattr(state, "rank", rank)
+    call_wrapper.monitor_process.record_interrupted(InterruptionRecord(rank, Interruption.SOFT_TIMEOUT))
+
+
 def wrapper_store(call_wrapper: Any) -> Any:
     """The in-process wrapper's TCP store (a torch TCPStore), hosted by rank 0 for this worker
     group: the process group meets through it too, namespaced per restart iteration.

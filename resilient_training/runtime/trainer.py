@@ -33,10 +33,13 @@ from resilient_training.runtime.checkpointing import (
     state_dict,
     warm_up_writer,
 )
+from resilient_training.runtime.progress import ProgressGuard
 
 # Calibrated heartbeat timeouts never go below this: observed gaps on a quiet machine can be
 # milliseconds, and a loaded one must not be mistaken for a hang.
 CALIBRATED_TIMEOUT_FLOOR = 3.0
+# The hang allowance is this many times the slowest step (or phase) measured, never below the floor.
+PROGRESS_MARGIN = 5.0
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -64,6 +67,13 @@ class Trainer:
         self.grad_clip = tk.option(self.task, "grad_clip", float, 0.0)
         self.grad_accumulation = tk.option(self.task, "grad_accumulation", int, 1)
         self.injector: flt.Injector | None = None
+        # How long the training thread may go without progress before it counts as hung
+        # (calibrated from measured steps and phases); owns the pings to both monitors.
+        self.guard = ProgressGuard(
+            initial=config.timeouts.soft, phase_default=config.timeouts.initial_heartbeat,
+            floor=CALIBRATED_TIMEOUT_FLOOR, margin=PROGRESS_MARGIN, beat=heartbeats.beat,
+        )
+        self._call_wrapper: Any = None
         self.last_cause: str | None = None
         self.completed = False
         self.step = 0  # the step being trained (after a restore: the step restored)
@@ -85,6 +95,9 @@ class Trainer:
         )
         self.step = 0
         laps = _Laps()  # where the time to the first step goes, logged with load_done
+        self._call_wrapper = call_wrapper
+        self.guard.arm(ping=call_wrapper.ping if call_wrapper is not None else None, on_expire=self._on_hang)
+        start_phase = self.guard.begin_phase("start")
         try:
             self._drop_stale_write()
             if call_wrapper is not None and self._store is None:
@@ -104,7 +117,7 @@ class Trainer:
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 atomic=call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext,
-                on_wait=lambda: self._progress(call_wrapper),
+                on_wait=self.guard.progress,
             )
             started = time.time()
             path, manifest = checkpointer.find_restorable()
@@ -112,6 +125,7 @@ class Trainer:
             model, optimizer, scheduler = self._build()
             laps.lap("build_model")
             data = tk.build_data(self.task, self.rank, self.world_size, self.config.seed)
+            self.guard.end_phase(start_phase, warm_up=True)
             self._restore(checkpointer, path, manifest, model, optimizer, scheduler, data, started, laps)
             self._train(model, optimizer, scheduler, data, checkpointer, call_wrapper)
             checkpointer.finish()
@@ -119,9 +133,11 @@ class Trainer:
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
             self.completed = True
         except BaseException as exc:
+            self.guard.disarm()
             self._on_failure(exc, self.step)
             raise
         finally:
+            self.guard.disarm()
             # In `finally`: the in-process wrapper may interrupt the handler above with an
             # exception of its own, and a group left behind fails the next iteration's init.
             if self.completed:
@@ -141,6 +157,9 @@ class Trainer:
             started = time.perf_counter()
             poison = self.injector.maybe_inject_in_step(step)
             total: torch.Tensor | None = None
+            # Forward, backward and the loss all-reduce hold FSDP's collectives: a rank stalled in
+            # there is most likely waiting for a peer (the hang report says so).
+            self.guard.in_collective = True
             for micro in range(accumulate):
                 last = micro == accumulate - 1
                 if toggles_sync:  # FSDP2 reduces gradients only on the last micro-batch
@@ -162,6 +181,7 @@ class Trainer:
             # Read the loss only now: the backward pass is already queued, so the GPU keeps
             # working while the host waits (the step's one synchronisation).
             total_loss, done_count = stats.tolist()
+            self.guard.in_collective = False
             global_loss = total_loss / self.world_size
             if self.config.restart.nan_guard and not math.isfinite(global_loss):
                 raise NonFiniteLoss(f"non-finite loss {global_loss} at step {step}")
@@ -176,15 +196,19 @@ class Trainer:
                 self.staging.prepare(local_tensors(state_dict(model, optimizer, scheduler)))
             self._pad_step(started)
             self.events.emit("step", step, loss=global_loss, seconds=time.perf_counter() - started)
-            self._progress(call_wrapper)
+            self.guard.progress()
             self.heartbeats.cover(0)
-            checkpointer.maybe_commit(done_count)
+            if checkpointer.will_commit(done_count):
+                # Reading a checkpoint back costs about what writing it did: the first load's budget.
+                self.guard.observe("load", checkpointer.in_flight_seconds() or 0.0)
+                with self.guard.phase("commit"):
+                    checkpointer.maybe_commit(done_count)
             if checkpointer.tier_for(step):
                 self._save(step, model, optimizer, scheduler, data, checkpointer)
             if step == calibrate_at:
-                timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor())
-                if timeouts:
-                    self.events.emit("calibrated", step, timeouts=timeouts)
+                with self.guard.phase("calibrate"):
+                    timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor()) or {}
+                self.events.emit("calibrated", step, timeouts={**timeouts, "progress": self.guard.calibrated()})
 
     def _next_batch(self, data: Any, batches: Any) -> tuple[Any, Any]:
         """The next batch on this device; a new epoch (``iter`` again) when the data runs out."""
@@ -223,11 +247,15 @@ class Trainer:
             return max(CALIBRATED_TIMEOUT_FLOOR, self.config.timeouts.soft + 2.0)
         return CALIBRATED_TIMEOUT_FLOOR
 
-    def _progress(self, call_wrapper: Any) -> None:
-        """Tell both monitors (ft_launcher heartbeats, in-process progress watchdog) we are alive."""
-        self.heartbeats.beat()
-        if call_wrapper is not None:
-            call_wrapper.ping()
+    def _on_hang(self, reason: str) -> None:
+        """The progress guard's allowance ran out (called from its thread): report a soft timeout
+        to NVRx's in-process layer now, instead of after its fixed ``soft_timeout``. Its monitor
+        thread on every rank then aborts the NCCL communicators (a rank blocked in a collective
+        with the hung one is released) and restarts the training function, as for its own timeout.
+        """
+        self.events.emit("hang_detected", self.step or None, reason=reason, where=self.guard.where())
+        if self._call_wrapper is not None:
+            nvrx_adapter.report_hang(self._call_wrapper, self.rank)
 
     def _save(self, step: int, model: Any, optimizer: Any, scheduler: Any, data: Any,
               checkpointer: Checkpointer) -> None:
@@ -238,11 +266,17 @@ class Trainer:
         kill_self = None
         if fault is not None and fault.type == "ckpt-kill" and self.config.checkpoint.async_save:
             kill_self = _sigkill_self  # the writer is busy with this rank's shard right now
-        torn = fault is not None and (fault.type == "writer-kill" or not self.config.checkpoint.async_save)
-        self.heartbeats.beat()
+        torn = fault is not None and (fault.type == "writer-kill" or
+                                      (fault.type == "ckpt-kill" and not self.config.checkpoint.async_save))
+        sync = not self.config.checkpoint.async_save and not checkpointer.will_defer(step)
+        outer = self.guard.begin_phase("save") if sync else None
+        if fault is not None and fault.type == "ckpt-hang":
+            self.injector.hang()  # the training thread stops inside the save (sync: its write)
         checkpointer.save(step, state_dict(model, optimizer, scheduler), data.state_dict(),
                           self._manifest_fields(optimizer), torn_write=torn, kill_after_submit=kill_self)
-        self.heartbeats.beat()
+        if sync:
+            self.guard.end_phase(outer)
+            self.guard.observe("load", self.guard.slowest_phase.get("save", 0.0))
 
     def _manifest_fields(self, optimizer: Any) -> dict[str, Any]:
         import resilient_training
@@ -263,6 +297,7 @@ class Trainer:
                 "resilient-training": resilient_training.__version__,
             },
             "ft_state": self.heartbeats.state_dict(),
+            "progress": self.guard.state_dict(),
             "run_dir": os.path.abspath(self.config.run_dir),
         }
 
@@ -274,6 +309,10 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
 
     def _init_process_group(self, iteration: int) -> None:
+        if self.on_gpu and self.config.restart.inprocess:
+            # NVRx's usage guide: a watchdog that rethrows CUDA/NCCL errors kills the process the
+            # in-process layer is about to restart.
+            os.environ.setdefault("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0")
         if torch.distributed.is_initialized():  # left by an interrupted iteration: never reuse it
             self._abort_process_group()
             self._destroy_process_group()
@@ -286,10 +325,23 @@ class Trainer:
         store = torch.distributed.PrefixStore(f"rt/i{iteration}", self._base_store())
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,
-            # gloo cannot be interrupted mid-collective: this timeout bounds how long a peer
-            # waits for a failed rank before it joins the restart.
-            timeout=datetime.timedelta(seconds=self.config.timeouts.pg),
+            timeout=datetime.timedelta(seconds=self.collective_timeout()),
         )
+
+    def collective_timeout(self) -> float:
+        """The collective timeout. gloo cannot be interrupted mid-collective: ``pg_timeout`` bounds
+        how long a peer waits for a failed rank before it joins the restart.
+
+        NCCL is aborted by the in-process layer instead, and its watchdog tears the whole process
+        down when a collective times out (seen on 2 H200s: pg 60 s < soft 90 s turned every hang
+        into a launcher restart; pg 3 s killed ranks waiting for a peer's save). So there it must
+        outlast the in-process hard timeout (NVRx's usage guide says the same) and ft_launcher's
+        heartbeat timeout: hangs are theirs to catch.
+        """
+        if self.on_gpu:
+            timeouts = self.config.timeouts
+            return max(timeouts.pg, max(timeouts.hard, timeouts.heartbeat) + 30.0)
+        return self.config.timeouts.pg
 
     def _round_tag(self) -> str:
         """A name all ranks of this launcher round agree on, for the checkpoint's temporary directory
@@ -392,9 +444,15 @@ class Trainer:
                  optimizer: Any, scheduler: Any, data: Any, started: float, laps: _Laps) -> None:
         step = manifest.get("step", 0)
         source = None
+        if manifest.get("progress"):
+            self.guard.load_state_dict(manifest["progress"])
         if path is not None:
+            outer = self.guard.begin_phase("load")
+            if any(f.type in flt.LOAD_FAULTS for f in self.faults):
+                self.injector.hang_in_restore(flt.reached_step(ev.read_events(self.config.run_dir), self.rank), step)
             source, data_state = checkpointer.load(path, manifest, model, optimizer, scheduler)
             tk.call(data, "load_state_dict", data_state)
+            self.guard.end_phase(outer, measure=source != "memory")  # from memory says nothing of storage
         laps.lap("load_checkpoint")
         # Every rank must restore the same step; a disagreement would silently mix states.
         agreed = torch.tensor([step, -step], dtype=torch.float64, device=self.device)
@@ -406,7 +464,7 @@ class Trainer:
         laps.lap("agree_step")
         self.events.emit("load_done", step, path=str(path) if path else None, source=source,
                          seconds=time.time() - started, phases=laps.phases)
-        self.heartbeats.beat()
+        self.guard.progress()
         self.step = step
 
     # ------------------------------------------------------------------ failure
@@ -431,7 +489,7 @@ class Trainer:
             pass  # poll() already dropped it; the next save starts a new writer
 
     def classify(self, exc: BaseException) -> str:
-        if self.injector is not None and self.injector.hanging:
+        if (self.injector is not None and self.injector.hanging) or self.guard.expiry is not None:
             return "hang"
         if isinstance(exc, flt.InjectedFault):
             return "exception"
@@ -454,6 +512,7 @@ class Trainer:
         """Finish the background writer: gracefully after success, at once after a failure
         (a restart should not wait for a write that will never be committed).
         """
+        self.guard.close()
         with contextlib.suppress(Exception):
             if self.completed:
                 self.writer.close(timeout=120)

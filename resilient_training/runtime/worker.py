@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     events = ev.EventLog(config.run_dir, rank=rank, attempt=attempt)
+    # Before torch loads: NVRx's monitors wait on store keys with short timeouts, and c10d logs a
+    # warning for every one (thousands of lines per run); errors still show.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     import torch
 
     from resilient_training.runtime.task import TaskError

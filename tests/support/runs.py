@@ -58,8 +58,9 @@ def check_recovered(run: Run, fault: str, *, layer: str, cause: str | None, step
     assert load.step == max(committed, default=0), (load.step, committed)
     assert (load["path"] is None) == (load.step == 0)
     if layer == "inprocess":
-        # The process survived: a step still held in its staging buffers is restored from memory.
-        staged = [e.step for e in events if e.event == "ckpt_staged" and e.rank == load.rank and e.ts < load.ts]
+        # The process survived: a step still held in its staging buffers is restored from memory
+        # (the buffers hold the last save begun; a sync save logs ckpt_staged only once written).
+        staged = [e.step for e in events if e.event == "ckpt_begin" and e.rank == load.rank and e.ts < load.ts]
         if staged and staged[-1] == load.step:
             assert load["source"] == "memory", load.fields
     # The loss right after the restore equals the loss logged at that step before the fault.

@@ -1,0 +1,139 @@
+"""The progress guard: the allowance, its calibration, and what the keeper thread does with it.
+
+Real threads and the real clock, with short allowances (tenths of a second).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from resilient_training.runtime.progress import WARM_UP_STEPS, ProgressGuard
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.pings = 0
+        self.beats = 0
+        self.expired: list[tuple[float, str]] = []
+        self.event = threading.Event()
+
+    def ping(self) -> None:
+        self.pings += 1
+
+    def beat(self) -> None:
+        self.beats += 1
+
+    def expire(self, reason: str) -> None:
+        self.expired.append((time.monotonic(), reason))
+        self.event.set()
+
+
+@pytest.fixture
+def guard_and_recorder():
+    recorder = Recorder()
+    guard = ProgressGuard(initial=0.6, phase_default=1.5, floor=0.3, margin=5.0, beat=recorder.beat, tick=0.02)
+    yield guard, recorder
+    guard.close()
+
+
+def _steps(guard: ProgressGuard, count: int, seconds: float) -> None:
+    for _ in range(count):
+        time.sleep(seconds)
+        guard.progress()
+
+
+def test_before_calibration_the_allowance_is_the_soft_timeout(guard_and_recorder):
+    guard, recorder = guard_and_recorder
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    started = time.monotonic()
+    assert recorder.event.wait(3)
+    waited = recorder.expired[0][0] - started
+    assert 0.6 <= waited < 1.0, waited
+    assert "not calibrated" in recorder.expired[0][1]
+
+
+def test_steady_steps_calibrate_the_allowance_and_a_stall_expires_it_once(guard_and_recorder):
+    guard, recorder = guard_and_recorder
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    _steps(guard, WARM_UP_STEPS + 5, 0.02)
+    assert guard.slowest_gap is not None and guard.slowest_gap < 0.1
+    assert guard.step_allowance == pytest.approx(max(0.3, 5 * guard.slowest_gap))
+    pings = recorder.pings
+    stalled = time.monotonic()
+    assert recorder.event.wait(3)
+    waited = recorder.expired[0][0] - stalled
+    assert guard.step_allowance <= waited < guard.step_allowance + 0.3, waited
+    assert recorder.pings > pings  # the keeper kept reporting until the allowance ran out
+    after = recorder.pings, recorder.beats
+    time.sleep(0.2)
+    assert (recorder.pings, recorder.beats) == after  # and stopped after it
+    assert len(recorder.expired) == 1
+    assert "slowest step" in recorder.expired[0][1]
+    assert guard.expiry == recorder.expired[0][1]
+
+
+def test_warm_up_steps_do_not_calibrate(guard_and_recorder):
+    guard, recorder = guard_and_recorder
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    _steps(guard, WARM_UP_STEPS, 0.25)  # slow first steps (lazy initialisation)
+    assert guard.slowest_gap is None
+    _steps(guard, 3, 0.01)
+    assert guard.slowest_gap is not None and guard.slowest_gap < 0.2
+
+
+def test_a_phase_gets_its_own_budget_and_is_measured_only_when_it_completes(guard_and_recorder):
+    guard, recorder = guard_and_recorder
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    outer = guard.begin_phase("load")
+    time.sleep(1.0)  # longer than the step allowance (0.6), within the default phase budget (1.5)
+    assert not recorder.expired
+    guard.end_phase(outer)
+    assert guard.slowest_phase["load"] == pytest.approx(1.0, abs=0.1)
+    # Calibrated: margin x measured, never below the soft timeout.
+    assert guard.phase_allowance("load") == pytest.approx(5 * guard.slowest_phase["load"])
+    outer = guard.begin_phase("save")
+    guard.end_phase(outer, measure=False)
+    assert "save" not in guard.slowest_phase
+
+
+def test_a_hang_inside_a_phase_expires_at_the_phase_budget(guard_and_recorder):
+    guard, recorder = guard_and_recorder
+    guard.observe("load", 0.1)  # e.g. a save's write time
+    assert guard.phase_allowance("load") == pytest.approx(0.6)  # 5 x 0.1 = 0.5 < soft timeout 0.6
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    guard.begin_phase("load")
+    started = time.monotonic()
+    assert recorder.event.wait(3)
+    assert 0.6 <= recorder.expired[0][0] - started < 0.9
+    assert "phase load" in recorder.expired[0][1]
+
+
+def test_disarmed_guard_never_expires_and_rearming_resets(guard_and_recorder):
+    guard, recorder = guard_and_recorder
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    guard.disarm()
+    time.sleep(0.9)
+    assert not recorder.expired
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    assert guard.expiry is None
+    assert recorder.event.wait(3)
+
+
+def test_calibration_round_trips_and_only_grows(guard_and_recorder):
+    guard, _ = guard_and_recorder
+    guard.slowest_gap = 0.2
+    guard.observe("load", 2.0)
+    state = guard.state_dict()
+    fresh = ProgressGuard(initial=0.6, phase_default=1.5, floor=0.3, margin=5.0)
+    try:
+        fresh.slowest_gap = 0.5
+        fresh.load_state_dict(state)
+        assert fresh.slowest_gap == 0.5  # never lowered by an older measurement
+        assert fresh.slowest_phase == {"load": 2.0}
+        fresh.load_state_dict({"slowest_gap": "x", "slowest_phase": {"save": -1}})  # junk is ignored
+        assert fresh.slowest_phase == {"load": 2.0}
+    finally:
+        fresh.close()
