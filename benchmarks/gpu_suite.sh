@@ -49,9 +49,14 @@ rm -rf "$runs" && mkdir -p "$runs"
 # ~268M parameters (the size of the raw-NVRx measurement in NVRX_NOTES.md): 3.2 GB checkpoints.
 MODEL=(--model-vocab-size 32000 --model-d-model 1024 --model-n-layers 16 --model-n-heads 16
        --model-seq-len 1024 --batch-size 8 --lr 3e-4)
-# NCCL needs longer collective timeouts than gloo on CPU; a hang is then the watchdog's job.
-TIMEOUTS=(--pg-timeout 60 --soft-timeout 90 --hard-timeout 120 --heartbeat-timeout 150
-          --initial-heartbeat-timeout 300)
+# ~1.3B parameters (MODEL_SIZE=1b): 24 layers of d_model 2048; 16 GB checkpoints.
+if [ "${MODEL_SIZE:-}" = 1b ]; then
+  MODEL=(--model-vocab-size 32000 --model-d-model 2048 --model-n-layers 24 --model-n-heads 16
+         --model-seq-len 1024 --batch-size 8 --lr 3e-4)
+fi
+# The product's own timeouts: hangs are caught by the calibrated progress guard (seconds), and on
+# NCCL the collective timeout is raised above the in-process and heartbeat timeouts by the trainer.
+TIMEOUTS=()
 # This VM's idle GPU reports ~3.9 GB in use: a tolerance above that lets ft_launcher see the
 # dead worker's memory freed instead of waiting out the timeout on every restart.
 TIMEOUTS+=(--gpu-reclaim-timeout 10 --gpu-reclaim-tolerance-mb 6144)
@@ -131,8 +136,8 @@ case $suite in
     done
     ;;
   fault-matrix)  # every fault type once, in one run: layer, fault -> first step, root cause (report_gpu.py)
-    run matrix --steps 450 --checkpoint-every 50 --local-checkpoint-every 25 \
-        --faults "exception@60:0,sigkill@110:1,oom@160:1,nan@210:0,ckpt-kill@250:1,hang@300:1,writer-kill@350:0"
+    run matrix --steps "${FM_STEPS:-450}" --checkpoint-every 50 --local-checkpoint-every 25 ${SPARE:+--warm-spare} \
+        --faults "exception@60:0,sigkill@110:1,oom@160:1,nan@210:0,ckpt-kill@250:1,hang@300:1,writer-kill@350:0,ckpt-hang@400:1,exception@420:0,load-hang@401:1"
     ;;
   recovery+efficiency)
     "$0" recovery "$out"

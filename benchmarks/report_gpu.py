@@ -86,8 +86,8 @@ def main(paths: list[str]) -> None:
         runs = sorted(p for p in suite_dir.iterdir() if (p / "events").is_dir())
         spans = {p.name: training_span(p) for p in runs if p.name.endswith("no_ckpt")}
         print("| run | args | status | train goodput | infra goodput | recoveries (layer: s) | rollback steps "
-              "| stall/save s | saves (deferred) | efficiency |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| lost s/fault (mean) | stall/save s | saves (deferred) | efficiency | interval (steps) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for run in runs:
             m = metrics.compute_metrics(run)
             recoveries = ", ".join(f"{f['layer']}: {f['recovery_seconds']:.1f}" for f in m["faults"]
@@ -101,8 +101,9 @@ def main(paths: list[str]) -> None:
             args = (run / "args.txt").read_text().strip() if (run / "args.txt").exists() else ""
             print(f"| {run.name} | `{args}` | {m['status']} | {m['training_goodput']:.1%} | "
                   f"{m['infrastructure_goodput']:.1%} | {recoveries} | {fmt(m['rollback_steps']['mean'], '{:.0f}')} | "
+                  f"{fmt(m['lost_seconds_per_fault']['mean'])} | "
                   f"{fmt(ck['stall_seconds']['mean'])} | {ck['committed']}+{ck.get('committed_local_tier', 0)} local "
-                  f"({ck['deferred']}) | {efficiency} |")
+                  f"({ck['deferred']}) | {efficiency} | {fmt(ck['interval_steps'], '{:.0f}')} |")
         print_profiles([row for run in runs for row in restart_profiles(run)])
 
 

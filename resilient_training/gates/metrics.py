@@ -441,7 +441,9 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "downtime_seconds": downtime,
         "training_goodput": productive / wall if wall > 0 else None,
         "infrastructure_goodput": (wall - downtime) / wall if wall > 0 else None,
-        "faults": [_episode_dict(p, t0) for p in found],
+        "faults": [_episode_dict(p, t0, runs) for p in found],
+        "lost_seconds_per_fault": percentiles([p.seconds + (replayed_seconds(p, runs) or 0.0)
+                                               for p in restarted if p.seconds is not None]),
         "recovery_seconds": {
             "all": percentiles([p.seconds for p in restarted if p.seconds is not None]),
             "by_layer": {layer: percentiles(v) for layer, v in sorted(by_layer.items())},
@@ -481,7 +483,21 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     }
 
 
-def _episode_dict(p: Episode, t0: float) -> dict[str, Any]:
+def replayed_seconds(p: Episode, runs: list[StepRun]) -> float | None:
+    """Step time the rollback of episode ``p`` threw away: the last execution, before the fault,
+    of each step after the restored one (those steps were then trained again).
+    """
+    if p.restored_step is None or p.last_step_before is None:
+        return None
+    lost: dict[int, float] = {}
+    for run in runs:
+        if run.ts <= p.start and p.restored_step < run.step <= p.last_step_before:
+            lost[run.step] = run.seconds
+    return sum(lost.values())
+
+
+def _episode_dict(p: Episode, t0: float, runs: list[StepRun] | None = None) -> dict[str, Any]:
+    replayed = replayed_seconds(p, runs or [])
     return {
         "start": p.start - t0,
         "end": None if p.end is None else p.end - t0,
@@ -495,5 +511,8 @@ def _episode_dict(p: Episode, t0: float) -> dict[str, Any]:
         "last_step_before": p.last_step_before,
         "rollback_steps": p.rollback,
         "recovery_seconds": p.seconds,
+        "replayed_seconds": replayed,
+        # what the fault cost: downtime plus the step time trained again after the rollback
+        "lost_seconds": None if p.seconds is None else p.seconds + (replayed or 0.0),
         "recovered": p.recovered,
     }

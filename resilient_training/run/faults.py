@@ -337,8 +337,10 @@ def allocate_past_limit(limit_mb: int) -> None:
     import torch
 
     if torch.cuda.is_available():
-        free, _total = torch.cuda.mem_get_info()
-        torch.empty(free + (1 << 30), dtype=torch.uint8, device="cuda")
+        # More than the whole device: free memory alone is not enough (seen on an H200: PyTorch's
+        # cache held more than the driver reported free, and `free + 1 GiB` succeeded).
+        _free, total = torch.cuda.mem_get_info()
+        torch.empty(total + (1 << 30), dtype=torch.uint8, device="cuda")
         raise InjectedOOM("expected CUDA OOM did not happen")
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     headroom = (limit_mb or 256) << 20
