@@ -272,3 +272,46 @@ def test_a_peer_s_collective_error_is_a_symptom_when_the_failing_rank_says_more(
     (fault,) = compute_metrics(tmp_path)["faults"]
     assert (fault["root_cause"]["kind"], fault["root_cause"]["rank"]) == ("RuntimeError", 1)
     assert (0, "DistBackendError") in {(s["rank"], s["cause"]) for s in fault["symptoms"]}
+
+
+def test_a_fault_at_a_save_logged_before_the_peer_s_step_is_not_absorbed(tmp_path: Path) -> None:
+    """Rank 1 kills itself at the save after step 6 before rank 0 has logged step 6 (seen on GPUs)."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 5, checkpoint_every=5)
+    log.wait(0.1)
+    log.emit("step", 6, rank=1, loss=1.0, seconds=0.1)
+    log.emit("fault_injected", 6, rank=1, fault="ckpt-kill@6:1", type="ckpt-kill")
+    log.emit("step", 6, rank=0, loss=1.0, seconds=0.1)
+    log.attempt += 1
+    log.wait(3.0)
+    log.emit("restart_done", layer="launcher")
+    log.emit("load_done", 5, path="checkpoints/step_5", seconds=0.2)
+    log.steps(6, 8)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert fault["layer"] == "launcher" and fault["root_cause"]["kind"] == "ckpt-kill"
+    assert fault["recovery_seconds"] == pytest.approx(3.1)
+    assert fault["lost_seconds"] == pytest.approx(3.1 + 0.1)  # step 6 was trained twice
+
+
+def test_a_fault_that_strikes_during_another_s_recovery_is_named_with_it(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 5, checkpoint_every=5)
+    log.emit("fault_injected", 6, rank=0, fault="exception@6:0", type="exception")
+    log.emit("failure_detected", 6, rank=0, cause="exception", message="InjectedFault")
+    log.iteration += 1
+    log.wait(0.5)
+    log.emit("fault_injected", 5, rank=1, fault="load-hang@5:1", type="load-hang")
+    log.wait(4.0)
+    log.iteration += 1
+    log.emit("restart_done", layer="inprocess")
+    log.emit("load_done", 5, path="checkpoints/step_5", seconds=0.2)
+    log.steps(6, 8)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert fault["root_cause"]["kind"] == "exception"
+    assert fault["root_cause"]["also_injected"] == ["load-hang@5:1"]

@@ -231,6 +231,11 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
                 "step": injected.step, "injected": True, "detail": injected.get("fault")}
         if primary is not None and primary.rank == injected.rank:
             root["detail"] = f"{injected.get('fault')}: {primary.get('message') or primary.get('cause')}"
+        # Another fault that struck while this one was being recovered (e.g. a load-hang in the
+        # restore): named too, not counted as an episode of its own.
+        also = [e.get("fault") for e in inside if e.event == "fault_injected" and e is not injected]
+        if also:
+            root["also_injected"] = also
     elif primary is not None:
         root = {"kind": primary.get("cause"), "rank": primary.rank, "step": primary.step, "injected": False,
                 "detail": primary.get("message") or primary.get("cause")}
@@ -259,12 +264,16 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
 
 
 def _absorbed(episode: Episode, step_event: ev.Event) -> bool:
-    """Training went on past the injected fault in the same attempt and iteration: no restart."""
+    """Training went on past the injected fault in the same attempt and iteration: no restart.
+
+    Past means a later step: a fault injected at a save (after its step) on one rank can be
+    logged before a peer logs that same step (seen on 2 GPUs: a ckpt-kill taken for absorbed).
+    """
     return (
         set(episode.triggers) == {"fault_injected"}
         and episode.fault_step is not None
         and step_event.step is not None
-        and step_event.step >= episode.fault_step
+        and step_event.step > episode.fault_step
         and (step_event.attempt, step_event.iteration) == episode.context
     )
 
