@@ -258,17 +258,60 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ restore
 
-    def find_restorable(self) -> tuple[Path | None, dict[str, Any]]:
+    def find_restorable(self, *, staged: bool = False) -> tuple[Path | None, dict[str, Any]]:
         """(checkpoint to restore, its manifest): the newest committed one every rank can load.
+
+        With ``staged`` (an in-process restart: the same processes, the same world), a newer step
+        that every rank holds fully staged in host memory wins: the state a save in flight was
+        about to make durable. It is restored from memory and its manifest says
+        ``"staged": True`` (path None); nothing on storage changes, so the commit rule still
+        decides what exists as a checkpoint.
 
         Collective. Checks the model shape before anything is built.
         """
         latest = self._newest_restorable()
-        if latest is None:
-            return None, {}
-        manifest = fmt.read_manifest(latest)
-        check_compatible(manifest, self.config)
+        manifest: dict[str, Any] = {}
+        if latest is not None:
+            manifest = fmt.read_manifest(latest)
+            check_compatible(manifest, self.config)
+        if staged:
+            step = self._staged_on_every_rank()
+            if step is not None and step > manifest.get("step", 0):
+                return None, {"step": step, "world_size": self.world_size, "staged": True,
+                              "ft_state": manifest.get("ft_state"), "progress": manifest.get("progress")}
         return latest, manifest
+
+    def _staged_on_every_rank(self) -> int | None:
+        """The step every rank holds fully staged (the same one), else None. Collective."""
+        mine = self._staging.staged_step if self._staging.ready() else None
+        value = float(mine if mine is not None else -1)
+        both = torch.tensor([value, -value], dtype=torch.float64, device=_flag_device())
+        torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+        high, low = int(both[0].item()), int(-both[1].item())
+        return high if high == low and high > 0 else None
+
+    def load_staged(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> Any:
+        """Restore the step held in the staging buffers (see :meth:`find_restorable`); returns this
+        rank's data state.
+        """
+        import copy
+
+        from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        flat, paths = flat_state(state_dict(model, optimizer, scheduler))
+        buffers = self._staging.tensors()
+        with torch.no_grad():
+            for name, value in flat.items():
+                if isinstance(value, torch.Tensor):
+                    _local(value).copy_(buffers[name])
+                else:
+                    flat[name] = copy.deepcopy(self._staging.objects[name])
+        state = unflatten_state_dict(flat, paths)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if scheduler is not None:
+            scheduler.load_state_dict(state["lr_scheduler"])
+        return copy.deepcopy(self._staging.data_state)
 
     def load(self, path: Path, manifest: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
              scheduler: Any = None) -> tuple[str, Any]:

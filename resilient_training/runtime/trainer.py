@@ -75,6 +75,7 @@ class Trainer:
         )
         self._call_wrapper: Any = None
         self.last_cause: str | None = None
+        self.last_kind: str | None = None  # classify() of the last failure
         self.completed = False
         self.step = 0  # the step being trained (after a restore: the step restored)
         self.iteration = 0  # in-process restart iteration last entered
@@ -120,9 +121,12 @@ class Trainer:
                 on_wait=self.guard.progress,
             )
             started = time.time()
-            path, manifest = checkpointer.find_restorable()
+            # After an in-process restart a step staged on every rank (a save in flight) is newer
+            # than any commit; not after a NaN, whose cause may already be in that state.
+            path, manifest = checkpointer.find_restorable(staged=iteration > 0 and self.last_kind != "nan")
             laps.lap("find_checkpoint")
-            model, optimizer, scheduler = self._build()
+            # Weights that a checkpoint will overwrite need no initialisation (launcher restarts).
+            model, optimizer, scheduler = self._build(from_storage=path is not None)
             laps.lap("build_model")
             data = tk.build_data(self.task, self.rank, self.world_size, self.config.seed)
             self.guard.end_phase(start_phase, warm_up=True)
@@ -405,18 +409,29 @@ class Trainer:
             with contextlib.suppress(Exception):
                 torch.distributed.destroy_process_group()
 
-    def _build(self) -> tuple[Any, Any, Any]:
+    def _build(self, *, from_storage: bool = False) -> tuple[Any, Any, Any]:
         """The task's model, sharded, with its optimizer and scheduler: FSDP binds to the process
         group it was built with, so every iteration builds anew.
 
         Built under the run's seed (the same initial weights on every rank and every restart,
         also for a task that does not seed). On a GPU with room for the whole unsharded model it
         is built there directly; otherwise on the CPU, and ``fully_shard`` moves each rank's
-        shards to the device.
+        shards to the device. When a checkpoint will be loaded into it (``from_storage``) and
+        the checkpoint holds every tensor the model has (no non-persistent buffers), it is built
+        on the meta device, sharded there, and only each rank's shards are allocated, without
+        initialising them (torchtitan's way): no full-size model on any device, no init kernels.
         """
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(self.device.type, (self.world_size,))
+        if from_storage:
+            with torch.device("meta"):
+                model = tk.build_model(self.task)
+            if not any(m._non_persistent_buffers_set for m in model.modules()):
+                self._shard(model, mesh)
+                model.to_empty(device=self.device)
+                optimizer = tk.build_optimizer(self.task, model)
+                return model, optimizer, tk.lr_scheduler(self.task, optimizer)
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(self.config.seed)
         try:
@@ -427,12 +442,15 @@ class Trainer:
                 model = tk.build_model(self.task)
         finally:
             torch.random.set_rng_state(generator_state)
+        self._shard(model, mesh)
+        optimizer = tk.build_optimizer(self.task, model)
+        return model, optimizer, tk.lr_scheduler(self.task, optimizer)
+
+    def _shard(self, model: Any, mesh: Any) -> None:
         if callable(getattr(self.task, "shard", None)):
             tk.call(self.task, "shard", model, mesh)
         else:
             default_shard(model, mesh)
-        optimizer = tk.build_optimizer(self.task, model)
-        return model, optimizer, tk.lr_scheduler(self.task, optimizer)
 
     def _fits_unsharded(self) -> bool:
         """The unsharded fp32 weights take under a quarter of this GPU's memory (counted on the meta device)."""
@@ -446,7 +464,11 @@ class Trainer:
         source = None
         if manifest.get("progress"):
             self.guard.load_state_dict(manifest["progress"])
-        if path is not None:
+        if manifest.get("staged"):
+            data_state = checkpointer.load_staged(model, optimizer, scheduler)
+            tk.call(data, "load_state_dict", data_state)
+            source = "memory (staged, not yet committed)"
+        elif path is not None:
             outer = self.guard.begin_phase("load")
             if any(f.type in flt.LOAD_FAULTS for f in self.faults):
                 self.injector.hang_in_restore(flt.reached_step(ev.read_events(self.config.run_dir), self.rank), step)
@@ -462,7 +484,8 @@ class Trainer:
         if manifest.get("ft_state"):
             self.heartbeats.load_state_dict(manifest["ft_state"])
         laps.lap("agree_step")
-        self.events.emit("load_done", step, path=str(path) if path else None, source=source,
+        where = str(path) if path else ("memory" if manifest.get("staged") else None)
+        self.events.emit("load_done", step, path=where, source=source,
                          seconds=time.time() - started, phases=laps.phases)
         self.guard.progress()
         self.step = step
@@ -470,7 +493,7 @@ class Trainer:
     # ------------------------------------------------------------------ failure
 
     def _on_failure(self, exc: BaseException, step: int) -> None:
-        cause = self.classify(exc)
+        cause = self.last_kind = self.classify(exc)
         self.last_cause = f"{cause}: {exc}" if str(exc) else cause
         self.events.emit("failure_detected", step or None, cause=cause, message=f"{type(exc).__name__}: {exc}"[:500])
         if self.config.restart.inprocess:
