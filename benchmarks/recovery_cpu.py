@@ -28,9 +28,12 @@ RECOVERY = [
     ("nan, in-process restart (NaN guard)", ["--faults", "nan@22:0"]),
     ("hang, in-process (gloo collective timeout 3 s)", ["--faults", "hang@22:1"]),
     ("sigkill, ft_launcher", ["--faults", "sigkill@22:1"]),
+    ("sigkill, ft_launcher + warm spare", ["--faults", "sigkill@22:1", "--warm-spare"]),
     ("exception, ft_launcher only", ["--faults", "exception@22:1", "--no-inprocess"]),
     ("hang, ft_launcher heartbeat", ["--faults", "hang@22:1", "--no-inprocess", *SLOW_COLLECTIVES]),
     ("sigkill, torchrun (no NVRx)", ["--faults", "sigkill@22:1", "--no-ft-launcher", "--no-inprocess"]),
+    ("sigkill, torchrun + warm spare", ["--faults", "sigkill@22:1", "--no-ft-launcher", "--no-inprocess",
+                                        "--warm-spare"]),
 ]
 # A larger model so that a save is measurable: ~3.4M parameters, ~41 MB per checkpoint.
 STALL_MODEL = ["--model-d-model", "256", "--model-n-layers", "4", "--model-n-heads", "8"]
