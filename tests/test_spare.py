@@ -189,7 +189,9 @@ def test_the_flag_reaches_the_worker_command(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", [[], ["--no-ft-launcher"]], ids=["ft_launcher", "torchrun"])
 def test_a_killed_rank_restarts_from_warm_spares_and_nothing_outlives_the_run(tmp_path, launcher):
-    run = train(tmp_path / "run", *FAST, "--warm-spare", "--faults", "sigkill@10:1", *launcher)
+    # 0.5 s steps: the pool (started by the first workers) has finished its imports by step 10.
+    run = train(tmp_path / "run", *FAST, "--step-seconds", "0.5", "--warm-spare", "--faults", "sigkill@10:1",
+                *launcher)
     check_recovered(run, "sigkill@10:1", layer="launcher", cause=None)
     starts = [e for e in run.events if e.event == "start"]
     assert {(e.rank, e["spare"]) for e in starts if e.attempt == 0} == {(0, False), (1, False)}

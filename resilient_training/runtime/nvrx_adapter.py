@@ -134,6 +134,16 @@ def worker_module(config: Any) -> str:
     return "resilient_training.runtime.worker"
 
 
+def preload() -> None:
+    """Import the NVRx modules a worker uses (for a warm spare: paid before it is needed)."""
+    if installed_version() is None:
+        return
+    import nvidia_resiliency_ext.checkpointing.async_ckpt.core
+    import nvidia_resiliency_ext.fault_tolerance.data
+    import nvidia_resiliency_ext.fault_tolerance.rank_monitor_client
+    import nvidia_resiliency_ext.inprocess  # noqa: F401
+
+
 def rendezvous_env(
     *,
     nnodes: str,

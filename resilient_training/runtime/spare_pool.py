@@ -7,6 +7,10 @@ every worker of the node together). Forking after the imports makes a spare cost
 and little memory (pages shared copy-on-write); CUDA stays uninitialized (a spare does not know
 its device yet, and a forked CUDA context would be unusable), which is asserted before each fork.
 
+The task's preflight (meta-device model, optimizer, one batch; as ``train`` runs before any
+worker starts) is run once too, for what a worker would otherwise import lazily while building
+its model (``torch._dynamo`` and more).
+
 A stub connects (an abstract ``SOCK_SEQPACKET`` socket, same uid only); the pool passes the
 connection to an idle spare and forks a replacement off the critical path. The spare reads the
 stub's argv, environment, cwd, umask and stdio descriptors, adopts them, starts its own process
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
+import gc
 import importlib
 import os
 import select
@@ -37,6 +42,7 @@ import time
 import traceback
 from typing import Any
 
+from resilient_training.run import config as cfg
 from resilient_training.runtime import spare_stub as stub
 
 DEFAULT_ENTRY = f"{stub.WORKER_MODULE}:main"
@@ -60,8 +66,15 @@ def set_parent_death_signal(signum: int) -> None:
     libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
-def warm() -> None:
-    """Import what a worker imports before its first step (not CUDA: no device yet)."""
+class CudaInitialized(RuntimeError):
+    """Something initialized CUDA in the pool: forked spares could not use it."""
+
+
+def warm(worker_argv: list[str]) -> None:
+    """Import what a worker imports before its first step (not CUDA: no device yet), then run the
+    task's preflight (model on the meta device, optimizer, one batch) for the imports a worker
+    would otherwise make lazily while building its model (``torch._dynamo`` and more).
+    """
     import warnings
 
     # torch.cuda imports pynvml, which warns about its own deprecation (the CLI silences it too).
@@ -75,11 +88,19 @@ def warm() -> None:
 
     from resilient_training.runtime import checkpointing, model, nvrx_adapter, task, trainer, worker  # noqa: F401
 
-    if nvrx_adapter.installed_version() is not None:
-        import nvidia_resiliency_ext.checkpointing.async_ckpt.core
-        import nvidia_resiliency_ext.fault_tolerance.rank_monitor_client
-        import nvidia_resiliency_ext.inprocess  # noqa: F401
-    assert not torch.cuda.is_initialized(), "a spare pool must not initialize CUDA before forking"
+    nvrx_adapter.preload()
+    try:
+        if not worker_argv:
+            raise ValueError("no worker flags")
+        config = cfg.from_argv(worker_argv)
+        task.preflight(config, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    except (SystemExit, Exception) as exc:  # noqa: BLE001 - the workers report a broken task or flag themselves
+        log(f"task preflight skipped: {type(exc).__name__}: {exc}")
+    gc.collect()
+    if torch.cuda.is_initialized():
+        raise CudaInitialized("CUDA was initialized while warming up; spares must not inherit it")
+    if threading.active_count() > 1:
+        log(f"threads left after warming up: {[t.name for t in threading.enumerate()]}")
 
 
 def peer_uid(conn: socket.socket) -> int:
@@ -142,7 +163,7 @@ class Pool:
     def fork_spare(self, pidfd: int | None) -> socket.socket | None:
         import torch
 
-        assert not torch.cuda.is_initialized()
+        assert not torch.cuda.is_initialized(), "a spare pool must not initialize CUDA before forking"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pool_pid = os.getpid()
         pid = os.fork()
@@ -362,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent-start", required=True)
     parser.add_argument("--size", type=int, default=1)
     parser.add_argument("--entry", default=DEFAULT_ENTRY, help="MODULE:FUNC a spare runs with the stub's argv")
+    parser.add_argument("worker_argv", nargs=argparse.REMAINDER, help="-- and the first worker's flags (warm-up)")
     args = parser.parse_args(argv)
     lock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
@@ -371,7 +393,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0  # another stub started this node's pool first
         raise
     started = time.monotonic()
-    warm()
+    try:
+        warm(args.worker_argv[1:] if args.worker_argv[:1] == ["--"] else args.worker_argv)
+    except CudaInitialized as exc:
+        log(f"{exc}: no spares (workers start cold)")
+        return 0
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(stub.address(args.key))
     listener.listen(64)

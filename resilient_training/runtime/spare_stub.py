@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         relay(sock, argv)  # returns only when no spare took the work
         sock.close()
     if os.environ.get("LOCAL_RANK", "0") == "0":
-        start_pool(key, run_dir, agent_pid)
+        start_pool(key, run_dir, agent_pid, argv)
     cold_start(argv)
 
 
@@ -201,7 +201,7 @@ def cold_start(argv: list[str]) -> NoReturn:
     os.execv(sys.executable, [sys.executable, "-m", WORKER_MODULE, *argv])
 
 
-def start_pool(key: str, run_dir: str, agent_pid: int) -> None:
+def start_pool(key: str, run_dir: str, agent_pid: int, argv: list[str]) -> None:
     """Start this node's spare pool, detached from this worker (double fork, own session).
 
     The pool holds the key's lock address while it imports, so a second stub's attempt exits at
@@ -210,7 +210,7 @@ def start_pool(key: str, run_dir: str, agent_pid: int) -> None:
     size = os.environ.get("LOCAL_WORLD_SIZE", "1")
     log = os.path.join(run_dir, "logs", f"spare-pool-{os.uname().nodename}-{agent_pid}.log")
     command = [sys.executable, "-m", POOL_MODULE, "--key", key, "--agent-pid", str(agent_pid),
-               "--agent-start", process_identity(agent_pid).rsplit(":", 1)[1], "--size", size]
+               "--agent-start", process_identity(agent_pid).rsplit(":", 1)[1], "--size", size, "--", *argv]
     sys.stdout.flush()
     sys.stderr.flush()
     child = os.fork()
