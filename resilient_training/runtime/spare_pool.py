@@ -27,6 +27,7 @@ work, when the agent that started the run's workers exits; an idle spare dies wi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import errno
 import gc
@@ -40,6 +41,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from resilient_training.run import config as cfg
@@ -99,8 +101,28 @@ def warm(worker_argv: list[str]) -> None:
     gc.collect()
     if torch.cuda.is_initialized():
         raise CudaInitialized("CUDA was initialized while warming up; spares must not inherit it")
-    if threading.active_count() > 1:
-        log(f"threads left after warming up: {[t.name for t in threading.enumerate()]}")
+
+
+@contextlib.contextmanager
+def exit_when_agent_exits(agent_pid: int, agent_start: str) -> Iterator[None]:
+    """While warming up (seconds): a short run may end meanwhile, and the pool must not outlive it.
+    The watching thread is gone before the first fork.
+    """
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(AGENT_POLL_S):
+            if not agent_alive(agent_pid, agent_start):
+                log("agent exited while warming up; pool stopped")
+                os._exit(0)
+
+    thread = threading.Thread(target=watch, name="spare-pool-agent-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def peer_uid(conn: socket.socket) -> int:
@@ -394,10 +416,13 @@ def main(argv: list[str] | None = None) -> int:
         raise
     started = time.monotonic()
     try:
-        warm(args.worker_argv[1:] if args.worker_argv[:1] == ["--"] else args.worker_argv)
+        with exit_when_agent_exits(args.agent_pid, args.agent_start):
+            warm(args.worker_argv[1:] if args.worker_argv[:1] == ["--"] else args.worker_argv)
     except CudaInitialized as exc:
         log(f"{exc}: no spares (workers start cold)")
         return 0
+    if threading.active_count() > 1:  # forked spares would hold none of these threads
+        log(f"threads left after warming up: {[t.name for t in threading.enumerate()]}")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(stub.address(args.key))
     listener.listen(64)
