@@ -143,7 +143,8 @@ def test_a_sigkilled_stub_takes_its_spare_and_the_spares_children_along(pool):
 
 def test_a_spare_declines_when_the_interpreter_would_start_differently(pool):
     # PYTHONPATH only acts at interpreter start: the stub falls back to a cold worker.
-    proc = start_stub(pool, "--bogus-flag", env={"PYTHONPATH": str(ROOT)})
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    proc = start_stub(pool, "--bogus-flag", env={"PYTHONPATH": pythonpath})  # never the pool's own value
     _, err = proc.communicate(timeout=60)
     assert "spare declined" in err and "PYTHONPATH" in err
     assert proc.returncode == 2 and "unrecognized arguments: --bogus-flag" in err  # the real worker's parser
