@@ -169,6 +169,65 @@ def test_no_pool_means_a_cold_start_and_a_pool_for_next_time_that_ends_with_its_
     assert wait_until(lambda: not processes_mentioning(key), 5), processes_mentioning(key)
 
 
+AGENT = """
+import pathlib, subprocess, sys, time
+go = pathlib.Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.05)
+stub = subprocess.Popen(sys.argv[2:], start_new_session=True)
+print(stub.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_when_the_agent_dies_the_pool_ends_its_spares_at_work_and_the_orphaned_stubs(tmp_path):
+    # An agent SIGKILLed (the local launcher cancelled, a node lost) leaves its worker stubs running;
+    # the pool sees the agent gone and kills its spares' process groups, so the stubs end too.
+    run_dir, go = tmp_path / "run", tmp_path / "go"
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, str(go), sys.executable, "-m", stub.STUB_MODULE, "--run-dir", str(run_dir),
+         "sleep"], cwd=ROOT, env={**os.environ, "LOCAL_RANK": "1"}, text=True, stdout=subprocess.PIPE)
+    identity = stub.process_identity(agent.pid)
+    key = stub.pool_key(str(run_dir), identity)
+    log_path = tmp_path / "pool.log"
+    with open(log_path, "wb") as log:
+        subprocess.Popen([sys.executable, "-m", stub.POOL_MODULE, "--key", key, "--agent-pid", str(agent.pid),
+                          "--agent-start", identity.rsplit(":", 1)[1], "--size", "1", "--entry", ENTRY],
+                         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_until(lambda: "ready" in log_path.read_text(), 120), log_path.read_text()
+        go.touch()
+        stub_pid = int(agent.stdout.readline())
+        assert wait_until(lambda: len(processes_mentioning(key)) == 3, 10)  # pool, spare at work, idle spare
+        agent.kill()
+        agent.wait()
+        assert wait_until(lambda: not alive(stub_pid) and not processes_mentioning(key), 5), \
+            (alive(stub_pid), processes_mentioning(key))
+        assert "agent exited; stopping" in log_path.read_text()
+    finally:
+        agent.kill()
+        for pid in processes_mentioning(key):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_stops_the_pool_and_its_idle_spares(tmp_path):
+    key = stub.pool_key(str(tmp_path), "test:sigterm")
+    log_path = tmp_path / "pool.log"
+    with open(log_path, "wb") as log:
+        pool = subprocess.Popen(
+            [sys.executable, "-m", stub.POOL_MODULE, "--key", key, "--agent-pid", str(os.getpid()),
+             "--agent-start", stub.process_identity(os.getpid()).rsplit(":", 1)[1], "--size", "2", "--entry", ENTRY],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_until(lambda: "ready" in log_path.read_text(), 120), log_path.read_text()
+        assert wait_until(lambda: len(processes_mentioning(key)) == 3, 10)
+        pool.terminate()
+        assert pool.wait(timeout=10) == 0
+        assert wait_until(lambda: not processes_mentioning(key), 5), processes_mentioning(key)
+    finally:
+        pool.kill()
+
+
 def test_the_pool_key_separates_runs_and_agents(tmp_path):
     a = stub.pool_key(str(tmp_path / "a"), "host:1:100")
     assert a != stub.pool_key(str(tmp_path / "b"), "host:1:100")

@@ -148,6 +148,7 @@ class Pool:
         self.working: dict[int, socket.socket] = {}  # spare pid -> the stub's connection
         self.group_kills: dict[int, float] = {}  # process group of a finished spare -> SIGKILL deadline
         self.idle_deaths = 0
+        self.stopping = False  # SIGTERM: stop as if the agent had exited
         self.wake_r, self.wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
@@ -156,12 +157,12 @@ class Pool:
         """Run until the agent exits (returns None); in a forked spare, returns its control socket."""
         signal.set_wakeup_fd(self.wake_w.fileno())
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGTERM, lambda *_: None)  # wakes the loop; the agent check decides
+        signal.signal(signal.SIGTERM, self.stop)
         try:
             pidfd: int | None = os.pidfd_open(self.agent_pid)
         except (AttributeError, OSError):
             pidfd = None
-        while agent_alive(self.agent_pid, self.agent_start):
+        while not self.stopping and agent_alive(self.agent_pid, self.agent_start):
             while len(self.idle) < self.size:
                 spare = self.fork_spare(pidfd)
                 if spare is not None:
@@ -179,8 +180,12 @@ class Pool:
             if self.idle_deaths >= MAX_IDLE_DEATHS:
                 log(f"{self.idle_deaths} spares died while idle; stopping (stubs will start cold)")
                 break
+        log("stopping" if self.stopping else "agent exited; stopping")
         self.shutdown()
         return None
+
+    def stop(self, _signum: int, _frame: Any) -> None:
+        self.stopping = True
 
     def fork_spare(self, pidfd: int | None) -> socket.socket | None:
         import torch
@@ -429,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"ready in {time.monotonic() - started:.2f} s: {args.size} spare(s) for agent {args.agent_pid}")
     control = Pool(listener, lock, max(1, args.size), args.agent_pid, args.agent_start).serve()
     if control is None:
-        log("agent exited; pool stopped")
+        log("pool stopped")
         return 0
     return wait_for_work(control, args.entry)
 
