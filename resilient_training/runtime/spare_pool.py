@@ -324,7 +324,10 @@ def wait_for_work(control: socket.socket, entry: str = DEFAULT_ENTRY) -> int:
         stub.send_message(conn, {"declined": declined})
         return 0
     adopt(request, stdio)
-    stub.send_message(conn, {"pid": os.getpid()})
+    try:
+        stub.send_message(conn, {"pid": os.getpid()})
+    except OSError:
+        return 0  # the stub is gone (killed while handing over): nothing to run for
     threading.Thread(target=watch_stub, args=(conn,), name="spare-stub-watch", daemon=True).start()
     code = run_worker(entry, request["argv"])
     sys.stdout.flush()
