@@ -4,7 +4,8 @@
 #
 #   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
 #   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | recovery+efficiency | all
-#          | fault-matrix | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
+#          | fault-matrix | spare (a killed rank through ft_launcher: cold workers, then warm spares)
+#          | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
 #            this one, interleaved, same model and intervals: OLD_TREE=.old holds `git archive REV
 #            resilient_training components pipelines`)
 #   (all: recovery, efficiency, then goodput-half; what fits one 10-minute device call on 2 GPUs)
@@ -138,6 +139,12 @@ case $suite in
   fault-matrix)  # every fault type once, in one run: layer, fault -> first step, root cause (report_gpu.py)
     run matrix --steps "${FM_STEPS:-450}" --checkpoint-every 50 --local-checkpoint-every 25 ${SPARE:+--warm-spare} \
         --faults "exception@60:0,sigkill@110:1,oom@160:1,nan@210:0,ckpt-kill@250:1,hang@300:1,writer-kill@350:0,ckpt-hang@400:1,exception@420:0,load-hang@401:1"
+    ;;
+  spare)  # the launcher path for a killed rank, twice: workers started cold, then taken from warm spares
+    run spare_off --steps 200 --checkpoint-every 100 --local-checkpoint-every 20 --no-inprocess \
+        --faults "sigkill@150:0"
+    run spare_on --steps 200 --checkpoint-every 100 --local-checkpoint-every 20 --no-inprocess --warm-spare \
+        --faults "sigkill@150:0"
     ;;
   recovery+efficiency)
     "$0" recovery "$out"

@@ -1,7 +1,7 @@
 """CPU benchmark: seconds from fault to first step after recovery, per restart layer, and the
 checkpoint stall per save for sync vs async, on this machine (2 gloo workers under ft_launcher).
 
-    python benchmarks/recovery_cpu.py [--out DIR] [--repeat N]
+    python benchmarks/recovery_cpu.py [--out DIR] [--repeat N] [--only TEXT ...]
 
 Prints Markdown tables. Every number comes from resilient_training.gates.metrics over the runs'
 event logs. Not a test: timings depend on the machine and its load (say which when you quote).
@@ -28,9 +28,12 @@ RECOVERY = [
     ("nan, in-process restart (NaN guard)", ["--faults", "nan@22:0"]),
     ("hang, in-process (gloo collective timeout 3 s)", ["--faults", "hang@22:1"]),
     ("sigkill, ft_launcher", ["--faults", "sigkill@22:1"]),
+    ("sigkill, ft_launcher + warm spare", ["--faults", "sigkill@22:1", "--warm-spare"]),
     ("exception, ft_launcher only", ["--faults", "exception@22:1", "--no-inprocess"]),
     ("hang, ft_launcher heartbeat", ["--faults", "hang@22:1", "--no-inprocess", *SLOW_COLLECTIVES]),
     ("sigkill, torchrun (no NVRx)", ["--faults", "sigkill@22:1", "--no-ft-launcher", "--no-inprocess"]),
+    ("sigkill, torchrun + warm spare", ["--faults", "sigkill@22:1", "--no-ft-launcher", "--no-inprocess",
+                                        "--warm-spare"]),
 ]
 # A larger model so that a save is measurable: ~3.4M parameters, ~41 MB per checkpoint.
 STALL_MODEL = ["--model-d-model", "256", "--model-n-layers", "4", "--model-n-heads", "8"]
@@ -50,29 +53,39 @@ def main() -> None:
     parser.add_argument("--out", default="", help="keep run directories here (default: a temporary one)")
     parser.add_argument("--repeat", type=int, default=2, help="runs per configuration")
     parser.add_argument("--reuse", action="store_true", help="reuse run directories already under --out")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="only the recovery rows whose label contains TEXT (repeatable); no stall table")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="recovery-cpu-"))
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.1f} at start, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    print("| fault, layer that recovered | recovery s (fault → first step after restore), each run | restored step |")
-    print("|---|---|---|")
+    print("| fault, layer that recovered | recovery s (fault → first step after restore), each run | restored step "
+          "| restarted workers: process start → start event s (spare) |")
+    print("|---|---|---|---|")
     uninjected: list[str] = []
     for i, (label, extra) in enumerate(RECOVERY):
-        seconds, restored = [], []
+        if args.only and not any(text in label for text in args.only):
+            continue
+        seconds, restored, starts = [], [], []
         for r in range(args.repeat):
-            m = metrics.compute_metrics(train(out / f"recovery{i}-{r}", BASE + extra, args.reuse))
+            run_dir = train(out / f"recovery{i}-{r}", BASE + extra, args.reuse)
+            m = metrics.compute_metrics(run_dir)
+            starts += [e for e in metrics.load_events(run_dir) if e.event == "start" and e.attempt > 0]
             for fault in m["faults"]:
                 if "@" not in str(fault.get("fault")):
                     uninjected.append(f"{label} run {r + 1}: {fault.get('cause')}, {fault['recovery_seconds']:.1f} s")
                     continue  # a failure nobody injected (e.g. a port taken at start): listed at the end
                 seconds.append(fault["recovery_seconds"])
                 restored.append(fault["restored_step"])
+        ages = ", ".join(f"{e['process_seconds']:.2f}{' (spare)' if e.get('spare') else ''}" for e in starts
+                         if e.get("process_seconds") is not None)
         print(f"| {label} | {', '.join(f'{s:.2f}' for s in seconds)} (mean {statistics.fmean(seconds):.2f}) "
-              f"| {', '.join(map(str, restored))} |")
-    print("\n| checkpointing | stall per save s (training blocked), mean / max | saves | deferred | "
-          "steps/s | checkpoint MB |")
-    print("|---|---|---|---|---|---|")
-    for i, (label, extra) in enumerate(STALL):
+              f"| {', '.join(map(str, restored))} | {ages or '–'} |")
+    if not args.only:
+        print("\n| checkpointing | stall per save s (training blocked), mean / max | saves | deferred | "
+              "steps/s | checkpoint MB |")
+        print("|---|---|---|---|---|---|")
+    for i, (label, extra) in enumerate([] if args.only else STALL):
         for r in range(args.repeat):
             run = train(out / f"stall{i}-{r}", BASE + STALL_MODEL + extra, args.reuse)
             m = metrics.compute_metrics(run)

@@ -44,6 +44,7 @@ def restart_profiles(run_dir: Path) -> list[dict[str, object]]:
             process_start = start.ts - start["process_seconds"]
             row["to new process"] = process_start - fault.ts
             row["imports"] = start["process_seconds"]
+            row["spare"] = "yes" if start.get("spare") else "no"
             setup_begin = start.ts
         row["set-up"] = load.ts - sum(phases.values()) - setup_begin
         row.update(phases)
@@ -56,7 +57,7 @@ def restart_profiles(run_dir: Path) -> list[dict[str, object]]:
 def print_profiles(rows: list[dict[str, object]]) -> None:
     if not rows:
         return
-    columns = ["run", "fault", "layer", "to new process", "imports", "set-up"]
+    columns = ["run", "fault", "layer", "spare", "to new process", "imports", "set-up"]
     for row in rows:
         columns += [k for k in row if k not in columns and k not in ("first step", "total")]
     columns += ["first step", "total"]

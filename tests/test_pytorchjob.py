@@ -195,3 +195,14 @@ def test_storage_must_be_shared_and_hold_the_run_dir():
         make_spec(storage=local)
     with pytest.raises(ValueError, match="must lie under the storage mount"):
         make_spec(train=config.TrainConfig(run_dir="/elsewhere/r1"))
+
+
+@pytest.mark.parametrize("ft_launcher", [True, False])
+def test_warm_spare_makes_the_container_start_the_spare_stub(ft_launcher):
+    spec = make_spec()
+    train = config.from_dict({**spec.train.to_dict(), "warm_spare": True, "ft_launcher": ft_launcher})
+    job = pytorchjob.to_dict(pytorchjob.build_job(dataclasses.replace(spec, train=train)))
+    (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    args = container["args"]
+    module = args[args.index("-m", 2 if not ft_launcher else 0) + 1]
+    assert module == "resilient_training.runtime.spare_stub" and "--warm-spare" in args

@@ -271,7 +271,7 @@ def container_command(spec: JobSpec) -> tuple[list[str], list[str]]:
             # NVRx 0.7.0 stops no-progress restart loops only when it can read this file.
             iteration_file=checkpoint_format.iteration_file(spec.train.run_dir),
         )
-        return ["ft_launcher"], [*flags, "-m", WORKER_MODULE, *trainer_argv]
+        return ["ft_launcher"], [*flags, "-m", nvrx_adapter.worker_module(spec.train), *trainer_argv]
     # Plain torchrun reads the same PET_* env.
     command = nvrx_adapter.worker_command(spec.train, trainer_argv, python="python")
     return command[:1], command[1:]

@@ -1,6 +1,7 @@
 """The PyTorchJob builder: a :class:`~resilient_training.launch.jobshape.JobSpec` in, a ``kubeflow.org/v1`` PyTorchJob out.
 
-Every worker pod runs ``ft_launcher <flags> -m resilient_training.runtime.worker <trainer flags>``.
+Every worker pod runs ``ft_launcher <flags> -m resilient_training.runtime.worker <trainer flags>``
+(``runtime.spare_stub`` with ``--warm-spare``).
 The job is elastic (Worker replicas only, no Master), so the Training Operator injects
 ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_RDZV_BACKEND``, ``PET_RDZV_ENDPOINT``
 (``<job>-worker-0:<port>``), ``PET_RDZV_ID`` and ``PET_MAX_RESTARTS`` and ft_launcher reads them

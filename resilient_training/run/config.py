@@ -73,6 +73,9 @@ class RestartConfig:
     max_inprocess_restarts: int = _f(8, "in-process restarts before giving up", "max_inprocess_restarts")
     max_restarts: int = _f(6, "ft_launcher restarts before giving up", "max_restarts")
     min_world_size: int = _f(0, "in-process: fewest ranks to continue (0 = all)", "min_world_size")
+    warm_spare: bool = _f(
+        False, "launcher restarts take a pre-imported spare worker process instead of starting Python cold "
+        "(costs one idle torch process per node)", "warm_spare")
     gpu_reclaim_timeout: float = _f(
         10.0, "ft_launcher 0.6+: wait at most this long for a dead worker's GPU memory", "gpu_reclaim_timeout")
     gpu_reclaim_tolerance_mb: int = _f(

@@ -36,8 +36,9 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # node: simulated node (pod index) of the writer, null outside the simulated cluster.
     # agent: host:pid:start-time of the agent that started the worker (tells its restarts apart).
     # process_seconds: process start -> this event (interpreter start-up and imports).
+    # spare: a warm spare took this worker's place (process_seconds then counts from its stub's start).
     "start": ("world_size", "pid", "host", "layers", "nvrx_version", "torch_version", "node", "agent", "local_rank",
-              "process_seconds"),
+              "process_seconds", "spare"),
     "step": ("loss", "seconds"),
     "ckpt_begin": ("mode", "tier"),  # tier: persistent | local
     "ckpt_staged": ("seconds",),  # training blocked this long (staging or the whole sync save)

@@ -122,7 +122,26 @@ def worker_command(
                 head += ["--rdzv-backend=c10d", f"--rdzv-endpoint={value}"]
             elif value is not None and key != "standalone":
                 head.append(f"--{key.replace('_', '-')}={value}")
-    return [*head, "-m", "resilient_training.runtime.worker", *config_argv]
+    return [*head, "-m", worker_module(config), *config_argv]
+
+
+def worker_module(config: Any) -> str:
+    """The module the launcher runs per worker: the trainer's, or the stub that hands the work to
+    a warm spare (``--warm-spare``; :mod:`resilient_training.runtime.spare_stub`).
+    """
+    if config.restart.warm_spare:
+        return "resilient_training.runtime.spare_stub"
+    return "resilient_training.runtime.worker"
+
+
+def preload() -> None:
+    """Import the NVRx modules a worker uses (for a warm spare: paid before it is needed)."""
+    if installed_version() is None:
+        return
+    import nvidia_resiliency_ext.checkpointing.async_ckpt.core
+    import nvidia_resiliency_ext.fault_tolerance.data
+    import nvidia_resiliency_ext.fault_tolerance.rank_monitor_client
+    import nvidia_resiliency_ext.inprocess  # noqa: F401
 
 
 def rendezvous_env(

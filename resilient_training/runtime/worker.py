@@ -16,7 +16,7 @@ from resilient_training.run import config as cfg
 from resilient_training.run import events as ev
 from resilient_training.run import faults as flt
 from resilient_training.run.checkpoint_format import CheckpointError
-from resilient_training.runtime import nvrx_adapter
+from resilient_training.runtime import nvrx_adapter, spare_stub
 
 # Set by the simulated pod-restart layer (a replacement agent): restarts are reported as "pod".
 POD_RESTART_ENV = "RT_POD_RESTART"
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         layers={"inprocess": config.restart.inprocess, "async_checkpoint": config.checkpoint.async_save,
                 "ft_launcher": heartbeats.active},
         nvrx_version=nvrx_adapter.installed_version(), torch_version=torch.__version__,
-        process_seconds=_process_age(),
+        process_seconds=_process_age(), spare=_launched_pid() != "self",
     )
     # A replacement pod's first workers report the pod layer; its agent's later restarts of
     # them are launcher restarts like any other node's.
@@ -108,16 +108,24 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(1)
 
 
+def _launched_pid() -> str:
+    """The process the launcher started for this worker: this one ("self"), or the
+    :mod:`.spare_stub` that handed its work to this warm spare (its pid).
+    """
+    return os.environ.get(spare_stub.STUB_PID_ENV) or "self"
+
+
 def _start_ticks(pid: int | str) -> str:
     """A process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as handle:
-        return handle.read().rsplit(")", 1)[1].split()[19]
+    return spare_stub.proc_stat(pid)[19]
 
 
 def _process_age() -> float | None:
-    """Seconds since this process started: interpreter start-up and imports, before any work."""
+    """Seconds since the launcher started this worker's process: interpreter start-up and
+    imports, before any work (for a warm spare: since its stub started, milliseconds of hand-over).
+    """
     try:
-        started_ticks = int(_start_ticks("self"))
+        started_ticks = int(_start_ticks(_launched_pid()))
         with open("/proc/uptime") as handle:
             uptime = float(handle.read().split()[0])
     except (OSError, IndexError, ValueError):
@@ -128,15 +136,16 @@ def _process_age() -> float | None:
 def _agent_identity() -> str:
     """The agent (ft_launcher or torchrun) that started this worker: host, pid and start time.
 
-    Workers are the agent's children; the start time keeps a pid reused by a later agent (a
-    recreated pod numbers its processes from 1 again) from passing for the same agent.
+    Workers (or their spare stubs) are the agent's children; the start time keeps a pid reused by
+    a later agent (a recreated pod numbers its processes from 1 again) from passing for the same agent.
     """
-    ppid = os.getppid()
+    launched = _launched_pid()
+    if launched == "self":
+        return spare_stub.process_identity(os.getppid())
     try:
-        started = _start_ticks(ppid)
-    except (OSError, IndexError):
-        started = "?"
-    return f"{os.uname().nodename}:{ppid}:{started}"
+        return spare_stub.process_identity(int(spare_stub.proc_stat(launched)[1]))
+    except (OSError, IndexError, ValueError):
+        return f"{os.uname().nodename}:?:?"
 
 
 def _do_not_restart(events: ev.EventLog, heartbeats: nvrx_adapter.Heartbeats, rank: int, reason: str) -> int:

@@ -1,0 +1,446 @@
+"""A node's warm spares: worker processes with torch, FSDP, NVRx and the trainer already imported.
+
+``python -m resilient_training.runtime.spare_pool --key K --agent-pid P --agent-start T --size N``,
+started by a :mod:`.spare_stub` on a cold start (never by hand). The pool imports everything a
+worker imports, once, then forks ``N`` spares (``N`` = local world size: the launcher restarts
+every worker of the node together). Forking after the imports makes a spare cost milliseconds
+and little memory (pages shared copy-on-write); CUDA stays uninitialized (a spare does not know
+its device yet, and a forked CUDA context would be unusable), which is asserted before each fork.
+
+The task's preflight (meta-device model, optimizer, one batch; as ``train`` runs before any
+worker starts) is run once too, for what a worker would otherwise import lazily while building
+its model (``torch._dynamo`` and more).
+
+A stub connects (an abstract ``SOCK_SEQPACKET`` socket, same uid only); the pool passes the
+connection to an idle spare and forks a replacement off the critical path. The spare reads the
+stub's argv, environment, cwd, umask and stdio descriptors, adopts them, starts its own process
+group (the stub relays signals to it) and runs ``worker.main``. When the spare exits, the pool
+sends its wait status to the stub (which exits the same way) and then terminates what is left of
+the spare's process group (the NVRx writer, say), as the launcher's ``killpg`` would.
+
+Nothing outlives the run: the pool exits, killing idle spares and the process groups of spares at
+work, when the agent that started the run's workers exits; an idle spare dies with the pool
+(``PR_SET_PDEATHSIG``); a spare at work kills its process group when its stub's connection closes
+(the stub was SIGKILLed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import errno
+import gc
+import importlib
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+from resilient_training.run import config as cfg
+from resilient_training.runtime import spare_stub as stub
+
+DEFAULT_ENTRY = f"{stub.WORKER_MODULE}:main"
+PR_SET_PDEATHSIG = 1
+# After a spare at work exits, what is left of its process group gets SIGTERM, then SIGKILL.
+GROUP_KILL_GRACE_S = 5.0
+# Spares that die idle this many times in a row (an import that crashes after fork?) stop the pool.
+MAX_IDLE_DEATHS = 5
+AGENT_POLL_S = 0.2
+# Environment that only takes effect when an interpreter starts: a spare cannot adopt a change.
+START_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONNOUSERSITE", "PYTHONSAFEPATH",
+             "LD_PRELOAD", "LD_LIBRARY_PATH")
+
+
+def log(message: str) -> None:
+    print(f"[spare-pool {os.getpid()} {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def set_parent_death_signal(signum: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+class CudaInitialized(RuntimeError):
+    """Something initialized CUDA in the pool: forked spares could not use it."""
+
+
+def warm(worker_argv: list[str]) -> None:
+    """Import what a worker imports before its first step (not CUDA: no device yet), then run the
+    task's preflight (model on the meta device, optimizer, one batch) for the imports a worker
+    would otherwise make lazily while building its model (``torch._dynamo`` and more).
+    """
+    import warnings
+
+    # torch.cuda imports pynvml, which warns about its own deprecation (the CLI silences it too).
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+    import torch
+    import torch.distributed
+    import torch.distributed.checkpoint
+    import torch.distributed.checkpoint.state_dict
+    import torch.distributed.device_mesh
+    import torch.distributed.fsdp  # noqa: F401
+
+    from resilient_training.runtime import checkpointing, model, nvrx_adapter, task, trainer, worker  # noqa: F401
+
+    nvrx_adapter.preload()
+    try:
+        if not worker_argv:
+            raise ValueError("no worker flags")
+        config = cfg.from_argv(worker_argv)
+        task.preflight(config, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    except (SystemExit, Exception) as exc:  # noqa: BLE001 - the workers report a broken task or flag themselves
+        log(f"task preflight skipped: {type(exc).__name__}: {exc}")
+    gc.collect()
+    if torch.cuda.is_initialized():
+        raise CudaInitialized("CUDA was initialized while warming up; spares must not inherit it")
+
+
+@contextlib.contextmanager
+def exit_when_agent_exits(agent_pid: int, agent_start: str) -> Iterator[None]:
+    """While warming up (seconds): a short run may end meanwhile, and the pool must not outlive it.
+    The watching thread is gone before the first fork.
+    """
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(AGENT_POLL_S):
+            if not agent_alive(agent_pid, agent_start):
+                log("agent exited while warming up; pool stopped")
+                os._exit(0)
+
+    thread = threading.Thread(target=watch, name="spare-pool-agent-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def agent_alive(pid: int, start: str) -> bool:
+    try:
+        stat = stub.proc_stat(pid)
+    except (OSError, IndexError):
+        return False
+    return stat[19] == start and stat[0] != "Z"
+
+
+class Pool:
+    """The pool's event loop: accept, hand over, replace, reap, report."""
+
+    def __init__(self, listener: socket.socket, lock: socket.socket, size: int, agent_pid: int, agent_start: str):
+        self.listener, self.lock, self.size = listener, lock, size
+        self.agent_pid, self.agent_start = agent_pid, agent_start
+        self.idle: dict[int, socket.socket] = {}  # spare pid -> its control socket
+        self.working: dict[int, socket.socket] = {}  # spare pid -> the stub's connection
+        self.group_kills: dict[int, float] = {}  # process group of a finished spare -> SIGKILL deadline
+        self.idle_deaths = 0
+        self.stopping = False  # SIGTERM: stop as if the agent had exited
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.wake_w.setblocking(False)
+
+    def serve(self) -> socket.socket | None:
+        """Run until the agent exits (returns None); in a forked spare, returns its control socket."""
+        signal.set_wakeup_fd(self.wake_w.fileno())
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self.stop)
+        try:
+            pidfd: int | None = os.pidfd_open(self.agent_pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        while not self.stopping and agent_alive(self.agent_pid, self.agent_start):
+            while len(self.idle) < self.size:
+                spare = self.fork_spare(pidfd)
+                if spare is not None:
+                    return spare
+            watched = [self.listener, self.wake_r] + ([pidfd] if pidfd is not None else [])
+            timeout = AGENT_POLL_S if pidfd is None else max(0.0, min(
+                [deadline - time.monotonic() for deadline in self.group_kills.values()], default=60.0))
+            ready, _, _ = select.select(watched, [], [], timeout)
+            if self.wake_r in ready:
+                self.drain_wakeups()
+            self.reap()
+            self.kill_leftover_groups()
+            if self.listener in ready:
+                self.accept()
+            if self.idle_deaths >= MAX_IDLE_DEATHS:
+                log(f"{self.idle_deaths} spares died while idle; stopping (stubs will start cold)")
+                break
+        log("stopping" if self.stopping else "agent exited; stopping")
+        self.shutdown()
+        return None
+
+    def stop(self, _signum: int, _frame: Any) -> None:
+        self.stopping = True
+
+    def fork_spare(self, pidfd: int | None) -> socket.socket | None:
+        import torch
+
+        assert not torch.cuda.is_initialized(), "a spare pool must not initialize CUDA before forking"
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pool_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the spare: drop every descriptor of the pool, keep the control socket
+            set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != pool_pid:
+                os._exit(0)
+            signal.set_wakeup_fd(-1)
+            for signum in (signal.SIGCHLD, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_DFL)
+            for sock in (ours, self.listener, self.lock, self.wake_r, self.wake_w, *self.idle.values(),
+                         *self.working.values()):
+                sock.close()
+            if pidfd is not None:
+                os.close(pidfd)
+            return theirs
+        theirs.close()
+        self.idle[pid] = ours
+        return None
+
+    def drain_wakeups(self) -> None:
+        try:
+            while self.wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        if peer_uid(conn) != os.getuid():
+            conn.close()
+            return
+        if not self.idle:
+            conn.close()  # the stub starts cold
+            return
+        pid, control = self.idle.popitem()
+        try:
+            stub.send_message(control, {"job": True}, (conn.fileno(),))
+        except OSError:
+            conn.close()
+            control.close()
+            return
+        control.close()
+        self.working[pid] = conn
+        self.idle_deaths = 0
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.working:
+                conn = self.working.pop(pid)
+                if os.WIFSIGNALED(status):
+                    ended = {"ended": "signal", "signal": os.WTERMSIG(status)}
+                else:
+                    ended = {"ended": "exit", "code": os.waitstatus_to_exitcode(status)}
+                try:
+                    stub.send_message(conn, ended)
+                except OSError:
+                    pass
+                conn.close()
+                self.signal_group(pid, signal.SIGTERM)
+                self.group_kills[pid] = time.monotonic() + GROUP_KILL_GRACE_S
+            elif pid in self.idle:
+                self.idle.pop(pid).close()
+                self.idle_deaths += 1
+                log(f"idle spare {pid} died (status {status})")
+
+    @staticmethod
+    def signal_group(pgid: int, signum: int) -> bool:
+        try:
+            os.killpg(pgid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def kill_leftover_groups(self) -> None:
+        now = time.monotonic()
+        for pgid, deadline in list(self.group_kills.items()):
+            if not self.signal_group(pgid, 0):
+                del self.group_kills[pgid]
+            elif now >= deadline:
+                self.signal_group(pgid, signal.SIGKILL)
+                del self.group_kills[pgid]
+
+    def shutdown(self) -> None:
+        """The agent is gone: so is the run on this node. Leave nothing behind."""
+        for pid in [*self.idle, *self.working, *self.group_kills]:
+            self.signal_group(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for sock in (*self.idle.values(), *self.working.values()):
+            sock.close()
+        deadline = time.monotonic() + 5
+        while (self.idle or self.working) and time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            self.idle.pop(pid, None)
+            self.working.pop(pid, None)
+        self.listener.close()
+        self.lock.close()
+
+
+# --------------------------------------------------------------------------- one spare
+
+
+def wait_for_work(control: socket.socket, entry: str = DEFAULT_ENTRY) -> int:
+    """An idle spare: wait for a stub's connection, then become that stub's worker."""
+    message, fds = stub.recv_message(control)
+    control.close()
+    if message is None or len(fds) != 1:
+        return 0  # the pool is gone
+    conn = socket.socket(fileno=fds[0])
+    conn.set_inheritable(False)
+    request, stdio = stub.recv_message(conn)
+    if request is None or len(stdio) != 3:
+        return 0  # the stub gave up before handing over
+    declined = mismatch(request)
+    if declined:
+        stub.send_message(conn, {"declined": declined})
+        return 0
+    adopt(request, stdio)
+    try:
+        stub.send_message(conn, {"pid": os.getpid()})
+    except OSError:
+        return 0  # the stub is gone (killed while handing over): nothing to run for
+    threading.Thread(target=watch_stub, args=(conn,), name="spare-stub-watch", daemon=True).start()
+    code = run_worker(entry, request["argv"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        stub.send_message(conn, {"exiting": code})
+    except OSError:
+        pass
+    return code
+
+
+def mismatch(request: dict[str, Any]) -> str:
+    """Why this spare cannot stand in for a cold start of the request, or ''."""
+    if request.get("executable") != sys.executable:
+        return f"interpreter {request.get('executable')} differs from the pool's {sys.executable}"
+    env = request.get("env", {})
+    differ = [name for name in START_ENV if env.get(name) != os.environ.get(name)]
+    return f"{', '.join(differ)} differ from the pool's environment" if differ else ""
+
+
+def adopt(request: dict[str, Any], stdio: list[int]) -> None:
+    """Become the process the launcher meant to start: its session, env, cwd and stdio."""
+    os.setsid()  # the stub relays the launcher's signals to this group
+    set_parent_death_signal(0)  # now bound to the stub (its connection), not to the pool
+    os.umask(int(request["umask"]))
+    os.chdir(request["cwd"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for target, fd in zip((0, 1, 2), stdio, strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=unbuffered or os.isatty(stream.fileno()), write_through=unbuffered)
+    sys.argv = [stub.WORKER_MODULE, *request["argv"]]
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))  # OpenMP read the pool's env when torch was imported
+
+
+def watch_stub(conn: socket.socket) -> None:
+    """The stub's connection closed (it was killed): end this worker and its children at once."""
+    while True:
+        try:
+            message, fds = stub.recv_message(conn)
+        except OSError:
+            message = None
+        if message is None:
+            os.killpg(0, signal.SIGKILL)
+        for fd in fds:
+            os.close(fd)
+
+
+def run_worker(entry: str, argv: list[str]) -> int:
+    """``sys.exit(entry(argv))`` as a fresh interpreter would report it."""
+    module, _, name = entry.partition(":")
+    try:
+        code: Any = getattr(importlib.import_module(module), name)(argv)
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:  # noqa: BLE001 - printed and exit 1, like an uncaught exception
+        traceback.print_exc()
+        return 1
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=stub.POOL_MODULE, description="A node's warm spare workers.")
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--agent-pid", type=int, required=True)
+    parser.add_argument("--agent-start", required=True)
+    parser.add_argument("--size", type=int, default=1)
+    parser.add_argument("--entry", default=DEFAULT_ENTRY, help="MODULE:FUNC a spare runs with the stub's argv")
+    parser.add_argument("worker_argv", nargs=argparse.REMAINDER, help="-- and the first worker's flags (warm-up)")
+    args = parser.parse_args(argv)
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        lock.bind(stub.address(args.key, "lock"))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return 0  # another stub started this node's pool first
+        raise
+    started = time.monotonic()
+    try:
+        with exit_when_agent_exits(args.agent_pid, args.agent_start):
+            warm(args.worker_argv[1:] if args.worker_argv[:1] == ["--"] else args.worker_argv)
+    except CudaInitialized as exc:
+        log(f"{exc}: no spares (workers start cold)")
+        return 0
+    if threading.active_count() > 1:  # forked spares would hold none of these threads
+        log(f"threads left after warming up: {[t.name for t in threading.enumerate()]}")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(stub.address(args.key))
+    listener.listen(64)
+    log(f"ready in {time.monotonic() - started:.2f} s: {args.size} spare(s) for agent {args.agent_pid}")
+    control = Pool(listener, lock, max(1, args.size), args.agent_pid, args.agent_start).serve()
+    if control is None:
+        log("pool stopped")
+        return 0
+    return wait_for_work(control, args.entry)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

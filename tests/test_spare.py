@@ -1,0 +1,265 @@
+"""Warm spares: the stub the launcher starts hands its worker to a pre-imported spare process.
+
+Real processes throughout: this test process plays the launcher (the stubs are its children,
+each in its own session as torch elastic starts them), the pool is the real one, and only what the
+spare runs is a stand-in (tests/support/spare_entry.py) until the last tests, which run the real
+trainer under ft_launcher and torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from resilient_training.run import config as cfg
+from resilient_training.runtime import nvrx_adapter
+from resilient_training.runtime import spare_stub as stub
+from tests.support.runs import FAST, check_recovered, train
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRY = "tests.support.spare_entry:main"
+
+
+def alive(pid: int) -> bool:
+    try:
+        return stub.proc_stat(pid)[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def processes_mentioning(*texts: str) -> list[int]:
+    """Live processes whose command line contains any of ``texts``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(text in cmdline for text in texts) and alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def wait_until(predicate, timeout: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    """A real pool serving this process's stubs (this process is their agent), 2 spares."""
+    run_dir = tmp_path_factory.mktemp("spare-run")
+    key = stub.pool_key(str(run_dir), stub.process_identity(os.getpid()))
+    log_path = run_dir / "pool.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", stub.POOL_MODULE, "--key", key, "--agent-pid", str(os.getpid()),
+             "--agent-start", stub.process_identity(os.getpid()).rsplit(":", 1)[1], "--size", "2",
+             "--entry", ENTRY],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_until(lambda: "ready" in log_path.read_text(), 120), log_path.read_text()
+        yield run_dir
+    finally:
+        proc.kill()
+        proc.wait()
+        # An idle spare dies with its pool (PR_SET_PDEATHSIG).
+        assert wait_until(lambda: not processes_mentioning(key), 5), processes_mentioning(key)
+
+
+def start_stub(run_dir: Path, *action: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
+               local_rank: str = "1") -> subprocess.Popen[str]:
+    # LOCAL_RANK 1: a stub that found no spare starts cold without starting a pool of its own.
+    return subprocess.Popen(
+        [sys.executable, "-m", stub.STUB_MODULE, "--run-dir", str(run_dir), *action],
+        cwd=cwd, env={**os.environ, "LOCAL_RANK": local_rank, **(env or {})}, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def test_exit_code_comes_back_through_the_stub(pool):
+    for code in (0, 3, 93):
+        proc = start_stub(pool, "exit", str(code))
+        assert proc.wait(timeout=20) == code, proc.stderr.read()
+
+
+def test_the_spare_adopts_env_cwd_umask_and_stdio(pool, tmp_path):
+    proc = start_stub(pool, "report", cwd=tmp_path, env={"RT_PROBE": "here", "OMP_NUM_THREADS": "1"})
+    out, err = proc.communicate("hello\n", timeout=20)
+    assert proc.returncode == 0, err
+    report = json.loads(out)
+    assert report["pid"] != proc.pid  # a spare did the work
+    assert report["cwd"] == str(tmp_path)
+    assert report["env"]["RT_PROBE"] == "here"
+    assert report["env"][stub.STUB_PID_ENV] == str(proc.pid)
+    assert report["argv"][1:] == ["--run-dir", str(pool), "report"]
+    assert report["stdin"] == "hello"
+    assert report["threads"] == 1
+    umask = os.umask(0)
+    os.umask(umask)
+    assert report["umask"] == umask
+    assert "to stderr" in err
+
+
+def test_sigterm_is_forwarded_to_the_spare(pool):
+    proc = start_stub(pool, "wait-for-term")
+    assert proc.stdout.readline().strip() == "waiting"
+    os.killpg(proc.pid, signal.SIGTERM)  # what torch elastic's teardown sends to a worker
+    assert proc.wait(timeout=10) == 7
+    assert "got SIGTERM" in proc.stdout.read()
+
+
+def test_a_spare_killed_by_a_signal_kills_its_stub_the_same_way(pool):
+    proc = start_stub(pool, "sleep")
+    assert proc.stdout.readline().strip() == "sleeping"
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=10) == -signal.SIGTERM
+    proc = start_stub(pool, "kill-self")
+    assert proc.wait(timeout=20) == -signal.SIGKILL
+
+
+def test_a_sigkilled_stub_takes_its_spare_and_the_spares_children_along(pool):
+    proc = start_stub(pool, "child-and-sleep")
+    pids = json.loads(proc.stdout.readline())
+    assert alive(pids["pid"]) and alive(pids["child"])
+    killed = time.monotonic()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_until(lambda: not alive(pids["pid"]) and not alive(pids["child"]), 1.0)
+    assert time.monotonic() - killed < 1.0
+
+
+def test_a_spare_declines_when_the_interpreter_would_start_differently(pool):
+    # PYTHONPATH only acts at interpreter start: the stub falls back to a cold worker.
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    proc = start_stub(pool, "--bogus-flag", env={"PYTHONPATH": pythonpath})  # never the pool's own value
+    _, err = proc.communicate(timeout=60)
+    assert "spare declined" in err and "PYTHONPATH" in err
+    assert proc.returncode == 2 and "unrecognized arguments: --bogus-flag" in err  # the real worker's parser
+
+
+def test_no_pool_means_a_cold_start_and_a_pool_for_next_time_that_ends_with_its_agent(tmp_path):
+    run_dir = tmp_path / "run"
+    # A stand-in agent: it starts one stub (local rank 0 of 1) and exits when the stub exits.
+    agent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:], start_new_session=True))",
+         sys.executable, "-m", stub.STUB_MODULE, "--run-dir", str(run_dir), "--bogus-flag"],
+        cwd=ROOT, env={**os.environ, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    key = stub.pool_key(str(run_dir), stub.process_identity(agent.pid))
+    _, err = agent.communicate(timeout=60)
+    assert agent.returncode == 2, err  # the cold worker's own answer to a bad flag
+    assert "unrecognized arguments: --bogus-flag" in err
+    assert wait_until(lambda: list((run_dir / "logs").glob("spare-pool-*.log")), 5)
+    logs = list((run_dir / "logs").glob("spare-pool-*.log"))
+    # The agent is gone: the pool stops, even in the middle of its imports; nothing of it is left.
+    assert wait_until(lambda: "pool stopped" in logs[0].read_text(), 10), logs[0].read_text()
+    assert wait_until(lambda: not processes_mentioning(key), 5), processes_mentioning(key)
+
+
+AGENT = """
+import pathlib, subprocess, sys, time
+go = pathlib.Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.05)
+stub = subprocess.Popen(sys.argv[2:], start_new_session=True)
+print(stub.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_when_the_agent_dies_the_pool_ends_its_spares_at_work_and_the_orphaned_stubs(tmp_path):
+    # An agent SIGKILLed (the local launcher cancelled, a node lost) leaves its worker stubs running;
+    # the pool sees the agent gone and kills its spares' process groups, so the stubs end too.
+    run_dir, go = tmp_path / "run", tmp_path / "go"
+    agent = subprocess.Popen(
+        [sys.executable, "-c", AGENT, str(go), sys.executable, "-m", stub.STUB_MODULE, "--run-dir", str(run_dir),
+         "sleep"], cwd=ROOT, env={**os.environ, "LOCAL_RANK": "1"}, text=True, stdout=subprocess.PIPE)
+    identity = stub.process_identity(agent.pid)
+    key = stub.pool_key(str(run_dir), identity)
+    log_path = tmp_path / "pool.log"
+    with open(log_path, "wb") as log:
+        subprocess.Popen([sys.executable, "-m", stub.POOL_MODULE, "--key", key, "--agent-pid", str(agent.pid),
+                          "--agent-start", identity.rsplit(":", 1)[1], "--size", "1", "--entry", ENTRY],
+                         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_until(lambda: "ready" in log_path.read_text(), 120), log_path.read_text()
+        go.touch()
+        stub_pid = int(agent.stdout.readline())
+        assert wait_until(lambda: len(processes_mentioning(key)) == 3, 10)  # pool, spare at work, idle spare
+        agent.kill()
+        agent.wait()
+        assert wait_until(lambda: not alive(stub_pid) and not processes_mentioning(key), 5), \
+            (alive(stub_pid), processes_mentioning(key))
+        assert "agent exited; stopping" in log_path.read_text()
+    finally:
+        agent.kill()
+        for pid in processes_mentioning(key):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_stops_the_pool_and_its_idle_spares(tmp_path):
+    key = stub.pool_key(str(tmp_path), "test:sigterm")
+    log_path = tmp_path / "pool.log"
+    with open(log_path, "wb") as log:
+        pool = subprocess.Popen(
+            [sys.executable, "-m", stub.POOL_MODULE, "--key", key, "--agent-pid", str(os.getpid()),
+             "--agent-start", stub.process_identity(os.getpid()).rsplit(":", 1)[1], "--size", "2", "--entry", ENTRY],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert wait_until(lambda: "ready" in log_path.read_text(), 120), log_path.read_text()
+        assert wait_until(lambda: len(processes_mentioning(key)) == 3, 10)
+        pool.terminate()
+        assert pool.wait(timeout=10) == 0
+        assert wait_until(lambda: not processes_mentioning(key), 5), processes_mentioning(key)
+    finally:
+        pool.kill()
+
+
+def test_the_pool_key_separates_runs_and_agents(tmp_path):
+    a = stub.pool_key(str(tmp_path / "a"), "host:1:100")
+    assert a != stub.pool_key(str(tmp_path / "b"), "host:1:100")
+    assert a != stub.pool_key(str(tmp_path / "a"), "host:1:101")
+    assert a == stub.pool_key(str(tmp_path / "x" / ".." / "a"), "host:1:100")
+
+
+def test_the_flag_reaches_the_worker_command(tmp_path):
+    config = cfg.from_dict({"run_dir": str(tmp_path), "warm_spare": True})
+    assert cfg.from_argv(cfg.to_argv(config)).restart.warm_spare
+    command = nvrx_adapter.worker_command(config, cfg.to_argv(config), python="python", standalone=True)
+    assert command[command.index("-m", 3) + 1] == stub.STUB_MODULE
+    config.restart.ft_launcher = False
+    command = nvrx_adapter.worker_command(config, cfg.to_argv(config), python="python", standalone=True)
+    assert command[command.index("-m", 3) + 1] == stub.STUB_MODULE
+    assert not cfg.TrainConfig(run_dir=str(tmp_path)).restart.warm_spare  # off unless asked for
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", [[], ["--no-ft-launcher"]], ids=["ft_launcher", "torchrun"])
+def test_a_killed_rank_restarts_from_warm_spares_and_nothing_outlives_the_run(tmp_path, launcher):
+    # 0.5 s steps: the pool (started by the first workers) has finished its imports by step 10.
+    run = train(tmp_path / "run", *FAST, "--step-seconds", "0.5", "--warm-spare", "--faults", "sigkill@10:1",
+                *launcher)
+    check_recovered(run, "sigkill@10:1", layer="launcher", cause=None)
+    starts = [e for e in run.events if e.event == "start"]
+    assert {(e.rank, e["spare"]) for e in starts if e.attempt == 0} == {(0, False), (1, False)}
+    restarted = [e for e in starts if e.attempt > 0]
+    assert {(e.rank, e["spare"]) for e in restarted} == {(0, True), (1, True)}, [e.fields for e in restarted]
+    assert all(e["process_seconds"] < 1.0 for e in restarted), [e["process_seconds"] for e in restarted]
+    first = {e.rank: e for e in starts if e.attempt == 0}
+    assert all(e["agent"] == first[e.rank]["agent"] for e in restarted)  # the stub passed the agent's identity
+    key = stub.pool_key(str(run.run_dir), starts[0]["agent"])
+    assert wait_until(lambda: not processes_mentioning(key, str(run.run_dir)), 5), \
+        processes_mentioning(key, str(run.run_dir))
