@@ -433,7 +433,8 @@ class _WriterProcess:
     """
 
     def __init__(self, job: Callable[[], None], on_ready: Callable[[_WriterProcess], None],
-                 on_died: Callable[[WriterDeath], None] | None) -> None:
+                 on_died: Callable[[WriterDeath], None] | None, *, replacement: int = 0) -> None:
+        self.replacement = replacement  # n: the n-th writer started in place of a dead one; 0: a first start
         self.requested = time.monotonic()
         self.ready_seconds: float | None = None  # start requested -> warm-up job done
         self.queue: Any = None
@@ -542,7 +543,9 @@ class AsyncWriter:
     idle) and reports it through ``on_died``; the owner then calls :meth:`replace` from its own
     thread. ``max_deaths`` deaths with no durable write in between, or within ``death_window``
     seconds, make :meth:`replace` raise :class:`CheckpointWriterDied` instead: a writer that
-    keeps dying is for the restart layers.
+    keeps dying is for the restart layers. ``on_ready(seconds, pid, replacement)`` is called on
+    the start-up thread once a writer takes writes (``replacement``: 0 for a first start, n for
+    the n-th writer started in place of a dead one).
     """
 
     def __init__(self, *, on_ready: Callable[[float, int | None, int], None] | None = None,
@@ -584,6 +587,10 @@ class AsyncWriter:
             self._job = job
             self._writer = _WriterProcess(job, self._ready, self._on_died)
 
+    def _restart(self) -> None:
+        self.replacements += 1
+        self._writer = _WriterProcess(self._job, self._ready, self._on_died, replacement=self.replacements)
+
     def warm_up(self, job: Callable[[], None] = _warm_up_job, timeout: float = 300.0) -> None:
         """Start the writer and wait until it is ready (raises if it dies first)."""
         self.start(job)
@@ -597,7 +604,7 @@ class AsyncWriter:
 
     def _ready(self, writer: _WriterProcess) -> None:
         if self._on_ready is not None and writer is self._writer:
-            self._on_ready(writer.ready_seconds or 0.0, getattr(writer.process, "pid", None), self.replacements)
+            self._on_ready(writer.ready_seconds or 0.0, getattr(writer.process, "pid", None), writer.replacement)
 
     def replace(self) -> WriterDeath | None:
         """Start a new writer (without waiting) in place of a dead one; returns the death.
@@ -614,8 +621,7 @@ class AsyncWriter:
             count, self._deaths = len(self._deaths), []
             raise CheckpointWriterDied(f"{death.describe()}; {count} writer deaths without a durable write in "
                                        "between: giving up on restarting it")
-        self.replacements += 1
-        self.start(self._job)
+        self._restart()
         return death
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
