@@ -325,3 +325,23 @@ def test_a_writer_replaced_at_the_last_step_recovers_at_the_end(tmp_path: Path) 
     log.close()
     (fault,) = compute_metrics(tmp_path)["faults"]
     assert fault["layer"] == "writer" and fault["recovery_seconds"] == pytest.approx(2.3)
+
+
+def test_the_report_shows_the_writer_layer(tmp_path: Path) -> None:
+    from resilient_training.gates.report import write_report
+
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 8, checkpoint_every=4)
+    log.emit("fault_injected", 8, rank=0, fault="writer-kill@8:0", type="writer-kill")
+    log.emit("failure_detected", 8, rank=0, cause="writer_died", signal="SIGKILL",
+             message="the async checkpoint writer process (pid 11) died: killed by SIGKILL")
+    log.wait(1.0)
+    log.emit("writer_restarted", 8, rank=0, seconds=1.0, pid=12, restarts=1)
+    log.steps(9, 12, checkpoint_every=4)
+    log.end()
+    log.close()
+    page = write_report(tmp_path, tmp_path / "report.html").read_text()
+    assert "<td>writer-kill@8:0</td><td>writer-kill on rank 0: writer-kill@8:0: the async checkpoint writer process " \
+           "(pid 11) died: killed by SIGKILL</td><td>writer</td>" in page
+    assert "<tr><td>writer</td><td>1</td>" in page  # the recovery table's row for the layer
