@@ -147,20 +147,26 @@ def test_a_writer_that_keeps_dying_is_given_up_on(tmp_path: Path) -> None:
     assert len(seen.deaths) == 2
 
 
-def test_a_durable_write_resets_the_death_count(tmp_path: Path) -> None:
-    writer = AsyncWriter(max_deaths=2)
+@pytest.mark.parametrize(("window", "given_up"), [(0.5, False), (300.0, True)])
+def test_a_durable_write_resets_the_death_count_but_not_the_window(tmp_path: Path, window: float,
+                                                                   given_up: bool) -> None:
+    writer = AsyncWriter(max_deaths=2, death_window=window)
     writer.warm_up()
     try:
         os.kill(writer.pid, signal.SIGKILL)
         wait_until(lambda: writer.death is not None, 5.0)
         writer.replace()
-        wait_until(lambda: writer.ready)
+        wait_until(lambda: writer.ready)  # seconds: the next death is outside a 0.5 s window
         writer.submit(write_marker, (str(tmp_path / "d"),))
         writer.wait(60)
         os.kill(writer.pid, signal.SIGKILL)
         wait_until(lambda: writer.death is not None, 5.0)
-        writer.replace()  # not given up on: a write succeeded since the last death
-        wait_until(lambda: writer.ready)
+        if given_up:  # 2 deaths within 300 s, even with a durable write in between
+            with pytest.raises(CheckpointWriterDied, match="2 writer deaths within 300 s"):
+                writer.replace()
+        else:
+            writer.replace()  # a write succeeded since the last death, and it is long ago
+            wait_until(lambda: writer.ready)
     finally:
         writer.close(timeout=60)
 

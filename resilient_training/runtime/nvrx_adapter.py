@@ -555,7 +555,8 @@ class AsyncWriter:
         self._job: Callable[[], None] = _warm_up_job
         self._on_ready, self._on_died = on_ready, on_died
         self._max_deaths, self._death_window = max_deaths, death_window
-        self._deaths: list[float] = []  # monotonic times of deaths since the last durable write
+        self._deaths: list[float] = []  # monotonic times of recent deaths (within death_window)
+        self._since_durable = 0  # deaths since the last durable write
         self.replacements = 0  # writers started in place of dead ones
 
     @property
@@ -616,11 +617,14 @@ class AsyncWriter:
             return None
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < self._death_window] + [now]
+        self._since_durable += 1
         self.abandon()
-        if len(self._deaths) >= self._max_deaths:
-            count, self._deaths = len(self._deaths), []
-            raise CheckpointWriterDied(f"{death.describe()}; {count} writer deaths without a durable write in "
-                                       "between: giving up on restarting it")
+        if self._since_durable >= self._max_deaths or len(self._deaths) >= self._max_deaths:
+            why = (f"{self._since_durable} writer deaths without a durable write in between"
+                   if self._since_durable >= self._max_deaths
+                   else f"{len(self._deaths)} writer deaths within {self._death_window:g} s")
+            self._deaths, self._since_durable = [], 0  # the restart layers start a new writer afresh
+            raise CheckpointWriterDied(f"{death.describe()}; {why}: giving up on restarting it")
         self._restart()
         return death
 
@@ -638,7 +642,7 @@ class AsyncWriter:
         if writer is None or writer.pending == 0:
             return True
         if writer.finalize():
-            self._deaths = []  # a durable write: the writer works
+            self._since_durable = 0  # a durable write: the writer works
         return writer.pending == 0
 
     def wait(self, timeout: float) -> None:
