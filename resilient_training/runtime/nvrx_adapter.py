@@ -396,7 +396,8 @@ class WriterDeath:
             how = f"killed by {self.signal}"
         else:
             how = "exit code unknown" if self.exitcode is None else f"exited with code {self.exitcode}"
-        return f"the async checkpoint writer process (pid {self.pid}) died: {how}"
+        process = "the async checkpoint writer process" + (f" (pid {self.pid})" if self.pid is not None else "")
+        return f"{process} died: {how}"
 
 
 def _warm_up_job() -> None:
