@@ -315,3 +315,76 @@ def test_a_fault_that_strikes_during_another_s_recovery_is_named_with_it(tmp_pat
     (fault,) = compute_metrics(tmp_path)["faults"]
     assert fault["root_cause"]["kind"] == "exception"
     assert fault["root_cause"]["also_injected"] == ["load-hang@5:1"]
+
+
+@pytest.mark.parametrize("found", ["before-the-next-step", "after-the-next-step", "not-injected"])
+def test_a_writer_replaced_while_training_goes_on_is_one_fault_of_the_writer_layer(tmp_path: Path, found: str) -> None:
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 8, checkpoint_every=4)  # t = 0.84
+    if found != "not-injected":
+        log.emit("fault_injected", 8, rank=0, fault="writer-kill@8:0", type="writer-kill")
+    if found == "after-the-next-step":
+        log.steps(9, 9)  # t = 0.94: training went on before the death was seen
+    log.wait(0.05)
+    died = log.t
+    log.emit("failure_detected", 9, rank=0, cause="writer_died", pid=11, exitcode=-9, signal="SIGKILL",
+             message="the async checkpoint writer process (pid 11) died: killed by SIGKILL")
+    log.steps(10, 10)
+    log.emit("ckpt_abandoned", 8, reason="writer died")
+    log.wait(1.5)
+    log.emit("writer_restarted", 10, rank=0, seconds=1.6, pid=12, restarts=1)
+    ready = log.t
+    log.steps(11, 16, checkpoint_every=4)  # no restore, no restart: the same iteration throughout
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    (fault,) = m["faults"]
+    assert fault["layer"] == "writer" and fault["recovered"]
+    assert fault["restored_step"] is None and fault["rollback_steps"] is None
+    # Steady state: the first step after the new writer is ready, counted from the death.
+    assert fault["recovery_seconds"] == pytest.approx(ready + 0.1 - died)
+    root = fault["root_cause"]
+    assert root["rank"] == 0 and root["signal"] == "SIGKILL"
+    assert root["kind"] == ("writer_died" if found == "not-injected" else "writer-kill")
+    assert root["injected"] is (found != "not-injected")
+    assert "killed by SIGKILL" in root["detail"]
+    assert m["restarts_by_layer"] == {"writer": 1} and m["recovery_seconds"]["by_layer"]["writer"]["count"] == 1
+    # Training never stopped: no downtime, no rollback, no failure for the interval advice.
+    assert m["downtime_seconds"] == 0 and m["infrastructure_goodput"] == 1.0
+    assert m["steps"]["replayed"] == 0 and m["suggested_checkpoint_interval"]["mtbf_seconds"] is None
+
+
+def test_a_writer_replaced_at_the_last_step_recovers_at_the_end(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 8, checkpoint_every=4)
+    log.emit("failure_detected", 8, rank=0, cause="writer_died", message="killed by SIGKILL", signal="SIGKILL")
+    log.wait(2.0)
+    log.emit("writer_restarted", 8, rank=0, seconds=2.0, pid=12, restarts=1)
+    log.wait(0.3)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert fault["layer"] == "writer" and fault["recovery_seconds"] == pytest.approx(2.3)
+
+
+def test_the_report_shows_the_writer_layer(tmp_path: Path) -> None:
+    from resilient_training.gates.report import write_report
+
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 8, checkpoint_every=4)
+    log.emit("fault_injected", 8, rank=0, fault="writer-kill@8:0", type="writer-kill")
+    log.emit("failure_detected", 8, rank=0, cause="writer_died", signal="SIGKILL",
+             message="the async checkpoint writer process (pid 11) died: killed by SIGKILL")
+    log.wait(1.0)
+    log.emit("writer_restarted", 8, rank=0, seconds=1.0, pid=12, restarts=1)
+    log.steps(9, 12, checkpoint_every=4)
+    log.end()
+    log.close()
+    page = write_report(tmp_path, tmp_path / "report.html").read_text()
+    assert "<td>writer-kill@8:0</td><td>writer-kill on rank 0: writer-kill@8:0: the async checkpoint writer process " \
+           "(pid 11) died: killed by SIGKILL</td><td>writer</td>" in page
+    assert "<tr><td>writer</td><td>1</td>" in page  # the recovery table's row for the layer

@@ -29,13 +29,12 @@ SLOW_COLLECTIVES = ["--pg-timeout", "30", "--soft-timeout", "31", "--hard-timeou
         ("oom@10:1", "inprocess", "oom", []),
         ("nan@10:0", "inprocess", "nan", []),
         ("ckpt-kill@8:1", "launcher", None, []),
-        ("writer-kill@8:0", "inprocess", "writer_died", []),
         ("ckpt-kill@8:1", "launcher", None, ["--no-async-checkpoint"]),
         ("exception@10:1", "launcher", "exception", ["--no-inprocess"]),
         ("hang@10:1", "launcher", None, ["--no-inprocess", *SLOW_COLLECTIVES]),
         ("sigkill@10:1", "launcher", None, ["--no-ft-launcher"]),
     ],
-    ids=["exception", "sigkill", "hang", "oom", "nan", "ckpt-kill", "writer-kill", "ckpt-kill-sync",
+    ids=["exception", "sigkill", "hang", "oom", "nan", "ckpt-kill", "ckpt-kill-sync",
          "exception-launcher-only", "hang-heartbeat-timeout", "sigkill-torchrun"],
 )
 def test_each_fault_alone_recovers_to_the_last_commit(tmp_path, fault, layer, cause, extra):
@@ -45,7 +44,7 @@ def test_each_fault_alone_recovers_to_the_last_commit(tmp_path, fault, layer, ca
         # Caught by the calibrated heartbeat timeout (seconds), not the 30 s collective timeout.
         assert found["recovery_seconds"] < 25, found["recovery_seconds"]
         assert any(e.event == "calibrated" for e in found["events"])
-    if fault.startswith(("ckpt-kill", "writer-kill")):
+    if fault.startswith("ckpt-kill"):
         # The save being written at the fault never became visible; `latest` loads.
         assert found["restored"] < 8
         latest = fmt.read_latest(layout.checkpoints_dir(run.run_dir))
@@ -86,6 +85,80 @@ def test_the_progress_guard_names_the_hung_rank_before_any_collective_timeout(tm
 def test_a_hang_during_a_save_or_a_restore_is_recovered_in_process(tmp_path, faults, fault, extra):
     run = train(tmp_path / "run", *FAST, "--faults", faults, *extra)
     check_recovered(run, fault, layer="inprocess", cause="hang")
+
+
+def _step_before(events, event):
+    """The last training step ``event``'s rank logged before it."""
+    return max(e.step for e in events if e.event == "step" and e.rank == event.rank and e.ts < event.ts)
+
+
+def test_a_killed_writer_is_replaced_without_restarting_the_ranks(tmp_path):
+    from resilient_training.gates.metrics import compute_metrics
+
+    run = train(tmp_path / "run", *FAST, "--faults", "writer-kill@8:0")
+    assert run.returncode == 0, run.output[-3000:]
+    events = run.events
+    # No rank restarted: one launcher attempt, one in-process iteration, no restart events.
+    assert not [e for e in events if e.event in ("restart_begin", "restart_done")]
+    assert {(e.attempt, e.iteration) for e in events if e.rank >= 0} == {(0, 0)}
+    (injected,) = [e for e in events if e.event == "fault_injected"]
+    (died,) = [e for e in events if e.event == "failure_detected"]
+    assert (died.rank, died["cause"], died["signal"], died["exitcode"]) == (0, "writer_died", "SIGKILL", -9)
+    assert died.ts - injected.ts < 5.0  # the torn write, then the watch thread (measured: ~0.1 s)
+    # The save in flight was abandoned on both ranks, after the same training step. (The fault acts
+    # at the first save that really writes from step 8 on: one deferred behind a busy writer moves it.)
+    lost = injected.step
+    abandoned = [e for e in events if e.event == "ckpt_abandoned"]
+    assert sorted((e.rank, e.step) for e in abandoned) == [(0, lost), (1, lost)]
+    assert len({_step_before(events, e) for e in abandoned}) == 1
+    (restarted,) = [e for e in events if e.event == "writer_restarted"]
+    assert restarted.rank == 0 and restarted.ts > died.ts and restarted["seconds"] > 0
+    # The lost save never became visible (the final step's is written again); a later save did;
+    # nothing temporary is left.
+    committed = [e.step for e in events if e.event == "ckpt_committed"]
+    if lost < 16:
+        assert lost not in committed and max(committed) > lost
+    else:
+        assert [e.step for e in events if e.event == "ckpt_begin" and e.get("retry")] == [16, 16]
+    assert 16 in committed
+    root = layout.checkpoints_dir(run.run_dir)
+    assert fmt.read_manifest(fmt.read_latest(root))["step"] == 16
+    assert not list(root.glob(f"{fmt.TMP_PREFIX}*"))
+    # Training went straight through, with the losses of a run without the fault.
+    steps = [(e.step, e["loss"]) for e in events if e.event == "step" and e.rank == 0]
+    assert [s for s, _ in steps] == list(range(1, 17))
+    clean = train(tmp_path / "clean", *FAST)
+    assert clean.returncode == 0, clean.output[-3000:]
+    reference = [(e.step, e["loss"]) for e in clean.events if e.event == "step" and e.rank == 0]
+    assert [s for s, _ in reference] == list(range(1, 17))
+    assert [loss for _, loss in steps] == pytest.approx([loss for _, loss in reference], rel=1e-6)
+    # One fault, recovered by the writer layer, with its injection as the root cause.
+    (fault,) = compute_metrics(run.run_dir)["faults"]
+    assert fault["layer"] == "writer" and fault["recovered"]
+    assert (fault["root_cause"]["kind"], fault["root_cause"]["rank"]) == ("writer-kill", 0)
+    assert 0 < fault["recovery_seconds"] < 30
+
+
+def test_a_writer_that_keeps_dying_escalates_to_an_inprocess_restart(tmp_path):
+    # Padded steps, so that each new writer is up (seconds on this machine) well before the run ends
+    # and all three kills act on saves that really write.
+    run = train(tmp_path / "run", "--nproc", "2", "--steps", "60", "--checkpoint-every", "4", "--step-seconds", "0.2",
+                "--faults", "writer-kill@8:0x3")
+    assert run.returncode == 0, run.output[-3000:]
+    events = run.events
+    assert len([e for e in events if e.event == "fault_injected"]) == 3
+    assert len([e for e in events if e.event == "writer_restarted"]) == 2  # the first two deaths
+    third = [e for e in events if e.event == "failure_detected" and e["cause"] == "writer_died"][-1]
+    assert "giving up" in third["message"] and third.rank == 0
+    restarts = [e for e in events if e.event == "restart_done"]
+    assert restarts and {e["layer"] for e in restarts} == {"inprocess"}
+    assert min(e.ts for e in restarts) > third.ts
+    lost = {e.step for e in events if e.event == "ckpt_abandoned"}
+    assert not [e for e in events if e.event == "ckpt_committed" and e.step in lost and e.ts < third.ts]
+    ends = [e for e in events if e.event == "end" and e["status"] == "completed"]
+    assert {e.rank for e in ends} == {0, 1}
+    root = layout.checkpoints_dir(run.run_dir)
+    assert fmt.read_manifest(fmt.read_latest(root))["step"] == 60
 
 
 def test_mixed_schedule_of_three_faults(tmp_path):
@@ -144,7 +217,10 @@ def test_a_new_run_in_a_reused_directory_ignores_the_old_node_local_tier(tmp_pat
     local = tmp_path / "local"
     args = ["--nproc", "2", "--steps", "12", "--checkpoint-every", "100", "--local-checkpoint-every", "2",
             "--local-checkpoint-dir", str(local)]
-    first = train(tmp_path / "run", *args, "--faults", "exception@7:0x99", "--max-inprocess-restarts", "2")
+    # A NaN: each in-process restart rolls back to a committed step (never to one only staged),
+    # so the writer has time to commit node-local steps before the run gives up.
+    first = train(tmp_path / "run", *args, "--step-seconds", "0.1", "--faults", "nan@9:0x99",
+                  "--max-inprocess-restarts", "2")
     assert first.returncode == 1, first.output[-2000:]
     assert list(local.rglob("step_*")), "the failed run should have left node-local steps behind"
     shutil.rmtree(tmp_path / "run")

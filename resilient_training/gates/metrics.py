@@ -15,6 +15,12 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
   its **rollback distance** is the last step completed before the restore minus the step
   restored. A trigger after which training went on in the same attempt and iteration with
   no restore is a fault absorbed without restart (layer ``none``, 0 s).
+- **writer layer**: the async checkpoint writer process died and was replaced while training
+  went on (``writer_restarted``, no restore). Such an episode runs from the death (its
+  ``failure_detected``, logged the moment the process exited) to **steady state**: the
+  reference rank's first step (or its ``end``) after the new writer is ready, i.e. once saves
+  can be written again. Training never stopped, so it is recovery time but not downtime, and
+  it does not count as a failure for the suggested interval (no work was lost).
 - **root cause** of an episode (what happened, not what the other ranks saw): the injected
   fault (type, rank, step), else the first ``failure_detected`` whose cause is not a symptom of
   another rank's failure (``peer_failure``, ``restart_requested``: exception type and message,
@@ -25,8 +31,9 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
   as faults of their own. An injected fault that only shows later (a killed checkpoint writer is
   found at the next save) is linked to the failure it caused: one fault, with the seconds until it
   was detected.
-- **infrastructure goodput** = (wall − downtime) / wall, downtime = union of episode spans
-  (an episode never closed runs to the end of the log).
+- **infrastructure goodput** = (wall − downtime) / wall, downtime = union of the spans of
+  episodes that stopped training (every layer but ``none`` and ``writer``; an episode never
+  closed runs to the end of the log).
 - **checkpoint freshness** at a step = that step minus the newest step committed before it
   (either tier: the persistent one and the node-local one both restore).
 - **checkpoint stall** per save = ``ckpt_staged.seconds`` (training blocked by the save).
@@ -60,7 +67,9 @@ COMM_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistEr
 # Injected faults whose failure shows later (the writer is found dead at the next save), by the cause
 # the trainer then reports: the later episode is that fault's, not a fault of its own.
 DELAYED = {"writer_died": "writer-kill"}
-LAYER_ORDER = {"none": 0, "reload": 1, "inprocess": 2, "launcher": 3, "pod": 4}
+LAYER_ORDER = {"none": 0, "writer": 1, "reload": 2, "inprocess": 3, "launcher": 4, "pod": 5}
+# Layers that recover without stopping training: their episodes are recovery time, not downtime.
+NON_STOPPING = ("none", "writer")
 
 
 class RunError(ValueError):
@@ -93,6 +102,7 @@ class Episode:
     last_step_before: int | None = None
     fault_step: int | None = None
     context: tuple[int, int] | None = None
+    writer_ready: float | None = None  # a new writer was ready in place of a dead one (writer_restarted)
     triggers: list[str] = dataclasses.field(default_factory=list)
     root_cause: dict[str, Any] = dataclasses.field(default_factory=dict)
     symptoms: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -180,8 +190,14 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             if e.event in ("failure_detected", "restart_begin") and current.cause is None:
                 current.cause = e.get("cause")
             continue
+        if current is not None and e.event == "writer_restarted" and current.writer_ready is None:
+            current.writer_ready = e.ts
         if current is not None and e.rank == ref:
-            if e.event == "load_done" and current.restored_step is None:
+            if (e.event in ("step", "end") and current.restored_step is None and current.writer_ready is not None
+                    and e.ts >= current.writer_ready):
+                current.end = e.ts  # steady state again: saves can be written (see the module docstring)
+                current = None
+            elif e.event == "load_done" and current.restored_step is None:
                 current.restored_step = int(e.step or 0)
                 current.last_step_before = last_step
             elif e.event == "step" and e.step is not None:
@@ -196,6 +212,10 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
     for episode in found:
         _classify(episode, events, ref)
         _attribute(episode, events)
+        if episode.layer == "writer":  # measured from the writer's death, not from its injection
+            died = next((e for e in events if e.event == "failure_detected" and e.get("cause") == "writer_died"
+                         and episode.start <= e.ts <= (episode.end or math.inf)), None)
+            episode.start = died.ts if died is not None else episode.start
     return _link_delayed(found)
 
 
@@ -210,7 +230,8 @@ def _link_delayed(found: list[Episode]) -> list[Episode]:
             out.remove(earlier)
             found_as = episode.root_cause
             episode.fault = earlier.fault
-            episode.root_cause = {**earlier.root_cause, "detail": f"{earlier.root_cause.get('detail')}: "
+            signal = {"signal": found_as["signal"]} if found_as.get("signal") else {}
+            episode.root_cause = {**earlier.root_cause, **signal, "detail": f"{earlier.root_cause.get('detail')}: "
                                   f"{found_as.get('detail')}", "detected_seconds_after_fault": episode.start - earlier.start}
             episode.cause = str(episode.root_cause["kind"])
         out.append(episode)
@@ -252,6 +273,8 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
         else:
             root = {"kind": episode.cause or "unknown", "rank": None, "step": episode.fault_step, "injected": False,
                     "detail": episode.cause or "unknown"}
+    if primary is not None and primary.get("signal") and root.get("rank") == primary.rank:
+        root["signal"] = primary.get("signal")  # e.g. the writer process killed by SIGKILL
     episode.root_cause = root
     if root["kind"]:
         episode.cause = str(root["kind"])
@@ -285,6 +308,8 @@ def _classify(episode: Episode, events: list[ev.Event], ref: int | None) -> None
     layers = [layer for layer in layers if layer in LAYER_ORDER]
     if layers:
         episode.layer = max(layers, key=LAYER_ORDER.__getitem__)
+    elif episode.restored_step is None and episode.writer_ready is not None:
+        episode.layer = "writer"  # replaced while training went on
     elif episode.restored_step is not None:
         after = next((e for e in events if e.event == "step" and e.rank == ref and e.ts >= end), None)
         if after is None or episode.context is None:
@@ -411,7 +436,8 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     productive = sum(r.seconds for r in survivors.values())
     found = episodes(events)
     restarted = [p for p in found if p.layer != "none"]
-    downtime = _union_seconds([(p.start, p.end if p.end is not None else t1) for p in restarted])
+    stopped = [p for p in restarted if p.layer not in NON_STOPPING]  # training stood still
+    downtime = _union_seconds([(p.start, p.end if p.end is not None else t1) for p in stopped])
     by_layer: dict[str, list[float]] = {}
     for p in restarted:
         if p.seconds is not None:
@@ -422,7 +448,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     steps_per_save = [b - a for a, b in zip(sorted({int(c.step or 0) for c in commits}),
                                             sorted({int(c.step or 0) for c in commits})[1:], strict=False)]
     step_seconds = [r.seconds for r in survivors.values() if r.seconds > 0]
-    mtbf = wall / len(restarted) if restarted else None
+    mtbf = wall / len(stopped) if stopped else None
     cost = statistics.fmean(stalls) if stalls else None
     interval = young_daly(cost, mtbf)
     median_step = statistics.median(step_seconds) if step_seconds else None

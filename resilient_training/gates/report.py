@@ -17,7 +17,7 @@ from typing import Any
 
 from resilient_training.gates import metrics as rt_metrics
 
-LAYER_COLOURS = {"inprocess": "#2b8cbe", "launcher": "#e6550d", "pod": "#756bb1", "reload": "#31a354",
+LAYER_COLOURS = {"writer": "#fdae6b", "inprocess": "#2b8cbe", "launcher": "#e6550d", "pod": "#756bb1", "reload": "#31a354",
                  "unrecovered": "#d62728", "none": "#999999"}
 SEGMENT_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 
@@ -252,8 +252,10 @@ def render_html(m: dict[str, Any], title: str) -> str:
 </table>
 <h2>Suggested checkpoint interval</h2><p>{advice}</p>
 <p class="muted">Definitions: training goodput = productive step time / wall; infrastructure goodput =
-(wall − downtime) / wall; recovery = fault or failure → first completed step after the restore; rollback = last step
-completed before the restore − step restored; freshness = current step − newest committed step. Computed by
+(wall − downtime) / wall; recovery = fault or failure → first completed step after the restore (layer writer: the
+checkpoint writer process died and was replaced while training went on; recovery = its death → first step after the
+new writer is ready, not downtime); rollback = last step completed before the restore − step restored;
+freshness = current step − newest committed step. Computed by
 resilient_training.gates.metrics from the event log.</p>
 </body></html>
 """

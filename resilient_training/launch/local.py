@@ -207,6 +207,10 @@ def describe(event: ev.Event, steps: int) -> str | None:
         tier = " (node-local)" if event.get("tier") == "local" else ""
         return (f"  ✓ checkpoint step {event.step} committed{tier} "
                 f"({event['bytes'] / 1e6:.2f} MB, {event['seconds']:.2f} s)")
+    if event.event == "writer_restarted":
+        return f"  ↻ checkpoint writer replaced on {who} in {event['seconds']:.1f} s (writer layer: training went on)"
+    if event.event == "ckpt_abandoned" and event.rank == 0:
+        return f"  … checkpoint at step {event.step} abandoned: {event['reason']}"
     if event.event == "ckpt_deferred" and event.rank == 0:
         return f"  … checkpoint at step {event.step} deferred: {event['reason']}"
     return None

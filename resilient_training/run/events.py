@@ -40,14 +40,22 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "start": ("world_size", "pid", "host", "layers", "nvrx_version", "torch_version", "node", "agent", "local_rank",
               "process_seconds", "spare"),
     "step": ("loss", "seconds"),
-    "ckpt_begin": ("mode", "tier"),  # tier: persistent | local
+    "ckpt_begin": ("mode", "tier", "retry"),  # tier: persistent | local; retry: the final step written again
     "ckpt_staged": ("seconds",),  # training blocked this long (staging or the whole sync save)
     # world_size: ranks whose chunks the checkpoint holds (what validation proves coverage against).
     "ckpt_committed": ("bytes", "seconds", "path", "tier", "world_size"),  # seconds: ckpt_begin -> commit
     "ckpt_deferred": ("reason",),  # a save skipped because the previous one is still writing
     "ckpt_failed": ("reason",),
+    # A save lost with a dead writer: every rank logs it at the same step; never committed.
+    "ckpt_abandoned": ("reason", "tier"),
     "fault_injected": ("fault",),
-    "failure_detected": ("cause", "message"),
+    # cause writer_died (the async writer process exited unasked, logged the moment it did) also
+    # carries pid, exitcode and signal (e.g. SIGKILL) of that process.
+    "failure_detected": ("cause", "message", "pid", "exitcode", "signal"),
+    # The async writer process took its first job (seconds since it was asked for; off the critical path).
+    "writer_ready": ("seconds", "pid"),
+    # A new writer is ready in place of a dead one; training went on meanwhile (the `writer` layer).
+    "writer_restarted": ("seconds", "pid", "restarts"),
     # the progress guard's allowance ran out (reason: for how long, at which phase or step
     # allowance, calibrated from what); where: step | collective (waiting for peers: likely a
     # symptom of a hung peer) | a phase (start, load, save, commit, calibrate).

@@ -10,6 +10,13 @@ together from a flag that rides on the loss all-reduce of every step, so all ran
 same decision at the same step without an extra collective; rank 0 then commits. One save is
 in flight at a time; when the writer is still busy at the next interval the save is deferred,
 never waited for.
+
+When a rank's writer process dies with its shard, that rank's contribution to the flag is
+:data:`ABANDONED` (a large negative number), so the sum tells every rank at the same step: the
+save is abandoned (never committed), stays "in flight" until every rank's writer is idle again
+(later saves defer meanwhile, on every rank alike), and its temporary directory is then removed.
+The dead writer is replaced without stopping training; a save that comes before the new one is
+ready waits for it without blocking (its shard stays staged).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from torch import nn
 from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import layout
 from resilient_training.run.config import DEFAULT_TASK, TrainConfig
+from resilient_training.runtime.nvrx_adapter import CheckpointWriterDied
 
 
 def write_rank_job(tmp_dir: str, rank: int, job: dict[str, Any], torn_write: bool) -> None:
@@ -205,6 +213,11 @@ def run_key(run_dir: str) -> str:
     return hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:12]
 
 
+# A rank's done flag when its writer died with its shard: however many peers report done, the
+# sum is negative, so every rank learns at the same step that the save is abandoned.
+ABANDONED = -1.0e6
+
+
 @dataclass(slots=True)
 class _InFlight:
     step: int
@@ -214,6 +227,8 @@ class _InFlight:
     manifest_fields: dict[str, Any]
     job: tuple[Any, ...] | None = None  # the writer's arguments, until handed over (staging still running)
     on_submit: Callable[[], None] | None = None
+    retry_job: tuple[Any, ...] | None = None  # the final step's arguments, to write it again if abandoned
+    abandoned: bool = False  # every rank agreed: never committed; cleared once every writer is idle
 
 
 class Checkpointer:
@@ -255,6 +270,7 @@ class Checkpointer:
         self._atomic = atomic
         self._on_wait = on_wait  # keeps heartbeats and progress pings going while waiting
         self._in_flight: _InFlight | None = None
+        self._lost: str | None = None  # why this rank's writer lost the shard in flight
 
     # ------------------------------------------------------------------ restore
 
@@ -461,8 +477,9 @@ class Checkpointer:
         tmp_dir = root / f"{fmt.TMP_PREFIX}{fmt.step_dirname(step)}-{self._tag}"
         tmp_dir.mkdir(parents=True, exist_ok=True)
         shard = self.stage(step, state, data_state, replicated=self.rank == 0 or tier == LOCAL)
-        self._in_flight = _InFlight(step, tier, tmp_dir, begin, manifest_fields,
-                                    job=(str(tmp_dir), self.rank, shard, torn_write), on_submit=kill_after_submit)
+        job = (str(tmp_dir), self.rank, shard, torn_write)
+        self._in_flight = _InFlight(step, tier, tmp_dir, begin, manifest_fields, job=job, on_submit=kill_after_submit,
+                                    retry_job=job[:3] + (False,) if step == self.config.steps else None)
         if self.config.checkpoint.async_save:
             self._emit("ckpt_staged", step, seconds=time.time() - begin)  # how long training was held
             self._submit_if_staged()
@@ -478,8 +495,8 @@ class Checkpointer:
         in_flight = self._in_flight
         if in_flight is None or in_flight.job is None:
             return True
-        if not self._staging.ready():
-            return False
+        if not self._staging.ready() or not self._writer.ready:
+            return False  # a writer still starting (or replaced): submitted at a later step
         job, in_flight.job = in_flight.job, None
         self._writer.submit(write_rank_job, job)
         if in_flight.on_submit is not None:
@@ -487,12 +504,36 @@ class Checkpointer:
         return True
 
     def local_done(self) -> float:
-        """1.0 when this rank has no write in flight (or it finished); raises if the writer died."""
-        if self._in_flight is None:
+        """The rank's part of the step's done count: 1.0 when it has no write in flight (or it is
+        durable), 0.0 while one is being written, :data:`ABANDONED` when the writer died with it.
+
+        Also replaces a writer found dead (its watch thread saw it exit), in flight or idle;
+        raises :class:`CheckpointWriterDied` when writers keep dying.
+        """
+        in_flight = self._in_flight
+        durable, lost = False, None
+        if in_flight is not None and in_flight.job is None:
+            try:
+                durable = self._writer.poll()
+            except CheckpointWriterDied as exc:  # the rank's shard went with it
+                durable, lost = True, str(exc)
+        if self._writer.death is not None:
+            self._writer.replace()
+        if in_flight is None:
             return 1.0
-        if not self._submit_if_staged():
+        if in_flight.abandoned:
+            if in_flight.job is not None:  # never handed over: nothing to wait for once staged
+                if not self._staging.ready():
+                    return 0.0
+                in_flight.job = None
+            return 1.0 if durable else 0.0  # the lost save's writes are over on this rank
+        if lost is not None:
+            self._lost = lost
+            return ABANDONED
+        if in_flight.job is not None:
+            self._submit_if_staged()
             return 0.0
-        return 1.0 if self._writer.poll() else 0.0
+        return 1.0 if durable else 0.0
 
     def in_flight_seconds(self) -> float | None:
         """Seconds since the save in flight began (None when none is)."""
@@ -503,9 +544,41 @@ class Checkpointer:
         return self._in_flight is not None and round(done_count) == self.world_size
 
     def maybe_commit(self, done_count: float) -> None:
-        """Commit the save in flight once every rank reported it durable (same step everywhere)."""
-        if self._in_flight is not None and round(done_count) == self.world_size:
-            self._commit()
+        """Commit the save in flight once every rank reported it durable (same step everywhere);
+        abandon it when a rank's writer died with it (a negative count, also the same step everywhere).
+        """
+        in_flight = self._in_flight
+        if in_flight is None:
+            return
+        if done_count < 0 and not in_flight.abandoned:
+            in_flight.abandoned = True
+            reason = f"writer died on this rank ({self._lost})" if self._lost else "a peer's checkpoint writer died"
+            self._lost = None
+            self._emit("ckpt_abandoned", in_flight.step, reason=reason[:300], tier=in_flight.tier)
+        elif round(done_count) == self.world_size:
+            if in_flight.abandoned:
+                self._drop_abandoned()
+            else:
+                self._commit()
+
+    def _drop_abandoned(self) -> None:
+        """Every rank's writer is done with the abandoned save: remove its temporary directory
+        (rank 0, or each rank on the node-local tier) or, for the final step, write it again.
+        """
+        in_flight = self._in_flight
+        assert in_flight is not None
+        if in_flight.retry_job is not None:  # the final step must be saved: its shard is still staged
+            in_flight.abandoned, in_flight.job, in_flight.retry_job = False, in_flight.retry_job, None
+            in_flight.on_submit = None
+            # The torn file of the lost write, if this rank's writer died.
+            (in_flight.tmp_dir / f"{fmt.shard_name(self.rank)}.partial").unlink(missing_ok=True)
+            self._emit("ckpt_begin", in_flight.step, mode="async", tier=in_flight.tier, retry=True)
+            return
+        self._in_flight = None
+        if self.rank == 0 or in_flight.tier == LOCAL:
+            import shutil
+
+            shutil.rmtree(in_flight.tmp_dir, ignore_errors=True)
 
     def _commit(self) -> None:
         in_flight, self._in_flight = self._in_flight, None

@@ -9,15 +9,18 @@ What differs between versions, and is handled here (see ../shared/NVRX_NOTES.md)
 - ``inprocess.Wrapper``: 0.7.0 adds GPU checks to the post-fault health check whenever
   ``LOCAL_RANK`` is set; on CPU we install our own check after construction.
 - Async checkpointing: a dead persistent writer makes NVRx's blocking wait spin forever and its
-  ``close()`` block in ``queue.join()``; :class:`AsyncWriter` checks liveness instead.
+  ``close()`` block in ``queue.join()``; :class:`AsyncWriter` watches the process instead (and
+  starts it off the caller's thread: the spawn blocks while the child imports torch).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.metadata
 import os
 import re
+import signal
 import threading
 import time
 import typing
@@ -397,81 +400,283 @@ def restart_abort_cause(exc: BaseException) -> str | None:
 
 
 class CheckpointWriterDied(RuntimeError):
-    """The persistent background checkpoint writer process exited mid-write."""
+    """The persistent background checkpoint writer process died (with writes, or too often)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WriterDeath:
+    """A writer process that exited without being asked to."""
+
+    noticed: float  # time.time() when its exit was seen (the watcher thread wakes on it at once)
+    pid: int | None
+    exitcode: int | None  # negative: killed by that signal; None: not known
+    detail: str = ""  # e.g. why it could not be started
+
+    @property
+    def signal(self) -> str | None:
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    def describe(self) -> str:
+        if self.detail:
+            how = self.detail
+        elif self.signal:
+            how = f"killed by {self.signal}"
+        else:
+            how = "exit code unknown" if self.exitcode is None else f"exited with code {self.exitcode}"
+        process = "the async checkpoint writer process" + (f" (pid {self.pid})" if self.pid is not None else "")
+        return f"{process} died: {how}"
 
 
 def _warm_up_job() -> None:
     """Runs in the writer process: importing this module there is the warm-up."""
 
 
-class AsyncWriter:
-    """Checkpoint writes through NVRx's persistent async checkpoint process.
+def _new_calls_queue() -> Any:
+    import inspect
 
-    Writes run in submission order; :meth:`poll` reports whether all of them are durable.
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
+
+    options: dict[str, Any] = {}
+    if "cpu_shm_mode" in inspect.signature(AsyncCallsQueue.__init__).parameters:
+        # 0.7+: shards arrive in shared host memory, so the writer needs no CUDA context
+        # (which would cost GPU memory and compete with the trainer's own CUDA start-up).
+        options["cpu_shm_mode"] = True
+    return AsyncCallsQueue(persistent=True, **options)
+
+
+def _schedule(queue: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+
+    # async_fn_kwargs explicitly: 0.7.0 defaults it to None and then calls fn(**None).
+    queue.schedule_async_request(AsyncRequest(async_fn=fn, async_fn_args=args, finalize_fns=[], async_fn_kwargs={}))
+
+
+class _WriterProcess:
+    """One writer process (NVRx's persistent caller), started and watched by threads of its own.
+
+    The start-up thread spawns it (the child imports torch: seconds, during which the spawn
+    may block) and runs the warm-up job there; :attr:`ready` is set once that job is done. From
+    then on only the training thread touches the queue. The watch thread blocks on the
+    process's ``sentinel`` and records its death the moment it exits.
     """
 
-    def __init__(self) -> None:
-        self._queue: Any = None
-        self._pending = 0
+    def __init__(self, job: Callable[[], None], on_ready: Callable[[_WriterProcess], None],
+                 on_died: Callable[[WriterDeath], None] | None, *, replacement: int = 0) -> None:
+        self.replacement = replacement  # n: the n-th writer started in place of a dead one; 0: a first start
+        self.requested = time.monotonic()
+        self.ready_seconds: float | None = None  # start requested -> warm-up job done
+        self.queue: Any = None
+        self.process: Any = None
+        self.pending = 0  # writes submitted and not yet known durable
+        self.ready = threading.Event()
+        self.death: WriterDeath | None = None
+        self._retired = False  # closed or killed on purpose: its exit is no death
+        self._lock = threading.Lock()
+        self._on_ready, self._on_died = on_ready, on_died
+        threading.Thread(target=self._start, args=(job,), name="ckpt-writer-start", daemon=True).start()
 
-    def _calls(self) -> Any:
-        if self._queue is None:
-            import inspect
+    def _start(self, job: Callable[[], None]) -> None:
+        try:
+            queue = _new_calls_queue()
+            _schedule(queue, job, ())
+        except Exception as exc:  # noqa: BLE001 - reported as a death, replaced like one
+            self._record_death(detail=f"could not be started ({type(exc).__name__}: {exc})"[:300])
+            return
+        with self._lock:
+            self.queue, self.process = queue, queue.persistent_caller.process
+            retired = self._retired
+        if retired:
+            self._stop_process(kill=True)
+            return
+        threading.Thread(target=self._watch, name="ckpt-writer-watch", daemon=True).start()
+        while not queue.maybe_finalize_async_calls(blocking=False, no_dist=True):
+            if self._retired or self.death is not None:
+                return
+            time.sleep(0.01)
+        self.ready_seconds = time.monotonic() - self.requested
+        self.ready.set()
+        self._on_ready(self)
 
-            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
+    def _watch(self) -> None:
+        from multiprocessing.connection import wait
 
-            options: dict[str, Any] = {}
-            if "cpu_shm_mode" in inspect.signature(AsyncCallsQueue.__init__).parameters:
-                # 0.7+: shards arrive in shared host memory, so the writer needs no CUDA context
-                # (which would cost GPU memory and compete with the trainer's own CUDA start-up).
-                options["cpu_shm_mode"] = True
-            self._queue = AsyncCallsQueue(persistent=True, **options)
-        return self._queue
+        wait([self.process.sentinel])
+        self._record_death()
+
+    def exited(self) -> bool:
+        """The process is gone (never reaps it: :meth:`_record_death` does, once)."""
+        from multiprocessing.connection import wait
+
+        process = self.process
+        return process is not None and bool(wait([process.sentinel], timeout=0))
+
+    def _record_death(self, detail: str = "") -> WriterDeath | None:
+        with self._lock:
+            if self._retired or self.death is not None:
+                return self.death
+            process = self.process
+            exitcode = None
+            if process is not None:
+                process.join(timeout=5)  # it has exited: this only reaps it
+                exitcode = process.exitcode
+            self.death = WriterDeath(time.time(), getattr(process, "pid", None), exitcode, detail)
+        if self._on_died is not None:
+            self._on_died(self.death)
+        return self.death
+
+    def finalize(self) -> bool:
+        """Count the writes that became durable; True if one did. Raises if the writer died with
+        writes pending (they are lost).
+        """
+        if self.pending == 0:
+            return False
+        done = len(self.queue.maybe_finalize_async_calls(blocking=False, no_dist=True))
+        self.pending -= done
+        if self.pending and (self.death is not None or self.exited()):
+            done += len(self.queue.maybe_finalize_async_calls(blocking=False, no_dist=True))  # finished, then died
+            self.pending = max(0, self.pending - done)
+            if self.pending:
+                lost, self.pending = self.pending, 0
+                death = self._record_death() or self.death
+                raise CheckpointWriterDied(f"{death.describe() if death else 'the writer died'} with {lost} "
+                                           "write(s) not durable")
+        return done > 0
+
+    def retire(self, *, kill: bool) -> None:
+        """Stop it on purpose: kill it (``kill``) or let it finish its queue and exit."""
+        with self._lock:
+            self._retired = True
+        self._stop_process(kill=kill)
+
+    def _stop_process(self, *, kill: bool) -> None:
+        caller = getattr(self.queue, "persistent_caller", None)
+        process = getattr(caller, "process", None)
+        if process is None:
+            return
+        if not kill and self.death is None and process.is_alive():
+            self.queue.close()  # NVRx: sends DONE, waits for the queue and the process
+            return
+        if process.is_alive():
+            process.kill()
+        process.join(timeout=5)
+        caller.process = None  # its __del__ would otherwise wait on queue.join() forever
+
+
+class AsyncWriter:
+    """Checkpoint writes through NVRx's persistent async checkpoint process, kept alive.
+
+    :meth:`start` returns at once: the process starts in a background thread, and :attr:`ready`
+    tells when it takes writes. Writes run in submission order; :meth:`poll` reports whether all
+    are durable. A watch thread notices the process's death the moment it happens (in flight or
+    idle) and reports it through ``on_died``; the owner then calls :meth:`replace` from its own
+    thread. ``max_deaths`` deaths with no durable write in between, or within ``death_window``
+    seconds, make :meth:`replace` raise :class:`CheckpointWriterDied` instead: a writer that
+    keeps dying is for the restart layers. ``on_ready(seconds, pid, replacement)`` is called on
+    the start-up thread once a writer takes writes (``replacement``: 0 for a first start, n for
+    the n-th writer started in place of a dead one).
+    """
+
+    def __init__(self, *, on_ready: Callable[[float, int | None, int], None] | None = None,
+                 on_died: Callable[[WriterDeath], None] | None = None, max_deaths: int = 3,
+                 death_window: float = 300.0) -> None:
+        self._writer: _WriterProcess | None = None
+        self._job: Callable[[], None] = _warm_up_job
+        self._on_ready, self._on_died = on_ready, on_died
+        self._max_deaths, self._death_window = max_deaths, death_window
+        self._deaths: list[float] = []  # monotonic times of recent deaths (within death_window)
+        self._since_durable = 0  # deaths since the last durable write
+        self.replacements = 0  # writers started in place of dead ones
 
     @property
     def started(self) -> bool:
-        return self._queue is not None
+        return self._writer is not None
+
+    @property
+    def ready(self) -> bool:
+        writer = self._writer
+        return writer is not None and writer.ready.is_set() and writer.death is None
+
+    @property
+    def death(self) -> WriterDeath | None:
+        return None if self._writer is None else self._writer.death
 
     @property
     def in_flight(self) -> bool:
-        return self._pending > 0
+        return self._writer is not None and self._writer.pending > 0
 
-    def warm_up(self, job: Callable[[], None] = _warm_up_job) -> None:
-        """Start the writer process now (it imports torch: seconds), not at the first save;
-        ``job`` (module-level) runs there first, e.g. to import what the writes will need.
+    @property
+    def pid(self) -> int | None:
+        return getattr(getattr(self._writer, "process", None), "pid", None)
+
+    def start(self, job: Callable[[], None] = _warm_up_job) -> None:
+        """Start the writer process without waiting for it; ``job`` (module-level) runs there
+        first, e.g. to import what the writes will need. No-op when one is already started.
         """
-        self.submit(job, ())
+        if self._writer is None:
+            self._job = job
+            self._writer = _WriterProcess(job, self._ready, self._on_died)
+
+    def _restart(self) -> None:
+        self.replacements += 1
+        self._writer = _WriterProcess(self._job, self._ready, self._on_died, replacement=self.replacements)
+
+    def warm_up(self, job: Callable[[], None] = _warm_up_job, timeout: float = 300.0) -> None:
+        """Start the writer and wait until it is ready (raises if it dies first)."""
+        self.start(job)
+        deadline = time.monotonic() + timeout
+        while not self.ready:
+            if self.death is not None:
+                raise CheckpointWriterDied(self.death.describe())
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"checkpoint writer not ready after {timeout:.0f} s")
+            time.sleep(0.01)
+
+    def _ready(self, writer: _WriterProcess) -> None:
+        if self._on_ready is not None and writer is self._writer:
+            self._on_ready(writer.ready_seconds or 0.0, getattr(writer.process, "pid", None), writer.replacement)
+
+    def replace(self) -> WriterDeath | None:
+        """Start a new writer (without waiting) in place of a dead one; returns the death.
+
+        Raises :class:`CheckpointWriterDied` when writers keep dying (see the class).
+        """
+        death = self.death
+        if death is None:
+            return None
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < self._death_window] + [now]
+        self._since_durable += 1
+        self.abandon()
+        if self._since_durable >= self._max_deaths or len(self._deaths) >= self._max_deaths:
+            why = (f"{self._since_durable} writer deaths without a durable write in between"
+                   if self._since_durable >= self._max_deaths
+                   else f"{len(self._deaths)} writer deaths within {self._death_window:g} s")
+            self._deaths, self._since_durable = [], 0  # the restart layers start a new writer afresh
+            raise CheckpointWriterDied(f"{death.describe()}; {why}: giving up on restarting it")
+        self._restart()
+        return death
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
-
-        # async_fn_kwargs explicitly: 0.7.0 defaults it to None and then calls fn(**None).
-        request = AsyncRequest(async_fn=fn, async_fn_args=args, finalize_fns=[], async_fn_kwargs={})
-        self._calls().schedule_async_request(request)
-        self._pending += 1
-
-    def _writer_alive(self) -> bool:
-        caller = getattr(self._queue, "persistent_caller", None)
-        process = getattr(caller, "process", None)
-        return process is not None and process.is_alive()
-
-    def _finalize_ready(self) -> None:
-        self._pending -= len(self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True))
+        if not self.ready:
+            raise RuntimeError("the checkpoint writer is not ready: check AsyncWriter.ready before submitting")
+        _schedule(self._writer.queue, fn, args)
+        self._writer.pending += 1
 
     def poll(self) -> bool:
-        """True once every submitted write is durable. Raises if the writer died."""
-        if self._pending == 0:
+        """True once every submitted write is durable. Raises :class:`CheckpointWriterDied` if
+        the writer died with writes not yet durable (they are lost; :attr:`death` tells how).
+        """
+        writer = self._writer
+        if writer is None or writer.pending == 0:
             return True
-        self._finalize_ready()
-        if self._pending == 0:
-            return True
-        if not self._writer_alive():
-            self._finalize_ready()  # it may have finished just before dying
-            if self._pending == 0:
-                return True
-            self.abandon()
-            raise CheckpointWriterDied("the async checkpoint writer process died mid-write")
-        return False
+        if writer.finalize():
+            self._since_durable = 0  # a durable write: the writer works
+        return writer.pending == 0
 
     def wait(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -481,25 +686,18 @@ class AsyncWriter:
             time.sleep(0.01)
 
     def abandon(self) -> None:
-        """Forget a dead or unwanted writer without NVRx's close(), which blocks on a dead one."""
-        caller = getattr(self._queue, "persistent_caller", None)
-        process = getattr(caller, "process", None)
-        if process is not None:
-            if process.is_alive():
-                process.kill()
-            process.join(timeout=5)
-            caller.process = None  # its __del__ would otherwise wait on queue.join() forever
-        self._queue = None
-        self._pending = 0
+        """Forget the writer (killing it if alive) without NVRx's close(), which blocks on a dead one."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.retire(kill=True)
 
     def close(self, timeout: float = 120.0) -> None:
-        if self._queue is None:
+        """Wait for the writes in flight, then let the writer exit."""
+        writer = self._writer
+        if writer is None:
             return
         try:
             self.wait(timeout)
         finally:
-            if self._writer_alive():
-                self._queue.close()
-                self._queue = None
-            else:
-                self.abandon()
+            self._writer = None
+            writer.retire(kill=not writer.ready.is_set() or writer.death is not None)

@@ -81,6 +81,8 @@ def warm(worker_argv: list[str]) -> None:
 
     # torch.cuda imports pynvml, which warns about its own deprecation (the CLI silences it too).
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+    # As the worker does before torch loads (c10d's logging level is read once, at import).
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     import torch
     import torch.distributed
     import torch.distributed.checkpoint

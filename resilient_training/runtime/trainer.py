@@ -59,7 +59,7 @@ class Trainer:
         self.heartbeats = heartbeats
         self.on_gpu = torch.cuda.is_available()
         self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
-        self.writer = nvrx_adapter.AsyncWriter()
+        self.writer = nvrx_adapter.AsyncWriter(on_ready=self._writer_ready, on_died=self._writer_died)
         self.staging = StagingBuffers()
         self.faults = flt.parse(config.faults)
         self.task = tk.task_from_config(config)
@@ -110,10 +110,11 @@ class Trainer:
             self._init_process_group(iteration)
             laps.lap("process_group")
             if self.config.checkpoint.async_save and not self.writer.started:
-                # Started before the restore so the first save finds it ready (it imports torch
-                # in a process of its own: seconds); NVRx 0.7's runs without a CUDA context.
-                self.writer.warm_up(warm_up_writer)
-                laps.lap("writer_start")
+                # Started in the background (it imports torch in a process of its own: seconds)
+                # while the restore and the first steps go on; `writer_ready` is logged when it
+                # is up, and a save before that waits for it. NVRx 0.7's has no CUDA context.
+                self.writer.start(warm_up_writer)
+                laps.lap("writer_start")  # what starting it held this thread
             checkpointer = Checkpointer(
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
@@ -504,12 +505,30 @@ class Trainer:
 
     def _drop_stale_write(self) -> None:
         """A write left running by a failed iteration is never committed (its temporary directory
-        is abandoned), so recovery does not wait for it; only a dead writer is replaced.
+        is abandoned), so recovery does not wait for it; only a dead writer is replaced (started
+        again in :meth:`run`).
         """
         try:
             self.writer.poll()
         except nvrx_adapter.CheckpointWriterDied:
-            pass  # poll() already dropped it; the next save starts a new writer
+            pass
+        if self.writer.death is not None:
+            self.writer.abandon()
+
+    def _writer_died(self, death: nvrx_adapter.WriterDeath) -> None:
+        """Called on the writer's watch thread the moment its process exits unasked: logged now;
+        the training thread replaces it at its next step (:meth:`Checkpointer.local_done`).
+        """
+        self.events.emit("failure_detected", self.step or None, cause="writer_died", message=death.describe(),
+                         pid=death.pid, exitcode=death.exitcode, signal=death.signal)
+
+    def _writer_ready(self, seconds: float, pid: int | None, replacements: int) -> None:
+        """Called on the writer's start-up thread once its warm-up job ran (seconds since asked)."""
+        if replacements:
+            self.events.emit("writer_restarted", self.step or None, seconds=round(seconds, 3), pid=pid,
+                             restarts=replacements)
+        else:
+            self.events.emit("writer_ready", self.step or None, seconds=round(seconds, 3), pid=pid)
 
     def classify(self, exc: BaseException) -> str:
         if (self.injector is not None and self.injector.hanging) or self.guard.expiry is not None:

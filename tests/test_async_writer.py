@@ -1,0 +1,177 @@
+"""The async checkpoint writer with NVRx's real persistent queue and real processes on CPU.
+
+A writer killed with SIGKILL, idle or mid-write, is noticed by its watch thread within a
+second, reported with its signal, and replaced; one that keeps dying is given up on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from resilient_training.runtime import nvrx_adapter
+from resilient_training.runtime.nvrx_adapter import AsyncWriter, CheckpointWriterDied, WriterDeath
+
+pytestmark = pytest.mark.slow
+
+
+def write_marker(path: str) -> None:
+    """A write job (module-level: it is pickled to the writer process)."""
+    Path(path).write_text("durable")
+
+
+def sleep_then_write(path: str, seconds: float) -> None:
+    time.sleep(seconds)
+    Path(path).write_text("durable")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group(tmp_path_factory):
+    # NVRx's queue asks torch.distributed for the rank when it starts its process.
+    store = tmp_path_factory.mktemp("pg") / "store"
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.deaths: list[WriterDeath] = []
+        self.ready: list[tuple[float, int | None, int]] = []
+        self.died = threading.Event()
+
+    def on_died(self, death: WriterDeath) -> None:
+        self.deaths.append(death)
+        self.died.set()
+
+    def on_ready(self, seconds: float, pid: int | None, replacements: int) -> None:
+        self.ready.append((seconds, pid, replacements))
+
+
+def wait_until(predicate, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_start_does_not_wait_for_the_process(tmp_path: Path) -> None:
+    seen = Recorder()
+    writer = AsyncWriter(on_ready=seen.on_ready, on_died=seen.on_died)
+    began = time.perf_counter()
+    writer.start()
+    held = time.perf_counter() - began
+    try:
+        assert writer.started and not writer.ready
+        assert held < 0.5, held  # the spawn and the child's imports happen on another thread
+        wait_until(lambda: writer.ready)
+        (seconds, pid, replacements), = seen.ready
+        assert seconds > held and pid == writer.pid and replacements == 0
+        writer.submit(write_marker, (str(tmp_path / "a"),))
+        writer.wait(60)
+        assert (tmp_path / "a").read_text() == "durable"
+    finally:
+        writer.close(timeout=60)
+    assert not seen.deaths  # a writer closed on purpose did not die
+
+
+def test_a_writer_killed_while_idle_is_noticed_within_a_second_and_replaced(tmp_path: Path) -> None:
+    seen = Recorder()
+    writer = AsyncWriter(on_ready=seen.on_ready, on_died=seen.on_died)
+    writer.warm_up()
+    first = writer.pid
+    try:
+        killed = time.time()
+        os.kill(first, signal.SIGKILL)
+        assert seen.died.wait(5.0), "death not noticed"
+        (death,) = seen.deaths
+        detection = death.noticed - killed
+        print(f"writer death noticed {detection * 1000:.1f} ms after SIGKILL")
+        assert 0 <= detection < 1.0, detection
+        assert (death.pid, death.exitcode, death.signal) == (first, -signal.SIGKILL, "SIGKILL")
+        assert "killed by SIGKILL" in death.describe()
+        assert writer.death is death and not writer.ready
+        assert writer.poll()  # nothing was in flight: nothing lost
+        assert writer.replace() is death
+        assert writer.death is None
+        wait_until(lambda: writer.ready)
+        assert writer.pid != first and seen.ready[-1][2] == 1  # logged as a replacement
+        writer.submit(write_marker, (str(tmp_path / "b"),))
+        writer.wait(60)
+        assert (tmp_path / "b").read_text() == "durable"
+    finally:
+        writer.close(timeout=60)
+    assert len(seen.deaths) == 1
+
+
+def test_a_writer_killed_mid_write_loses_that_write_and_says_so(tmp_path: Path) -> None:
+    seen = Recorder()
+    writer = AsyncWriter(on_died=seen.on_died)
+    writer.warm_up()
+    try:
+        writer.submit(sleep_then_write, (str(tmp_path / "c"), 30.0))
+        assert not writer.poll() and writer.in_flight
+        killed = time.time()
+        os.kill(writer.pid, signal.SIGKILL)
+        assert seen.died.wait(5.0)
+        assert seen.deaths[0].noticed - killed < 1.0
+        with pytest.raises(CheckpointWriterDied, match="killed by SIGKILL.*1 write"):
+            writer.poll()
+        assert not writer.in_flight and not (tmp_path / "c").exists()
+    finally:
+        writer.abandon()
+
+
+def test_a_writer_that_keeps_dying_is_given_up_on(tmp_path: Path) -> None:
+    seen = Recorder()
+    writer = AsyncWriter(on_died=seen.on_died, max_deaths=2)
+    writer.warm_up()
+    try:
+        os.kill(writer.pid, signal.SIGKILL)
+        wait_until(lambda: writer.death is not None, 5.0)
+        writer.replace()  # the first death: replaced
+        wait_until(lambda: writer.ready)
+        os.kill(writer.pid, signal.SIGKILL)
+        wait_until(lambda: writer.death is not None, 5.0)
+        with pytest.raises(CheckpointWriterDied, match="2 writer deaths without a durable write"):
+            writer.replace()
+        assert not writer.started  # left for the restart layers, which start a new one
+    finally:
+        writer.abandon()
+    assert len(seen.deaths) == 2
+
+
+@pytest.mark.parametrize(("window", "given_up"), [(0.5, False), (300.0, True)])
+def test_a_durable_write_resets_the_death_count_but_not_the_window(tmp_path: Path, window: float,
+                                                                   given_up: bool) -> None:
+    writer = AsyncWriter(max_deaths=2, death_window=window)
+    writer.warm_up()
+    try:
+        os.kill(writer.pid, signal.SIGKILL)
+        wait_until(lambda: writer.death is not None, 5.0)
+        writer.replace()
+        wait_until(lambda: writer.ready)  # seconds: the next death is outside a 0.5 s window
+        writer.submit(write_marker, (str(tmp_path / "d"),))
+        writer.wait(60)
+        os.kill(writer.pid, signal.SIGKILL)
+        wait_until(lambda: writer.death is not None, 5.0)
+        if given_up:  # 2 deaths within 300 s, even with a durable write in between
+            with pytest.raises(CheckpointWriterDied, match="2 writer deaths within 300 s"):
+                writer.replace()
+        else:
+            writer.replace()  # a write succeeded since the last death, and it is long ago
+            wait_until(lambda: writer.ready)
+    finally:
+        writer.close(timeout=60)
+
+
+def test_death_descriptions() -> None:
+    assert nvrx_adapter.WriterDeath(0.0, 7, 1).describe().endswith("exited with code 1")
+    assert nvrx_adapter.WriterDeath(0.0, 7, None).signal is None
+    assert "could not be started" in nvrx_adapter.WriterDeath(0.0, None, None, "could not be started").describe()
