@@ -535,17 +535,19 @@ class _WriterProcess:
         """
         if self.pending == 0:
             return False
-        done = len(self.queue.maybe_finalize_async_calls(blocking=False, no_dist=True))
-        self.pending -= done
-        if self.pending and (self.death is not None or self.exited()):
-            done += len(self.queue.maybe_finalize_async_calls(blocking=False, no_dist=True))  # finished, then died
-            self.pending = max(0, self.pending - done)
-            if self.pending:
-                lost, self.pending = self.pending, 0
-                death = self._record_death() or self.death
-                raise CheckpointWriterDied(f"{death.describe() if death else 'the writer died'} with {lost} "
-                                           "write(s) not durable")
-        return done > 0
+        # Dead before or during NVRx's check: NVRx counts a call of a dead process as finished
+        # (seen with 0.4.1: a write killed halfway was reported done, and its step's commit then
+        # found no shard). A write that did finish just before is lost with the rest: its save
+        # is abandoned, never committed half-written.
+        if not (self.death is not None or self.exited()):
+            done = len(self.queue.maybe_finalize_async_calls(blocking=False, no_dist=True))
+            if not (self.death is not None or self.exited()):
+                self.pending -= done
+                return done > 0
+        lost, self.pending = self.pending, 0
+        death = self._record_death() or self.death
+        raise CheckpointWriterDied(f"{death.describe() if death else 'the writer died'} with {lost} "
+                                   "write(s) not known durable")
 
     def retire(self, *, kill: bool) -> None:
         """Stop it on purpose: kill it (``kill``) or let it finish its queue and exit."""

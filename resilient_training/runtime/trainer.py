@@ -208,6 +208,8 @@ class Trainer:
                 self.guard.observe("load", checkpointer.in_flight_seconds() or 0.0)
                 with self.guard.phase("commit"):
                     checkpointer.maybe_commit(done_count)
+            else:  # nothing to write; a negative count abandons a save lost with a dead writer
+                checkpointer.maybe_commit(done_count)
             if checkpointer.tier_for(step):
                 self._save(step, model, optimizer, scheduler, data, checkpointer)
             if step == calibrate_at:
