@@ -3,7 +3,8 @@
 # GPUs the machine has (4 if present, else 2, else 1: the count is printed and recorded).
 #
 #   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
-#   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | recovery+efficiency | all
+#   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | goodput-product | recovery+efficiency | all
+#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 | call2 (what fits one 10-minute device call each)
 #          | fault-matrix | spare (a killed rank through ft_launcher: cold workers, then warm spares)
 #          | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
 #            this one, interleaved, same model and intervals: OLD_TREE=.old holds `git archive REV
@@ -145,6 +146,23 @@ case $suite in
         --faults "sigkill@150:0"
     run spare_on --steps 200 --checkpoint-every 100 --local-checkpoint-every 20 --no-inprocess --warm-spare \
         --faults "sigkill@150:0"
+    ;;
+  matrix-1b)  # the in-process and launcher rows on the ~1.3B model (run with MODEL_SIZE=1b)
+    run matrix_1b --steps "${FM_STEPS:-160}" --checkpoint-every 40 --local-checkpoint-every 20 --warm-spare \
+        --faults "exception@50:0,sigkill@90:1,hang@130:1"
+    ;;
+  call1)  # one device call: the spare pair, the fault matrix with spares, the 1.3B rows
+    "$0" spare "$out"
+    SPARE=1 "$0" fault-matrix "$out"
+    MODEL_SIZE=1b "$0" matrix-1b "$out"
+    ;;
+  call2)  # one device call: the reference goodput schedule with spares, then async efficiency
+    SPARE=1 "$0" goodput-product "$out"
+    "$0" efficiency "$out"
+    ;;
+  goodput-product)  # the reference schedule, the product's strategy only
+    faults="exception@300:0,sigkill@700:0,nan@1100:0,exception@1500:0,sigkill@1800:0"
+    run product --steps 2000 --checkpoint-every 500 --local-checkpoint-every 25 ${SPARE:+--warm-spare} --faults "$faults"
     ;;
   recovery+efficiency)
     "$0" recovery "$out"
