@@ -25,7 +25,9 @@ rm -rf /tmp/rt && mkdir -p /tmp/rt && cp -r resilient_training /tmp/rt/
 ln -s "$PWD/components" /tmp/rt/resilient_training/components
 ln -s "$PWD/pipelines" /tmp/rt/resilient_training/pipelines
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  # Once per machine (the combined suites call this script again for each part).
+  [ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; }
   export PYTHONPATH=/tmp/site:/tmp/rt PATH=/tmp/site/bin:$PATH
 else
   export PYTHONPATH=/tmp/rt
