@@ -653,7 +653,12 @@ class AsyncWriter:
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < self._death_window] + [now]
         self._since_durable += 1
-        self.abandon()
+        # Off the training thread: reaping the dead process and NVRx's queue can take seconds
+        # (on 2 H200s the training thread stalled for seconds around a replacement; retiring the
+        # dead one is not its business).
+        dead, self._writer = self._writer, None
+        if dead is not None:
+            threading.Thread(target=dead.retire, kwargs={"kill": True}, name="ckpt-writer-retire", daemon=True).start()
         if self._since_durable >= self._max_deaths or len(self._deaths) >= self._max_deaths:
             why = (f"{self._since_durable} writer deaths without a durable write in between"
                    if self._since_durable >= self._max_deaths
