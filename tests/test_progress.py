@@ -137,3 +137,15 @@ def test_calibration_round_trips_and_only_grows(guard_and_recorder):
         assert fresh.slowest_phase == {"load": 2.0}
     finally:
         fresh.close()
+
+
+def test_the_nccl_watchdog_outlasts_the_in_process_and_heartbeat_timeouts():
+    from resilient_training.run.config import TimeoutConfig
+    from resilient_training.runtime.trainer import collective_timeout
+
+    defaults = TimeoutConfig()
+    assert collective_timeout(defaults, nccl=False) == defaults.pg  # gloo: the short timeout releases peers
+    nccl = collective_timeout(defaults, nccl=True)
+    assert nccl > defaults.hard and nccl > defaults.heartbeat
+    suite = TimeoutConfig(pg=60.0, soft=90.0, hard=120.0, heartbeat=150.0)  # the old GPU suite's
+    assert collective_timeout(suite, nccl=True) > suite.hard

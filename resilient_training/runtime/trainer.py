@@ -349,19 +349,7 @@ class Trainer:
         )
 
     def collective_timeout(self) -> float:
-        """The collective timeout. gloo cannot be interrupted mid-collective: ``pg_timeout`` bounds
-        how long a peer waits for a failed rank before it joins the restart.
-
-        NCCL is aborted by the in-process layer instead, and its watchdog tears the whole process
-        down when a collective times out (seen on 2 H200s: pg 60 s < soft 90 s turned every hang
-        into a launcher restart; pg 3 s killed ranks waiting for a peer's save). So there it must
-        outlast the in-process hard timeout (NVRx's usage guide says the same) and ft_launcher's
-        heartbeat timeout: hangs are theirs to catch.
-        """
-        if self.on_gpu:
-            timeouts = self.config.timeouts
-            return max(timeouts.pg, max(timeouts.hard, timeouts.heartbeat) + 30.0)
-        return self.config.timeouts.pg
+        return collective_timeout(self.config.timeouts, nccl=self.on_gpu)
 
     def _round_tag(self) -> str:
         """A name all ranks of this launcher round agree on, for the checkpoint's temporary directory
@@ -623,3 +611,18 @@ def worker_store_port() -> int:
     """
     port = int(os.environ.get("MASTER_PORT", "29500"))
     return port + 1 if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else port
+
+
+def collective_timeout(timeouts: Any, *, nccl: bool) -> float:
+    """The process group's collective timeout. gloo cannot be interrupted mid-collective:
+    ``pg_timeout`` bounds how long a peer waits for a failed rank before it joins the restart.
+
+    NCCL is aborted by the in-process layer instead, and its watchdog tears the whole process
+    down when a collective times out (seen on 2 H200s: pg 60 s < soft 90 s turned every hang into
+    a launcher restart; pg 3 s kills ranks that wait for a peer's save). So there it must outlast
+    the in-process hard timeout (NVRx's usage guide says the same) and ft_launcher's heartbeat
+    timeout: hangs are theirs to catch.
+    """
+    if nccl:
+        return max(timeouts.pg, max(timeouts.hard, timeouts.heartbeat) + 30.0)
+    return timeouts.pg
