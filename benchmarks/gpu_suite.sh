@@ -153,6 +153,10 @@ case $suite in
     run matrix_1b --steps "${FM_STEPS:-160}" --checkpoint-every 40 --local-checkpoint-every 20 --warm-spare \
         --faults "exception@50:0,sigkill@90:1,hang@130:1"
     ;;
+  verify)  # the writer layer, a hang inside a save and a plain hang, after this round's fixes (short)
+    run verify --steps 200 --checkpoint-every 50 --local-checkpoint-every 25 \
+        --faults "writer-kill@75:0,ckpt-hang@125:1,hang@170:1"
+    ;;
   call1)  # one device call: the spare pair, the fault matrix with spares, the 1.3B rows
     "$0" spare "$out"
     SPARE=1 "$0" fault-matrix "$out"
