@@ -155,7 +155,7 @@ case $suite in
     ;;
   verify)  # the writer layer, a hang inside a save and a plain hang, after this round's fixes (short)
     run verify --steps 200 --checkpoint-every 50 --local-checkpoint-every 25 \
-        --faults "writer-kill@75:0,ckpt-hang@125:1,hang@170:1"
+        --faults "writer-kill@100:0,ckpt-hang@150:1,hang@170:1"
     ;;
   call1)  # one device call: the spare pair, the fault matrix with spares, the 1.3B rows
     "$0" spare "$out"

@@ -149,3 +149,12 @@ def test_the_nccl_watchdog_outlasts_the_in_process_and_heartbeat_timeouts():
     assert nccl > defaults.hard and nccl > defaults.heartbeat
     suite = TimeoutConfig(pg=60.0, soft=90.0, hard=120.0, heartbeat=150.0)  # the old GPU suite's
     assert collective_timeout(suite, nccl=True) > suite.hard
+
+
+def test_the_step_allowance_never_exceeds_the_soft_timeout(guard_and_recorder):
+    guard, recorder = guard_and_recorder
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    _steps(guard, WARM_UP_STEPS + 1, 0.01)
+    guard.slowest_gap = 0.5  # one slow step: 5 x 0.5 = 2.5 s > soft_timeout 0.6 s
+    assert guard.step_allowance == 0.6
+    assert "would be longer" in guard.describe()

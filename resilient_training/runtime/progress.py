@@ -65,9 +65,14 @@ class ProgressGuard:
 
     @property
     def step_allowance(self) -> float:
+        """``margin`` × the slowest steady step, at least ``floor`` and at most ``initial``
+        (soft_timeout): calibration only ever shortens the wait for a hang between steps. On 2
+        H200s an allowance that had grown past NVRx's own soft and hard timeouts (16 s, from one
+        slow step) ended in a launcher restart instead of an in-process one, twice.
+        """
         if self.slowest_gap is None:
             return self.initial
-        return max(self.floor, self.margin * self.slowest_gap)
+        return min(self.initial, max(self.floor, self.margin * self.slowest_gap))
 
     def phase_allowance(self, name: str) -> float:
         """A phase never gets less than ``initial`` (soft_timeout): steps calibrate below it, phases
@@ -96,6 +101,9 @@ class ProgressGuard:
             return f"phase {name}: allowance {budget:.1f} s ({how})"
         if self.slowest_gap is None:
             return f"allowance {self.initial:.1f} s (soft_timeout; not calibrated yet)"
+        if self.margin * self.slowest_gap > self.initial:
+            return (f"allowance {self.step_allowance:.1f} s (soft_timeout; {self.margin:g} × slowest step "
+                    f"{self.slowest_gap:.3f} s would be longer)")
         return f"allowance {self.step_allowance:.1f} s ({self.margin:g} × slowest step {self.slowest_gap:.3f} s)"
 
     # ------------------------------------------------------------------ the training thread's side
