@@ -506,7 +506,7 @@ class _WriterProcess:
         from multiprocessing.connection import wait
 
         wait([self.process.sentinel])
-        self._record_death()
+        self._record_death(reap=0.5)  # the exit code (the signal) if it is reaped soon
 
     def exited(self) -> bool:
         """The process is gone (never reaps it: :meth:`_record_death` does, once)."""
@@ -515,15 +515,19 @@ class _WriterProcess:
         process = self.process
         return process is not None and bool(wait([process.sentinel], timeout=0))
 
-    def _record_death(self, detail: str = "") -> WriterDeath | None:
+    def _record_death(self, detail: str = "", *, reap: float = 0.0) -> WriterDeath | None:
+        """Record the death once (whoever sees it first). ``reap``: seconds to wait for the exit
+        code first, never under the lock and never on the training thread: a killed writer's pipe
+        closes at once but the kernel can take seconds to tear down its mappings before it can be
+        reaped (on 2 H200s the training thread waited here, past the hang allowance).
+        """
+        process = self.process
+        if reap and process is not None:
+            process.join(timeout=reap)
         with self._lock:
             if self._retired or self.death is not None:
                 return self.death
-            process = self.process
-            exitcode = None
-            if process is not None:
-                process.join(timeout=5)  # it has exited: this only reaps it
-                exitcode = process.exitcode
+            exitcode = process.exitcode if process is not None else None
             self.death = WriterDeath(time.time(), getattr(process, "pid", None), exitcode, detail)
         if self._on_died is not None:
             self._on_died(self.death)
@@ -653,12 +657,7 @@ class AsyncWriter:
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < self._death_window] + [now]
         self._since_durable += 1
-        # Off the training thread: reaping the dead process and NVRx's queue can take seconds
-        # (on 2 H200s the training thread stalled for seconds around a replacement; retiring the
-        # dead one is not its business).
-        dead, self._writer = self._writer, None
-        if dead is not None:
-            threading.Thread(target=dead.retire, kwargs={"kill": True}, name="ckpt-writer-retire", daemon=True).start()
+        self.abandon()  # reaped off the training thread
         if self._since_durable >= self._max_deaths or len(self._deaths) >= self._max_deaths:
             why = (f"{self._since_durable} writer deaths without a durable write in between"
                    if self._since_durable >= self._max_deaths
@@ -693,10 +692,13 @@ class AsyncWriter:
             time.sleep(0.01)
 
     def abandon(self) -> None:
-        """Forget the writer (killing it if alive) without NVRx's close(), which blocks on a dead one."""
+        """Forget the writer (killing it if alive) without NVRx's close(), which blocks on a dead
+        one; reaped on a thread of its own (see :meth:`_WriterProcess._record_death`).
+        """
         writer, self._writer = self._writer, None
         if writer is not None:
-            writer.retire(kill=True)
+            threading.Thread(target=writer.retire, kwargs={"kill": True}, name="ckpt-writer-retire",
+                             daemon=True).start()
 
     def close(self, timeout: float = 120.0) -> None:
         """Wait for the writes in flight, then let the writer exit."""
