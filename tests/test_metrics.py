@@ -388,3 +388,26 @@ def test_the_report_shows_the_writer_layer(tmp_path: Path) -> None:
     assert "<td>writer-kill@8:0</td><td>writer-kill on rank 0: writer-kill@8:0: the async checkpoint writer process " \
            "(pid 11) died: killed by SIGKILL</td><td>writer</td>" in page
     assert "<tr><td>writer</td><td>1</td>" in page  # the recovery table's row for the layer
+
+
+def test_a_fault_while_the_writer_is_replaced_is_an_episode_of_its_own(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 8, checkpoint_every=4)
+    log.emit("fault_injected", 8, rank=0, fault="writer-kill@8:0", type="writer-kill")
+    log.wait(0.05)
+    log.emit("failure_detected", 9, rank=0, cause="writer_died", message="killed by SIGKILL", signal="SIGKILL")
+    log.steps(9, 11)
+    log.emit("fault_injected", 12, rank=1, fault="exception@12:1", type="exception")
+    log.emit("failure_detected", 12, rank=1, cause="exception", message="InjectedFault")
+    log.iteration += 1
+    log.wait(1.0)
+    log.emit("restart_done", layer="inprocess")
+    log.emit("writer_restarted", 12, rank=0, seconds=2.0, pid=12, restarts=1)
+    log.emit("load_done", 11, path="memory", seconds=0.2)
+    log.steps(12, 14)
+    log.end()
+    log.close()
+    faults = compute_metrics(tmp_path)["faults"]
+    assert [(f["fault"], f["layer"]) for f in faults] == [("writer-kill@8:0", "writer"), ("exception@12:1", "inprocess")]
+    assert "also_injected" not in faults[0]["root_cause"]

@@ -179,11 +179,22 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
     current: Episode | None = None
     context: tuple[int, int] | None = None  # (attempt, iteration) of the reference rank's last step
     last_step: int | None = None
+    writer_only = False  # the current episode is a dead writer being replaced while training goes on
     for e in events:
         if e.event in TRIGGERS:
+            if current is not None and writer_only and e.event == "fault_injected":
+                # Another fault while the writer is being replaced: its own episode, not a part
+                # of the writer's, which is cut here (a writer episode measured up to this fault).
+                current.writer_ready = current.writer_ready or e.ts
+                current.end, current = e.ts, None
             if current is None:
                 current = Episode(start=e.ts, fault_step=e.step, context=context)
                 found.append(current)
+                writer_only = False
+            if e.event == "failure_detected" and e.get("cause") == "writer_died" and "restart_begin" not in current.triggers:
+                writer_only = True
+            elif e.event == "restart_begin" or (e.event == "failure_detected" and e.get("cause") != "writer_died"):
+                writer_only = False
             current.triggers.append(e.event)
             if e.event == "fault_injected" and current.fault is None:
                 current.fault = e.get("fault")
