@@ -186,7 +186,7 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
                 # Another fault while the writer is being replaced: its own episode, not a part
                 # of the writer's, which is cut here (a writer episode measured up to this fault).
                 current.writer_ready = current.writer_ready or e.ts
-                current.end, current = e.ts, None
+                current.end, current = e.ts - 1e-6, None  # just before: the new fault is not in it
             if current is None:
                 current = Episode(start=e.ts, fault_step=e.step, context=context)
                 found.append(current)
