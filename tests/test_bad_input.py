@@ -48,6 +48,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("yaml-seed-str", ["train", "--run-dir", "r", "--faults", _yaml("seed: abc\nrandom: {max_step: 5}\n")],
      "seed must be an integer"),
     ("yaml-unknown-key", ["train", "--run-dir", "r", "--faults", _yaml("fault: []\n")], "unknown keys fault"),
+    ("load-hang-step-0", ["train", "--run-dir", "r", "--faults", "load-hang@0:1"], "steps start at 1"),
+    ("ckpt-hang-not-a-save", ["train", "--run-dir", "r", "--checkpoint-every", "4", "--faults", "ckpt-hang@3:1"],
+     "step 3 saves no checkpoint"),
     ("yaml-broken", ["train", "--run-dir", "r", "--faults", _yaml("faults: [\n")], "not valid YAML"),
     ("yaml-is-a-dir", ["train", "--run-dir", "r", "--faults", "{dir}.yaml"], "cannot read fault schedule"),
     # --- train: run directories and settings
