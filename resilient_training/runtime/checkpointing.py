@@ -339,43 +339,29 @@ class Checkpointer:
         reads what this rank's shards need, from any world size (no collective: every rank plans
         its own reads from ``.metadata``, so a slow reader never trips the short collective timeout).
         """
-        import copy
-
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         fmt.require_format(manifest, path)
         same_world = manifest["world_size"] == self.world_size or manifest.get("ranks") is not None
-        state = state_dict(model, optimizer, scheduler)
         if same_world and self._staging.staged_step == manifest["step"]:
-            flat, paths = flat_state(state)
-            buffers = self._staging.tensors()
-            with torch.no_grad():
-                for name, value in flat.items():
-                    if isinstance(value, torch.Tensor):
-                        _local(value).copy_(buffers[name])
-                    else:
-                        flat[name] = copy.deepcopy(self._staging.objects[name])
-            from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
+            return "memory", self.load_staged(model, optimizer, scheduler)
+        import warnings
 
-            state = unflatten_state_dict(flat, paths)
-            source, data_state = "memory", copy.deepcopy(self._staging.data_state)
-        else:
-            import warnings
+        import torch.distributed.checkpoint as dcp
 
-            import torch.distributed.checkpoint as dcp
-
-            try:
-                with warnings.catch_warnings():  # no_dist on purpose (see above), not a fallback
-                    warnings.simplefilter("ignore", UserWarning)
-                    dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
-            except Exception as exc:  # DCP names the key or shape that does not fit
-                raise fmt.CheckpointError(
-                    f"{path} holds a different model or optimizer state than this run's task builds: {exc}"[:800]
-                ) from exc
-            # A different world size splits the data differently: the task resumes from rank 0's
-            # state (the built-in task's position is global, so that is exact).
-            source = "storage" if same_world else "storage (resharded)"
-            data_state = fmt.load_data_state(path, self.rank if same_world else min(manifest.get("ranks") or [0]))
+        state = state_dict(model, optimizer, scheduler)
+        try:
+            with warnings.catch_warnings():  # no_dist on purpose (see above), not a fallback
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+        except Exception as exc:  # DCP names the key or shape that does not fit
+            raise fmt.CheckpointError(
+                f"{path} holds a different model or optimizer state than this run's task builds: {exc}"[:800]
+            ) from exc
+        # A different world size splits the data differently: the task resumes from rank 0's
+        # state (the built-in task's position is global, so that is exact).
+        source = "storage" if same_world else "storage (resharded)"
+        data_state = fmt.load_data_state(path, self.rank if same_world else min(manifest.get("ranks") or [0]))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if scheduler is not None:
             scheduler.load_state_dict(state["lr_scheduler"])
