@@ -135,6 +135,12 @@ def test_calibration_round_trips_and_only_grows(guard_and_recorder):
         assert fresh.slowest_phase == {"load": 2.0}
         fresh.load_state_dict({"slowest_gap": "x", "slowest_phase": {"save": -1}})  # junk is ignored
         assert fresh.slowest_phase == {"load": 2.0}
+        # JSON reads Infinity and NaN: a manifest carrying them must not disarm a phase's deadline.
+        import json
+
+        fresh.load_state_dict(json.loads('{"slowest_gap": Infinity, "slowest_phase": {"load": Infinity, "save": NaN, '
+                                         '"start": true}}'))
+        assert fresh.slowest_gap == 0.5 and fresh.slowest_phase == {"load": 2.0}
     finally:
         fresh.close()
 

@@ -287,8 +287,7 @@ class Injector:
         if fault.type == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.type == "hang":
-            self.hanging = True
-            hang_forever()
+            self.hang()
         if fault.type == "oom":
             allocate_past_limit(self._memory_limit_mb)
         return fault.type == "nan"

@@ -3,9 +3,10 @@
 Progress is a finished training step (or a bounded wait inside a save). The *allowance* is how
 long the training thread may go without progress. It starts at ``soft_timeout`` and is calibrated
 from what was measured: ``margin`` × the slowest gap between steps seen so far (never below
-``floor``), and for each known long phase (start-up and restore, a synchronous save) ``margin`` ×
-its slowest measured duration. The calibration only grows, is kept across in-process restarts and
-is persisted (``state_dict``) so a restarted process starts calibrated.
+``floor``, never above ``soft_timeout``), and for each known long phase (start-up, a restore up to
+the ranks' agreement, a save through the next step, a commit) ``margin`` × its slowest measured
+duration (never below ``soft_timeout``). The measurements only grow, are kept across in-process
+restarts and are persisted (``state_dict``) so a restarted process starts calibrated.
 
 Within the allowance a keeper thread reports progress to both monitors on the training thread's
 behalf (NVRx's in-process progress watchdog and ft_launcher's heartbeats), so a phase may be longer
@@ -19,6 +20,7 @@ timeout (fed only within the allowance) catches the hang.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -200,10 +202,10 @@ class ProgressGuard:
             return
         with self._lock:
             gap = state.get("slowest_gap")
-            if isinstance(gap, int | float) and gap > 0:
+            if _seconds(gap):
                 self.slowest_gap = max(self.slowest_gap or 0.0, float(gap))
             for name, seconds in (state.get("slowest_phase") or {}).items():
-                if isinstance(seconds, int | float) and seconds > 0:
+                if _seconds(seconds):
                     self.slowest_phase[name] = max(self.slowest_phase.get(name, 0.0), float(seconds))
 
     # ------------------------------------------------------------------ the keeper
@@ -238,3 +240,10 @@ class ProgressGuard:
     def close(self) -> None:
         self.disarm()
         self._closed.set()
+
+
+def _seconds(value: Any) -> bool:
+    """A usable duration from a manifest: positive and finite (JSON also reads ``Infinity``, which
+    would make an allowance that never runs out), never a bool.
+    """
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0

@@ -208,12 +208,11 @@ class Trainer:
                 self._save_phase = None
             self.guard.progress()
             self.heartbeats.cover(0)
-            if checkpointer.will_commit(done_count):
-                # Reading a checkpoint back costs about what writing it did: the first load's budget.
+            # Always called: a negative count abandons a save lost with a dead writer.
+            committing = checkpointer.will_commit(done_count)
+            if committing:  # reading a checkpoint back costs about what writing it did: the first load's budget
                 self.guard.observe("load", checkpointer.in_flight_seconds() or 0.0)
-                with self.guard.phase("commit"):
-                    checkpointer.maybe_commit(done_count)
-            else:  # nothing to write; a negative count abandons a save lost with a dead writer
+            with self.guard.phase("commit") if committing else contextlib.nullcontext():
                 checkpointer.maybe_commit(done_count)
             if checkpointer.tier_for(step):
                 self._save(step, model, optimizer, scheduler, data, checkpointer)
@@ -258,8 +257,7 @@ class Trainer:
         if self.config.restart.inprocess:
             # The guard feeds the heartbeats on the training thread's behalf up to its allowance,
             # then the in-process layer has to take over before ft_launcher gives up.
-            return max(CALIBRATED_TIMEOUT_FLOOR, self.config.timeouts.soft + 2.0,
-                       self.guard.step_allowance + self.config.timeouts.soft)
+            return max(CALIBRATED_TIMEOUT_FLOOR, self.guard.step_allowance + self.config.timeouts.soft)
         return CALIBRATED_TIMEOUT_FLOOR
 
     def _on_hang(self, reason: str) -> None:
@@ -345,11 +343,8 @@ class Trainer:
         store = torch.distributed.PrefixStore(f"rt/i{iteration}", self._base_store())
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,
-            timeout=datetime.timedelta(seconds=self.collective_timeout()),
+            timeout=datetime.timedelta(seconds=collective_timeout(self.config.timeouts, nccl=self.on_gpu)),
         )
-
-    def collective_timeout(self) -> float:
-        return collective_timeout(self.config.timeouts, nccl=self.on_gpu)
 
     def _round_tag(self) -> str:
         """A name all ranks of this launcher round agree on, for the checkpoint's temporary directory
