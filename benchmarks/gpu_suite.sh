@@ -4,7 +4,8 @@
 #
 #   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
 #   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | goodput-product | recovery+efficiency | all
-#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 | call2 (what fits one 10-minute device call each)
+#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 | call2 | call3 | call4 (what fits one 10-minute device call each;
+#            call4 wants OLD_TREE=.old holding the previous commit's tree)
 #          | fault-matrix | spare (a killed rank through ft_launcher: cold workers, then warm spares)
 #          | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
 #            this one, interleaved, same model and intervals: OLD_TREE=.old holds `git archive REV
@@ -41,6 +42,7 @@ fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 nproc=$(( gpus >= 4 ? 4 : (gpus >= 2 ? 2 : 1) ))
+r1=$(( nproc > 1 ? 1 : 0 ))  # "rank 1" in the fault schedules; rank 0 on a single GPU
 runs=/tmp/gpu-runs/$suite
 rm -rf "$runs" && mkdir -p "$runs"
 {
@@ -113,6 +115,7 @@ case $suite in
     run no_ckpt --steps 200 --checkpoint-every 100000
     run async_roomy --steps 200 --checkpoint-every 50
     run async_tight --steps 200 --checkpoint-every 20
+    run async_roomy_memory --steps 200 --checkpoint-every 50 --memory-snapshot-every 5  # what the snapshots cost
     run sync_tight --steps 200 --checkpoint-every 20 --no-async-checkpoint
     if [ "${FULL:-0}" = 1 ]; then run sync_roomy --steps 200 --checkpoint-every 50 --no-async-checkpoint; fi
     ;;
@@ -149,13 +152,15 @@ case $suite in
     run spare_on --steps 200 --checkpoint-every 100 --local-checkpoint-every 20 --no-inprocess --warm-spare \
         --faults "sigkill@150:0"
     ;;
-  matrix-1b)  # the in-process and launcher rows on the ~1.3B model (run with MODEL_SIZE=1b)
-    run matrix_1b --steps "${FM_STEPS:-160}" --checkpoint-every 40 --local-checkpoint-every 20 --warm-spare \
-        --faults "exception@50:0,sigkill@90:1,hang@130:1"
+  matrix-1b)  # every fault type on the ~1.3B model (run with MODEL_SIZE=1b)
+    # One GPU holds all 16 GB of a save (weights + AdamW): no node-local tier in /dev/shm then.
+    local=(); [ "$nproc" -gt 1 ] && local=(--local-checkpoint-every 20)
+    run matrix_1b --steps "${FM_STEPS:-280}" --checkpoint-every 40 "${local[@]}" --warm-spare --memory-snapshot-every 5 \
+        --faults "exception@50:0,sigkill@90:$r1,hang@130:$r1,oom@170:$r1,nan@190:0,writer-kill@210:0,ckpt-kill@250:$r1"
     ;;
   verify)  # the writer layer, a hang inside a save and a plain hang, after this round's fixes (short)
     run verify --steps 200 --checkpoint-every 50 --local-checkpoint-every 25 \
-        --faults "writer-kill@100:0,ckpt-hang@150:1,hang@170:1"
+        --faults "writer-kill@100:0,ckpt-hang@150:$r1,hang@170:$r1"
     ;;
   call1)  # one device call: the spare pair, the fault matrix with spares, the 1.3B rows
     "$0" spare "$out"
@@ -166,9 +171,23 @@ case $suite in
     SPARE=1 "$0" goodput-product "$out"
     "$0" efficiency "$out"
     ;;
-  goodput-product)  # the reference schedule, the product's strategy only
+  goodput-product)  # the reference schedule, the product's strategy only (OLD_TREE: that tree's, for before/after)
     faults="exception@300:0,sigkill@700:0,nan@1100:0,exception@1500:0,sigkill@1800:0"
-    run product --steps 2000 --checkpoint-every 500 --local-checkpoint-every 25 ${SPARE:+--warm-spare} --faults "$faults"
+    if [ -n "${OLD_TREE:-}" ]; then
+      PYTHONPATH=${site}/tmp/rt-old run product_before --steps 2000 --checkpoint-every 500 --local-checkpoint-every 25 \
+          ${SPARE:+--warm-spare} --faults "$faults"
+    else
+      run product --steps 2000 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every "${MEM_EVERY:-5}" \
+          ${SPARE:+--warm-spare} --faults "$faults"
+    fi
+    ;;
+  call3)  # one device call (1 GPU or more): the verify run, then the reference goodput schedule with spares
+    "$0" verify "$out"
+    SPARE=1 "$0" goodput-product "$out"
+    ;;
+  call4)  # one device call: the same schedule on the previous tree (OLD_TREE), then async efficiency
+    SPARE=1 "$0" goodput-product "$out"
+    OLD_TREE= "$0" efficiency "$out"
     ;;
   recovery+efficiency)
     "$0" recovery "$out"

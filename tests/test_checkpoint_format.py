@@ -33,6 +33,35 @@ def test_commit_writes_manifest_and_moves_latest(tmp_path):
     assert fmt.read_latest(root).name == "step_3"
 
 
+def test_prune_moves_a_step_aside_before_it_is_deleted(tmp_path):
+    """A pruned step is renamed out of the step namespace at once (a deletion that is slow or
+    interrupted never leaves a half-deleted directory that carries a step name and a manifest);
+    deleting it is the remover's job, and what a remover left behind is handed over again.
+    """
+    from resilient_training.gates.validate import validate
+    from resilient_training.runtime.checkpointing import Remover
+
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        write_checkpoint(tmp_path, step=step, train_steps=1)
+    handed = []
+    fmt.prune(root, keep_last=1, remove=handed.append)  # a remover that never gets to it
+    assert fmt.committed_steps(root) == [3] and fmt.read_latest(root).name == "step_3"
+    assert sorted(p.name.rsplit("-", 1)[0] for p in handed) == [".tmp-pruned-step_1", ".tmp-pruned-step_2"]
+    assert all((p / fmt.MANIFEST_NAME).is_file() for p in handed)  # still there: the remover did nothing
+    report = validate(tmp_path, all_checkpoints=True, load=False)  # --all: the moved steps are not among them
+    assert report.valid and [c.to_dict()["path"].split("/")[-1] for c in report.checkpoints] == ["step_3"]
+    assert {i["path"].split("/")[-1] for i in report.ignored} >= {p.name for p in handed}
+    again = []
+    fmt.prune(root, keep_last=1, remove=again.append)
+    assert sorted(again) == sorted(handed)
+    remover = Remover()
+    for path in handed + handed:  # each deleted once, off this thread
+        remover(path)
+    remover.wait()
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_3"]
+
+
 def test_a_step_directory_is_a_plain_dcp_checkpoint(tmp_path):
     """dcp_to_torch_save, torch alone, gives the task's plain state dicts: full tensors, same keys."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save

@@ -161,6 +161,32 @@ def test_a_writer_that_keeps_dying_escalates_to_an_inprocess_restart(tmp_path):
     assert fmt.read_manifest(fmt.read_latest(root))["step"] == 60
 
 
+def test_a_memory_snapshot_leaves_only_steps_since_it_to_replay(tmp_path):
+    """--memory-snapshot-every 3: an exception and a NaN each resume in-process from the newest
+    snapshot, newer than any save (after the NaN only because every value in it is finite),
+    and the run's losses are those of a run without faults, step for step.
+    """
+    args = ["--nproc", "2", "--steps", "24", "--checkpoint-every", "10"]
+    run = train(tmp_path / "run", *args, "--memory-snapshot-every", "3", "--faults", "exception@14:0,nan@23:1")
+    assert run.returncode == 0, run.output[-3000:]
+    events = run.events
+    loads = [e for e in events if e.event == "load_done" and e.iteration > 0]
+    assert sorted((e.rank, e.step, e["source"]) for e in loads) == [
+        (0, 12, "memory (snapshot)"), (0, 21, "memory (snapshot)"),
+        (1, 12, "memory (snapshot)"), (1, 21, "memory (snapshot)")]
+    clean = train(tmp_path / "clean", *args)
+    assert clean.returncode == 0, clean.output[-3000:]
+
+    def losses(events, after):
+        return {e.step: e["loss"] for e in events if e.event == "step" and e.rank == 0 and e.ts > after}
+
+    reference = losses(clean.events, 0)
+    for load in (e for e in loads if e.rank == 0):
+        replayed = losses(events, load.ts)
+        assert min(replayed) == load.step + 1
+        assert replayed == pytest.approx({s: reference[s] for s in replayed}, rel=1e-6)
+
+
 def test_mixed_schedule_of_three_faults(tmp_path):
     run = train(tmp_path / "run", "--nproc", "2", "--steps", "40", "--checkpoint-every", "5",
                 "--faults", "sigkill@12:1,exception@22:0,hang@33:1")

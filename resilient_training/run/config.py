@@ -53,12 +53,17 @@ class CheckpointConfig:
     local_dir: str = _f("", "node-local tier directory (default /dev/shm/resilient-training); "
                             "each run keeps its own folder inside", "local_checkpoint_dir")
     async_save: bool = _f(True, "write checkpoints in NVRx's background process", "async_checkpoint")
+    memory_every: int = _f(0, "also copy the training state within the device's memory every N steps, which an "
+                              "in-process restart resumes from (0 = off; it holds one more copy of the weights "
+                              "and optimizer state)", "memory_snapshot_every")
 
     def __post_init__(self) -> None:
         if self.every <= 0:
             raise ValueError(f"checkpoint_every must be a positive number of steps, got {self.every}")
         if self.local_every < 0:
             raise ValueError(f"local_checkpoint_every must be >= 0, got {self.local_every}")
+        if self.memory_every < 0:
+            raise ValueError(f"memory_snapshot_every must be >= 0, got {self.memory_every}")
         if self.keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {self.keep_last}")
 

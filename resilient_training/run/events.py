@@ -65,8 +65,11 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # or finds an agent dead; node: the pod index concerned (null for other layers).
     "restart_begin": ("layer", "cause", "node"),
     "restart_done": ("layer", "node"),  # layer: inprocess | launcher | pod
-    # step: restored (0 = fresh); source: memory | storage; phases: seconds per start-up phase.
+    # step: restored (0 = fresh); source: memory (snapshot) | memory (staged, not yet committed) |
+    # storage | storage (resharded); phases: seconds per start-up phase.
     "load_done": ("path", "source", "seconds", "phases"),
+    # --memory-snapshot-every was turned off for the run (reason: no memory for the second copy).
+    "memory_snapshot_off": ("reason",),
     "calibrated": ("timeouts",),
     "end": ("status", "reason"),  # status: completed | failed
 }

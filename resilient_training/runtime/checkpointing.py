@@ -193,6 +193,200 @@ class StagingBuffers:
             torch.cuda.current_stream().wait_event(self._copied)
 
 
+def _no_grad_local(value: Any) -> Any:
+    """The local shard of a DTensor without autograd's bookkeeping (``to_local`` is cheap under no_grad)."""
+    return value.to_local() if hasattr(value, "to_local") else value
+
+
+def _live_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[tuple[Any, ...], torch.Tensor]:
+    """Every tensor of the training state as the module and optimizer hold it now (no copies):
+    ``("model", name)`` and ``("optim", param_index, key)``. 2-3 ms for 800 tensors on a CPU,
+    where DCP's ``get_state_dict`` takes ~20 ms: cheap enough to run every few steps.
+    """
+    with torch.no_grad():
+        live = {("model", name): _no_grad_local(value) for name, value in model.state_dict().items()
+                if isinstance(value, torch.Tensor)}
+        for index, entry in optimizer.state_dict()["state"].items():
+            for key, value in entry.items():
+                if isinstance(value, torch.Tensor):
+                    live[("optim", index, key)] = _no_grad_local(value)
+    return live
+
+
+_Pairs = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _by_device(pairs: _Pairs) -> dict[torch.device, _Pairs]:
+    groups: dict[torch.device, _Pairs] = {}
+    for pair in pairs:
+        groups.setdefault(pair[1].device, []).append(pair)
+    return groups
+
+
+def _copy(pairs: _Pairs, *, non_blocking: bool = False) -> None:
+    """(destination, source) pairs, as few kernels as the devices allow (foreach copies)."""
+    for group in _by_device(pairs).values():
+        torch._foreach_copy_([d for d, _ in group], [s for _, s in group], non_blocking=non_blocking)
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    floats = [t for t in tensors if t.is_floating_point() and t.numel()]
+    for group in _by_device([(t, t) for t in floats]).values():
+        norms = torch._foreach_norm([t for t, _ in group])  # an overflow reads as not finite: the safe side
+        if not bool(torch.stack(norms).isfinite().all()):
+            return False
+    return True
+
+
+class MemorySnapshot:
+    """The newest training state, copied every few steps within the memory of the device that
+    holds it (GPU memory on GPUs): what an in-process restart resumes from, so a fault replays
+    a few steps instead of everything since the last save.
+
+    An in-process restart keeps the process, its CUDA context and this object; only the model,
+    optimizer and process group are built anew. On GPUs the copy runs on a side stream as
+    device-to-device copies (about a millisecond for 2 GB on an H200), while the next step's
+    forward and backward run; :meth:`fence` holds the next optimizer step until it is done. The
+    snapshot names nothing on storage and is never a checkpoint: the commit rule alone decides
+    those.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._param_groups: list[dict[str, Any]] = []
+        self._scheduler: Any = None
+        self.data_state: Any = None
+        self._stream: Any = None
+        self._copied: Any = None
+        self._pending: int | None = None
+        self.step: int | None = None  # the step held, once every copy is done
+        self.world: tuple[int, int] | None = None  # (rank, world size) of the processes that took it
+        self.disabled: str | None = None  # why snapshots stopped (no memory for a second copy)
+
+    def take(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+             data_state: Any, *, world: tuple[int, int]) -> None:
+        """Copy the state after ``step``'s optimizer step. A failed allocation turns snapshots
+        off for the run (``disabled`` says why) instead of failing training.
+        """
+        import copy
+
+        live = _live_state(model, optimizer)
+        self.step = self._pending = None  # overwritten from here on
+        try:
+            for key, source in live.items():
+                buffer = self._buffers.get(key)
+                if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype \
+                        or buffer.device != source.device:
+                    self._buffers[key] = torch.empty_like(source, memory_format=torch.contiguous_format)
+        except torch.OutOfMemoryError as exc:
+            self._buffers.clear()
+            self.disabled = f"no memory for a second copy of the training state: {exc}"[:300]
+            return
+        for key in [k for k in self._buffers if k not in live]:
+            del self._buffers[key]
+        on_gpu = [(self._buffers[k], t) for k, t in live.items() if t.is_cuda]
+        if on_gpu:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream()
+            self._stream.wait_stream(torch.cuda.current_stream())  # what the step just computed
+            with torch.cuda.stream(self._stream):
+                _copy(on_gpu, non_blocking=True)
+                self._copied = torch.cuda.Event()
+                self._copied.record(self._stream)
+        _copy([(self._buffers[k], t) for k, t in live.items() if not t.is_cuda])
+        self._param_groups = [{k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
+                              for group in optimizer.param_groups]
+        self._scheduler = copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None
+        self.data_state = copy.deepcopy(data_state)
+        self.world = world
+        self._pending = step
+        self.ready()
+
+    def ready(self) -> int | None:
+        """The step held once its copies are done (never blocks), else None."""
+        if self._copied is not None:
+            if not self._copied.query():
+                return None
+            self._copied = None
+        if self._pending is not None:
+            self.step, self._pending = self._pending, None
+        return self.step
+
+    def fence(self) -> None:
+        """Make the current stream wait (on the GPU) for copies still reading the live tensors:
+        call before the optimizer step overwrites them.
+        """
+        if self._copied is not None:
+            torch.cuda.current_stream().wait_event(self._copied)
+
+    def finite(self) -> bool:
+        """Every floating-point value held is finite (a snapshot taken after a NaN's cause is refused)."""
+        return _all_finite(list(self._buffers.values()))
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> Any:
+        """Copy the held step into a freshly built ``model``/``optimizer``/``scheduler``; returns the
+        data state. Raises :class:`fmt.CheckpointError` (and forgets the snapshot) when the new
+        state does not have exactly the held tensors.
+        """
+        import copy
+
+        state_dict(model, optimizer)  # DCP's get_state_dict creates the optimizer's state, as a load needs
+        live = _live_state(model, optimizer)
+        mismatch = sorted({str(k) for k in live.keys() ^ self._buffers.keys()} |
+                          {str(k) for k in live.keys() & self._buffers.keys()
+                           if live[k].shape != self._buffers[k].shape or live[k].dtype != self._buffers[k].dtype})
+        if mismatch or len(self._param_groups) != len(optimizer.param_groups):
+            self.step = None
+            raise fmt.CheckpointError(
+                f"the memory snapshot does not fit the rebuilt model and optimizer ({', '.join(mismatch[:5])})")
+        with torch.no_grad():
+            _copy([(live[k], self._buffers[k]) for k in live])
+        for group, held in zip(optimizer.param_groups, self._param_groups, strict=True):
+            group.update(copy.deepcopy(held))
+        if scheduler is not None and self._scheduler is not None:
+            scheduler.load_state_dict(copy.deepcopy(self._scheduler))
+        return copy.deepcopy(self.data_state)
+
+
+class Remover:
+    """Deletes pruned checkpoints on threads of their own: freeing a node-local step (1.6 GB in
+    /dev/shm per rank) held the training thread 0.22-0.46 s at every commit on 2 x H200, 15 s of a
+    300 s run. Each path is deleted once, however often it is handed over.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[Path, threading.Thread] = {}
+
+    def __call__(self, path: Path) -> None:
+        import shutil
+
+        with self._lock:
+            if path in self._running:
+                return
+
+            def remove() -> None:
+                shutil.rmtree(path, ignore_errors=True)
+                with self._lock:
+                    self._running.pop(path, None)
+
+            thread = self._running[path] = threading.Thread(target=remove, name="ckpt-prune", daemon=True)
+        thread.start()
+
+    def wait(self, timeout: float = 120.0) -> None:
+        """Until every deletion handed over so far is done (a finished run leaves no trash)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                threads = list(self._running.values())
+            if not threads:
+                return
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            if time.monotonic() >= deadline:
+                return
+
+
 PERSISTENT, LOCAL = "persistent", "local"
 
 
@@ -254,6 +448,8 @@ class Checkpointer:
         emit: Callable[..., Any],
         atomic: Callable[[], AbstractContextManager[Any]] = nullcontext,
         on_wait: Callable[[], None] = lambda: None,
+        remover: Remover | None = None,
+        snapshot: MemorySnapshot | None = None,
     ) -> None:
         self.config = config
         self.rank = rank
@@ -271,17 +467,20 @@ class Checkpointer:
         self._on_wait = on_wait  # keeps heartbeats and progress pings going while waiting
         self._in_flight: _InFlight | None = None
         self._lost: str | None = None  # why this rank's writer lost the shard in flight
+        self.remover = remover or Remover()  # pruned checkpoints are deleted off the training thread
+        self._snapshot = snapshot  # kept across in-process restarts, like the staging buffers
 
     # ------------------------------------------------------------------ restore
 
-    def find_restorable(self, *, staged: bool = False) -> tuple[Path | None, dict[str, Any]]:
+    def find_restorable(self, *, in_memory: bool = False, after_nan: bool = False) -> tuple[Path | None, dict[str, Any]]:
         """(checkpoint to restore, its manifest): the newest committed one every rank can load.
 
-        With ``staged`` (an in-process restart: the same processes, the same world), a newer step
-        that every rank holds fully staged in host memory wins: the state a save in flight was
-        about to make durable. It is restored from memory and its manifest says
-        ``"staged": True`` (path None); nothing on storage changes, so the commit rule still
-        decides what exists as a checkpoint.
+        With ``in_memory`` (an in-process restart: the same processes, the same world), a newer
+        step that every rank holds in memory wins: the memory snapshot (``--memory-snapshot-every``)
+        or a save in flight that every rank has fully staged. Its manifest says ``"memory":
+        "snapshot"`` or ``"staged"`` (path None); nothing on storage changes, so the commit rule
+        still decides what exists as a checkpoint. ``after_nan``: a staged save is not used (it
+        may already hold the cause), a snapshot only when every value in it is finite.
 
         Collective. Checks the model shape before anything is built.
         """
@@ -290,21 +489,41 @@ class Checkpointer:
         if latest is not None:
             manifest = fmt.read_manifest(latest)
             check_compatible(manifest, self.config)
-        if staged:
-            step = self._staged_on_every_rank()
-            if step is not None and step > manifest.get("step", 0):
-                return None, {"step": step, "world_size": self.world_size, "staged": True,
+        if in_memory:
+            staged = self._staging.staged_step if self._staging.ready() and not after_nan else None
+            snapshot = self._snapshot.ready() if self._snapshot is not None else None
+            if snapshot is not None and (self._snapshot.world != (self.rank, self.world_size)
+                                         or (after_nan and not self._snapshot.finite())):
+                snapshot = None
+            staged, snapshot = self._held_on_every_rank(staged, snapshot)
+            base = manifest.get("step", 0)
+            kind, step = max((("snapshot", snapshot), ("staged", staged)), key=lambda c: c[1] or -1)
+            if step is not None and (step > base or (kind == "snapshot" and step == base)):
+                return None, {"step": step, "world_size": self.world_size, "memory": kind, "staged": kind == "staged",
                               "ft_state": manifest.get("ft_state"), "progress": manifest.get("progress")}
         return latest, manifest
 
-    def _staged_on_every_rank(self) -> int | None:
-        """The step every rank holds fully staged (the same one), else None. Collective."""
-        mine = self._staging.staged_step if self._staging.ready() else None
-        value = float(mine if mine is not None else -1)
-        both = torch.tensor([value, -value], dtype=torch.float64, device=_flag_device())
+    def _held_on_every_rank(self, *steps: int | None) -> list[int | None]:
+        """For each step given (None: not held), that step if every rank gave the same one. Collective."""
+        values: list[float] = []
+        for step in steps:
+            value = float(step if step is not None else -1)
+            values += [value, -value]
+        both = torch.tensor(values, dtype=torch.float64, device=_flag_device())
         torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
-        high, low = int(both[0].item()), int(-both[1].item())
-        return high if high == low and high > 0 else None
+        agreed: list[int | None] = []
+        for i in range(len(steps)):
+            high, low = int(both[2 * i].item()), int(-both[2 * i + 1].item())
+            agreed.append(high if high == low and high > 0 else None)
+        return agreed
+
+    def load_memory(self, manifest: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any = None) -> tuple[str, Any]:
+        """Restore what :meth:`find_restorable` found in memory; returns (source, this rank's data state)."""
+        if manifest["memory"] == "snapshot":
+            assert self._snapshot is not None
+            return "memory (snapshot)", self._snapshot.restore(model, optimizer, scheduler)
+        return "memory (staged, not yet committed)", self.load_staged(model, optimizer, scheduler)
 
     def load_staged(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> Any:
         """Restore the step held in the staging buffers (see :meth:`find_restorable`); returns this
@@ -576,7 +795,7 @@ class Checkpointer:
             path = fmt.commit(in_flight.tmp_dir, step=in_flight.step, world_size=self.world_size,
                               manifest_fields=in_flight.manifest_fields,
                               keep_last=2 if local else self.config.checkpoint.keep_last,
-                              ranks=[self.rank] if local else None)
+                              ranks=[self.rank] if local else None, remove=self.remover)
             size = sum(f.stat().st_size for f in path.iterdir())
             if not local:
                 fmt.write_iteration_file(self.config.run_dir, in_flight.step)

@@ -28,6 +28,8 @@ from resilient_training.runtime import nvrx_adapter
 from resilient_training.runtime import task as tk
 from resilient_training.runtime.checkpointing import (
     Checkpointer,
+    MemorySnapshot,
+    Remover,
     StagingBuffers,
     local_tensors,
     state_dict,
@@ -61,6 +63,8 @@ class Trainer:
         self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
         self.writer = nvrx_adapter.AsyncWriter(on_ready=self._writer_ready, on_died=self._writer_died)
         self.staging = StagingBuffers()
+        self.remover = Remover()  # kept across in-process restarts: deletions still running are not repeated
+        self.snapshot = MemorySnapshot()  # the state every --memory-snapshot-every steps, for in-process restarts
         self.faults = flt.parse(config.faults)
         self.task = tk.task_from_config(config)
         self.task_args = tk.effective_args(config)
@@ -121,12 +125,12 @@ class Trainer:
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 atomic=call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext,
-                on_wait=self.guard.progress,
+                on_wait=self.guard.progress, remover=self.remover, snapshot=self.snapshot,
             )
             started = time.time()
             # After an in-process restart a step staged on every rank (a save in flight) is newer
             # than any commit; not after a NaN, whose cause may already be in that state.
-            path, manifest = checkpointer.find_restorable(staged=iteration > 0 and self.last_kind != "nan")
+            path, manifest = checkpointer.find_restorable(in_memory=iteration > 0, after_nan=self.last_kind == "nan")
             laps.lap("find_checkpoint")
             # Weights that a checkpoint will overwrite need no initialisation (launcher restarts).
             model, optimizer, scheduler = self._build(from_storage=path is not None)
@@ -136,6 +140,7 @@ class Trainer:
             self._restore(checkpointer, path, manifest, model, optimizer, scheduler, data, started, laps)
             self._train(model, optimizer, scheduler, data, checkpointer, call_wrapper)
             checkpointer.finish()
+            self.remover.wait()
             checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
             self.completed = True
@@ -194,7 +199,8 @@ class Trainer:
                 raise NonFiniteLoss(f"non-finite loss {global_loss} at step {step}")
             if self.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
-            self.staging.fence()  # a save's copies may still be reading these tensors
+            self.staging.fence()  # a save's (and a snapshot's) copies may still be reading these tensors
+            self.snapshot.fence()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if scheduler is not None:
@@ -214,12 +220,25 @@ class Trainer:
                 self.guard.observe("load", checkpointer.in_flight_seconds() or 0.0)
             with self.guard.phase("commit") if committing else contextlib.nullcontext():
                 checkpointer.maybe_commit(done_count)
-            if checkpointer.tier_for(step):
+            saving = bool(checkpointer.tier_for(step))
+            if saving:
                 self._save(step, model, optimizer, scheduler, data, checkpointer)
+            if self._snapshot_due(step, staged=saving and not checkpointer.will_defer(step)):
+                self.snapshot.take(step, model, optimizer, scheduler, data.state_dict(),
+                                   world=(self.rank, self.world_size))
+                if self.snapshot.disabled:
+                    self.events.emit("memory_snapshot_off", step, reason=self.snapshot.disabled)
             if step == calibrate_at:
                 with self.guard.phase("calibrate"):
                     timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor()) or {}
                 self.events.emit("calibrated", step, timeouts={**timeouts, "progress": self.guard.calibrated()})
+
+    def _snapshot_due(self, step: int, *, staged: bool) -> bool:
+        """A memory snapshot at ``step``: every ``memory_every`` steps, unless a save staged this
+        very step (restorable from memory already) or snapshots were turned off for lack of memory.
+        """
+        every = self.config.checkpoint.memory_every
+        return bool(every) and step % every == 0 and not staged and self.snapshot.disabled is None
 
     def _next_batch(self, data: Any, batches: Any) -> tuple[Any, Any]:
         """The next batch on this device; a new epoch (``iter`` again) when the data runs out."""
@@ -466,10 +485,9 @@ class Trainer:
         # One phase up to the agreement below: a rank that restores from memory waits there for
         # a peer still reading storage (seen on 2 GPUs: taken for a hang at the step allowance).
         outer = self.guard.begin_phase("load")
-        if manifest.get("staged"):
-            data_state = checkpointer.load_staged(model, optimizer, scheduler)
+        if manifest.get("memory"):
+            source, data_state = checkpointer.load_memory(manifest, model, optimizer, scheduler)
             tk.call(data, "load_state_dict", data_state)
-            source = "memory (staged, not yet committed)"
         elif path is not None:
             if any(f.type in flt.LOAD_FAULTS for f in self.faults):
                 self.injector.hang_in_restore(flt.reached_step(ev.read_events(self.config.run_dir), self.rank), step)
@@ -486,7 +504,7 @@ class Trainer:
         if manifest.get("ft_state"):
             self.heartbeats.load_state_dict(manifest["ft_state"])
         laps.lap("agree_step")
-        where = str(path) if path else ("memory" if manifest.get("staged") else None)
+        where = str(path) if path else ("memory" if manifest.get("memory") else None)
         self.events.emit("load_done", step, path=where, source=source,
                          seconds=time.time() - started, phases=laps.phases)
         self.guard.progress()
