@@ -152,15 +152,21 @@ case $suite in
     run spare_on --steps 200 --checkpoint-every 100 --local-checkpoint-every 20 --no-inprocess --warm-spare \
         --faults "sigkill@150:0"
     ;;
-  matrix-1b)  # every fault type on the ~1.3B model (run with MODEL_SIZE=1b)
+  matrix-1b)  # the in-process and launcher rows on the ~1.3B model (run with MODEL_SIZE=1b)
     # One GPU holds all 16 GB of a save (weights + AdamW): no node-local tier in /dev/shm then.
     local=(); [ "$nproc" -gt 1 ] && local=(--local-checkpoint-every 20)
-    run matrix_1b --steps "${FM_STEPS:-280}" --checkpoint-every 40 "${local[@]}" --warm-spare --memory-snapshot-every 5 \
-        --faults "exception@50:0,sigkill@90:$r1,hang@130:$r1,oom@170:$r1,nan@190:0,writer-kill@210:0,ckpt-kill@250:$r1"
+    run matrix_1b --steps "${FM_STEPS:-220}" --checkpoint-every 40 "${local[@]}" --warm-spare --memory-snapshot-every 5 \
+        --faults "exception@50:0,sigkill@90:$r1,hang@130:$r1,oom@160:$r1,nan@190:0"
     ;;
   verify)  # the writer layer, a hang inside a save and a plain hang, after this round's fixes (short)
-    run verify --steps 200 --checkpoint-every 50 --local-checkpoint-every 25 \
-        --faults "writer-kill@100:0,ckpt-hang@150:$r1,hang@170:$r1"
+    # Spaced so that each is over before the next: a writer-kill tears the file only once the
+    # shard is written (3.2 GB: ~5 s on one GPU).
+    run verify --steps 260 --checkpoint-every 50 --local-checkpoint-every 25 \
+        --faults "writer-kill@100:0,ckpt-hang@170:$r1,hang@230:$r1"
+    ;;
+  call5)  # one device call: the 1.3B rows, then the verify run
+    MODEL_SIZE=1b "$0" matrix-1b "$out"
+    "$0" verify "$out"
     ;;
   call1)  # one device call: the spare pair, the fault matrix with spares, the 1.3B rows
     "$0" spare "$out"
