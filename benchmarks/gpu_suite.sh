@@ -153,8 +153,9 @@ case $suite in
         --faults "sigkill@150:0"
     ;;
   matrix-1b)  # the in-process and launcher rows on the ~1.3B model (run with MODEL_SIZE=1b)
-    # One GPU holds all 16 GB of a save (weights + AdamW): no node-local tier in /dev/shm then.
-    local=(); [ "$nproc" -gt 1 ] && local=(--local-checkpoint-every 20)
+    # One GPU holds all 16 GB of a save (weights + AdamW): no node-local tier in /dev/shm then, and
+    # one checkpoint kept (3 kept + the one in flight filled the 64 GB disk: 2026-11-30, call5).
+    local=(--keep-last 1); [ "$nproc" -gt 1 ] && local=(--local-checkpoint-every 20)
     run matrix_1b --steps "${FM_STEPS:-220}" --checkpoint-every 40 "${local[@]}" --warm-spare --memory-snapshot-every 5 \
         --faults "exception@50:0,sigkill@90:$r1,hang@130:$r1,oom@160:$r1,nan@190:0"
     ;;
@@ -162,7 +163,7 @@ case $suite in
     # Spaced so that each is over before the next: a writer-kill tears the file only once the
     # shard is written (3.2 GB: ~5 s on one GPU).
     run verify --steps 260 --checkpoint-every 50 --local-checkpoint-every 25 \
-        --faults "writer-kill@100:0,ckpt-hang@170:$r1,hang@230:$r1"
+        --faults "writer-kill@100:0,ckpt-hang@200:$r1,hang@240:$r1"
     ;;
   call5)  # one device call: the 1.3B rows, then the verify run
     MODEL_SIZE=1b "$0" matrix-1b "$out"

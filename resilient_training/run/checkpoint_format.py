@@ -74,6 +74,11 @@ def sidecar_name(rank: int) -> str:
     return f"rank_{rank}.json"
 
 
+def error_name(rank: int) -> str:
+    """Why rank ``rank``'s write failed (one line), left in the temporary directory by its writer."""
+    return f"rank_{rank}.error"
+
+
 def step_dirname(step: int) -> str:
     return f"step_{step}"
 

@@ -41,8 +41,16 @@ from resilient_training.runtime.nvrx_adapter import CheckpointWriterDied
 
 
 def write_rank_job(tmp_dir: str, rank: int, job: dict[str, Any], torn_write: bool) -> None:
-    """Runs in the background writer process (module-level so it pickles)."""
-    fmt.write_rank(tmp_dir, rank, job, torn_write=torn_write)
+    """Runs in the background writer process (module-level so it pickles). A failed write leaves
+    its reason beside the shard (the process then dies, and only its exit code reaches the trainer).
+    """
+    try:
+        fmt.write_rank(tmp_dir, rank, job, torn_write=torn_write)
+    except BaseException as exc:
+        cause = exc.__context__ if isinstance(exc, RuntimeError) and isinstance(exc.__context__, OSError) else exc
+        with contextlib.suppress(OSError):
+            (Path(tmp_dir) / fmt.error_name(rank)).write_text(f"{type(cause).__name__}: {cause}"[:300])
+        raise
 
 
 def warm_up_writer() -> None:
@@ -262,6 +270,7 @@ class MemorySnapshot:
         self.step: int | None = None  # the step held, once every copy is done
         self.world: tuple[int, int] | None = None  # (rank, world size) of the processes that took it
         self.disabled: str | None = None  # why snapshots stopped (no memory for a second copy)
+        self._plan: tuple[Any, ...] | None = None  # see _plan_for
 
     def take(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
              data_state: Any, *, world: tuple[int, int]) -> None:
@@ -270,21 +279,14 @@ class MemorySnapshot:
         """
         import copy
 
-        live = _live_state(model, optimizer)
         self.step = self._pending = None  # overwritten from here on
         try:
-            for key, source in live.items():
-                buffer = self._buffers.get(key)
-                if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype \
-                        or buffer.device != source.device:
-                    self._buffers[key] = torch.empty_like(source, memory_format=torch.contiguous_format)
+            on_gpu, on_host = self._plan_for(model, optimizer)
         except torch.OutOfMemoryError as exc:
             self._buffers.clear()
+            self._plan = None
             self.disabled = f"no memory for a second copy of the training state: {exc}"[:300]
             return
-        for key in [k for k in self._buffers if k not in live]:
-            del self._buffers[key]
-        on_gpu = [(self._buffers[k], t) for k, t in live.items() if t.is_cuda]
         if on_gpu:
             if self._stream is None:
                 self._stream = torch.cuda.Stream()
@@ -293,7 +295,7 @@ class MemorySnapshot:
                 _copy(on_gpu, non_blocking=True)
                 self._copied = torch.cuda.Event()
                 self._copied.record(self._stream)
-        _copy([(self._buffers[k], t) for k, t in live.items() if not t.is_cuda])
+        _copy(on_host)
         self._param_groups = [{k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
                               for group in optimizer.param_groups]
         self._scheduler = copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None
@@ -301,6 +303,40 @@ class MemorySnapshot:
         self.world = world
         self._pending = step
         self.ready()
+
+    def _plan_for(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[_Pairs, _Pairs]:
+        """(device pairs, host pairs) of (buffer, live tensor) for these model and optimizer.
+
+        Finding the live tensors (``state_dict`` of both, ``to_local`` of each) cost ~8 ms a
+        snapshot on the GPU machine's host; they are found again only when the tensors are not
+        the same objects on the same storage as last time: torch.optim and FSDP2 update them in
+        place. The plan keeps the objects it was made from alive, so an ``id`` that matches is
+        the same object, never a new one at a reused address.
+        """
+        params = [*model.parameters(), *model.buffers()]
+        state = [t for entry in optimizer.state.values() for t in entry.values() if isinstance(t, torch.Tensor)]
+        identity = (id(model), id(optimizer), tuple(map(id, params)), tuple(map(id, state)),
+                    tuple(getattr(p, "_local_tensor", p).data_ptr() for p in params))
+        if self._plan is not None and self._plan[0] == identity:
+            return self._plan[2], self._plan[3]
+        live = _live_state(model, optimizer)
+        for key, source in live.items():
+            buffer = self._buffers.get(key)
+            if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype \
+                    or buffer.device != source.device:
+                self._buffers[key] = torch.empty_like(source, memory_format=torch.contiguous_format)
+        for key in [k for k in self._buffers if k not in live]:
+            del self._buffers[key]
+        on_gpu = [(self._buffers[k], t) for k, t in live.items() if t.is_cuda]
+        on_host = [(self._buffers[k], t) for k, t in live.items() if not t.is_cuda]
+        self._plan = (identity, (params, state), on_gpu, on_host)
+        return on_gpu, on_host
+
+    def release(self) -> None:
+        """Let go of the live tensors of a model and optimizer that are gone (an in-process restart
+        built new ones); the copy itself is kept.
+        """
+        self._plan = None
 
     def ready(self) -> int | None:
         """The step held once its copies are done (never blocks), else None."""
@@ -330,6 +366,7 @@ class MemorySnapshot:
         """
         import copy
 
+        self._plan = None
         state_dict(model, optimizer)  # DCP's get_state_dict creates the optimizer's state, as a load needs
         live = _live_state(model, optimizer)
         mismatch = sorted({str(k) for k in live.keys() ^ self._buffers.keys()} |
@@ -423,6 +460,7 @@ class _InFlight:
     on_submit: Callable[[], None] | None = None
     retry_job: tuple[Any, ...] | None = None  # the final step's arguments, to write it again if abandoned
     abandoned: bool = False  # every rank agreed: never committed; cleared once every writer is idle
+    reason: str = ""  # why it was abandoned
 
 
 class Checkpointer:
@@ -480,7 +518,8 @@ class Checkpointer:
         or a save in flight that every rank has fully staged. Its manifest says ``"memory":
         "snapshot"`` or ``"staged"`` (path None); nothing on storage changes, so the commit rule
         still decides what exists as a checkpoint. ``after_nan``: a staged save is not used (it
-        may already hold the cause), a snapshot only when every value in it is finite.
+        may already hold the cause), a snapshot only when every value in it is finite. The final
+        step is never restored from memory (its save is what failed, most likely).
 
         Collective. Checks the model shape before anything is built.
         """
@@ -495,6 +534,8 @@ class Checkpointer:
             if snapshot is not None and (self._snapshot.world != (self.rank, self.world_size)
                                          or (after_nan and not self._snapshot.finite())):
                 snapshot = None
+            # Never the final step from memory: its checkpoint must then be written again, by replaying to it.
+            staged, snapshot = (None if s is not None and s >= self.config.steps else s for s in (staged, snapshot))
             staged, snapshot = self._held_on_every_rank(staged, snapshot)
             base = manifest.get("step", 0)
             kind, step = max((("snapshot", snapshot), ("staged", staged)), key=lambda c: c[1] or -1)
@@ -722,6 +763,8 @@ class Checkpointer:
                 durable = self._writer.poll()
             except CheckpointWriterDied as exc:  # the rank's shard went with it
                 durable, lost = True, str(exc)
+                with contextlib.suppress(OSError):  # what the write itself failed with, if it said
+                    lost += f": {(in_flight.tmp_dir / fmt.error_name(self.rank)).read_text().strip()}"
         if self._writer.death is not None:
             self._writer.replace()
         if in_flight is None:
@@ -758,7 +801,7 @@ class Checkpointer:
         if done_count < 0 and not in_flight.abandoned:
             in_flight.abandoned = True
             reason = f"writer died on this rank ({self._lost})" if self._lost else "a peer's checkpoint writer died"
-            self._lost = None
+            in_flight.reason, self._lost = reason, None
             self._emit("ckpt_abandoned", in_flight.step, reason=reason[:300], tier=in_flight.tier)
         elif round(done_count) == self.world_size:
             if in_flight.abandoned:
@@ -772,6 +815,11 @@ class Checkpointer:
         """
         in_flight = self._in_flight
         assert in_flight is not None
+        if in_flight.step == self.config.steps and in_flight.retry_job is None:
+            # Written twice, lost twice: a run must not end "completed" without its final checkpoint.
+            self._in_flight = None
+            raise fmt.CheckpointError(f"the checkpoint of the final step {in_flight.step} could not be written "
+                                      f"(twice): {in_flight.reason or 'its writer died'}")
         if in_flight.retry_job is not None:  # the final step must be saved: its shard is still staged
             in_flight.abandoned, in_flight.job, in_flight.retry_job = False, in_flight.retry_job, None
             in_flight.on_submit = None

@@ -103,6 +103,7 @@ class Trainer:
         laps = _Laps()  # where the time to the first step goes, logged with load_done
         self._call_wrapper = call_wrapper
         self._save_phase = None
+        self.snapshot.release()  # the last iteration's model and optimizer are gone
         self.guard.arm(ping=call_wrapper.ping if call_wrapper is not None else None, on_expire=self._on_hang)
         start_phase = self.guard.begin_phase("start")
         try:
