@@ -162,7 +162,7 @@ case $suite in
   verify)  # the writer layer, a hang inside a save and a plain hang, after this round's fixes (short)
     # Spaced so that each is over before the next: a writer-kill tears the file only once the
     # shard is written (3.2 GB: ~5 s on one GPU).
-    run verify --steps 260 --checkpoint-every 50 --local-checkpoint-every 25 \
+    run verify --steps 260 --checkpoint-every 50 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --faults "writer-kill@100:0,ckpt-hang@200:$r1,hang@240:$r1"
     ;;
   call5)  # one device call: the 1.3B rows, then the verify run
