@@ -128,6 +128,35 @@ def test_a_writer_killed_mid_write_loses_that_write_and_says_so(tmp_path: Path) 
         writer.abandon()
 
 
+def test_a_dead_writer_is_dropped_without_a_collective(tmp_path: Path, monkeypatch) -> None:
+    """NVRx's queue finalizes what it still lists with an all-reduce when it is closed, and NVRx
+    0.7 closes a dropped queue in ``__del__``, on whichever thread collects it: one rank alone
+    issuing that all-reduce hung both ranks on 2 GPUs after every writer death. A dead writer's
+    queue must be left with nothing to finalize (closed here as 0.7's ``__del__`` would).
+    """
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import PersistentAsyncCaller
+
+    collectives = []  # NVRx's one collective (on a CUDA tensor: on this machine it could only raise)
+    monkeypatch.setattr(PersistentAsyncCaller, "sync_all_async_calls",
+                        lambda self, is_alive: collectives.append(threading.current_thread().name) or True)
+    seen = Recorder()
+    writer = AsyncWriter(on_died=seen.on_died)
+    writer.warm_up()
+    writer.submit(sleep_then_write, (str(tmp_path / "d"), 30.0))
+    dead_queue = writer._writer.queue
+    os.kill(writer.pid, signal.SIGKILL)
+    assert seen.died.wait(5.0)
+    with pytest.raises(CheckpointWriterDied):
+        writer.poll()
+    writer.replace()  # the dead one is retired on a thread of its own, a new one starts
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "ckpt-writer-retire"])
+    try:
+        dead_queue.close()
+    finally:  # before anything else it raises: 0.4.1 finalizes on a CUDA device
+        assert collectives == []
+    writer.abandon()
+
+
 def test_a_writer_that_keeps_dying_is_given_up_on(tmp_path: Path) -> None:
     seen = Recorder()
     writer = AsyncWriter(on_died=seen.on_died, max_deaths=2)

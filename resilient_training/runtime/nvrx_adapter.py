@@ -563,6 +563,7 @@ class _WriterProcess:
         caller = getattr(self.queue, "persistent_caller", None)
         process = getattr(caller, "process", None)
         if process is None:
+            _forget_calls(self.queue)
             return
         if not kill and self.death is None and process.is_alive():
             self.queue.close()  # NVRx: sends DONE, waits for the queue and the process
@@ -571,6 +572,22 @@ class _WriterProcess:
             process.kill()
         process.join(timeout=5)
         caller.process = None  # its __del__ would otherwise wait on queue.join() forever
+        _forget_calls(self.queue)
+
+
+def _forget_calls(queue: Any) -> None:
+    """Disarm a dropped NVRx queue. Its ``close()``, which its ``__del__`` runs on whatever thread
+    collects it, finalizes the calls still listed with an all-reduce on the default process
+    group: issued by one rank alone, from a background thread, that all-reduce pairs with a
+    peer's training collective and both ranks hang (2 x H200: the stall after each writer death,
+    which the progress guard then took for a hang). A dead writer's calls are lost anyway.
+    """
+    if queue is None:
+        return
+    calls = getattr(queue, "async_calls", None)
+    if calls is not None:
+        calls.clear()
+    queue.persistent_caller = None
 
 
 class AsyncWriter:
