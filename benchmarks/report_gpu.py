@@ -28,8 +28,12 @@ def restart_profiles(run_dir: Path) -> list[dict[str, object]]:
     """
     every = metrics.load_events(run_dir)
     events = [e for e in every if e.rank == 0]
+    # A fault that restarted nothing (the writer layer replaced a writer) has no restart to profile.
+    layers = {f.get("fault"): f.get("layer") for f in metrics.compute_metrics(run_dir)["faults"]}
     rows = []
     for fault in (e for e in every if e.event == "fault_injected"):
+        if layers.get(fault.get("fault")) in metrics.NON_STOPPING:
+            continue
         later = [e for e in events if e.ts > fault.ts]
         load = next((e for e in later if e.event == "load_done"), None)
         if load is None:

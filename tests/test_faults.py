@@ -31,6 +31,7 @@ def test_malformed_specs_are_rejected_with_the_reason(spec, message):
         ("sigkill@3:2", {}, "rank 2 does not exist"),
         ("sigkill@50:0", {}, "after the last step"),
         ("ckpt-kill@7:0", {}, "saves no checkpoint"),
+        ("ckpt-hang@7:0", {"local_checkpoint_every": 2}, r"saves no checkpoint \(every 5, node-local every 2\)"),
         ("writer-kill@10:0", {"async_checkpoint": False}, "needs async checkpointing"),
     ],
 )
@@ -38,6 +39,16 @@ def test_schedules_that_cannot_act_are_rejected(spec, kwargs, message):
     args = {"world_size": 2, "steps": 40, "async_checkpoint": True, "checkpoint_every": 5, **kwargs}
     with pytest.raises(flt.FaultSpecError, match=message):
         flt.validate(flt.parse(spec), **args)
+
+
+def test_a_checkpoint_fault_may_strike_a_node_local_save():
+    """A node-local save is a save: rejecting ckpt-hang@175 with saves every 50 and node-local
+    every 25 was a wrong "no" (found writing the GPU suite's schedule).
+    """
+    args = {"world_size": 2, "steps": 260, "async_checkpoint": True, "checkpoint_every": 50}
+    flt.validate(flt.parse("ckpt-hang@175:1,ckpt-kill@200:0"), **args, local_checkpoint_every=25)
+    with pytest.raises(flt.FaultSpecError, match="step 175 saves no checkpoint"):
+        flt.validate(flt.parse("ckpt-hang@175:1"), **args)
 
 
 def test_yaml_schedule_with_seeded_random_faults_is_deterministic(tmp_path):

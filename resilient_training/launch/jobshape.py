@@ -211,7 +211,8 @@ def _check_faults(spec: JobSpec) -> None:
     try:
         schedule = faults.parse(text)
         faults.validate(schedule, world_size=spec.nodes * spec.nproc_per_node, steps=spec.train.steps,
-                        async_checkpoint=spec.train.checkpoint.async_save, checkpoint_every=spec.train.checkpoint.every)
+                        async_checkpoint=spec.train.checkpoint.async_save, checkpoint_every=spec.train.checkpoint.every,
+                        local_checkpoint_every=spec.train.checkpoint.local_every)
     except faults.FaultSpecError as exc:
         raise ValueError(f"faults: {exc}") from None
 

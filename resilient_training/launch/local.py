@@ -52,7 +52,7 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
         schedule = flt.parse(config.faults)
         flt.validate(schedule, world_size=world_size, steps=config.steps,
                      async_checkpoint=config.checkpoint.async_save, checkpoint_every=config.checkpoint.every,
-                     nodes=nodes)
+                     nodes=nodes, local_checkpoint_every=config.checkpoint.local_every)
     except flt.FaultSpecError as exc:
         raise LaunchError(str(exc)) from None
     if config.restart.min_world_size > world_size:

@@ -198,8 +198,11 @@ def _random_faults(rand: Any, seed: Any, faults: list[Fault], path: Path) -> lis
 
 
 def validate(faults: list[Fault], *, world_size: int, steps: int, async_checkpoint: bool,
-             checkpoint_every: int, nodes: int = 0) -> None:
+             checkpoint_every: int, nodes: int = 0, local_checkpoint_every: int = 0) -> None:
     """Reject schedules that cannot act as written, before anything starts.
+
+    A checkpoint fault needs a save at its step: persistent (``checkpoint_every``), node-local
+    (``local_checkpoint_every``, 0 = none) or the final step's.
 
     ``nodes`` is the simulated cluster's node count; 0 means no simulated cluster (the
     single-agent launcher), where node faults cannot act.
@@ -216,10 +219,13 @@ def validate(faults: list[Fault], *, world_size: int, steps: int, async_checkpoi
             raise FaultSpecError(f"fault {fault}: rank {fault.rank} does not exist (world size {world_size})")
         if fault.step > steps:
             raise FaultSpecError(f"fault {fault}: step {fault.step} is after the last step ({steps})")
-        if fault.type in CHECKPOINT_FAULTS and fault.step % checkpoint_every != 0 and fault.step != steps:
+        saves = fault.step % checkpoint_every == 0 or fault.step == steps or (
+            local_checkpoint_every > 0 and fault.step % local_checkpoint_every == 0)
+        if fault.type in CHECKPOINT_FAULTS and not saves:
+            local = f", node-local every {local_checkpoint_every}" if local_checkpoint_every else ""
             raise FaultSpecError(
                 f"fault {fault}: {fault.type} acts during a checkpoint write, but step {fault.step} "
-                f"saves no checkpoint (every {checkpoint_every})"
+                f"saves no checkpoint (every {checkpoint_every}{local})"
             )
         if fault.type in LOAD_FAULTS and fault.step == 0:
             raise FaultSpecError(f"fault {fault}: {fault.type} acts in a restore after step {fault.step}; use a step >= 1")
