@@ -15,6 +15,14 @@ from tests.support.runs import FAST, check_recovered, train
 
 pytestmark = pytest.mark.slow
 
+
+@pytest.fixture(scope="module")
+def clean_fast(tmp_path_factory):
+    """The FAST run without faults: the losses a recovered run must reproduce, step for step."""
+    run = train(tmp_path_factory.mktemp("clean") / "run", *FAST)
+    assert run.returncode == 0, run.output[-3000:]
+    return {e.step: e["loss"] for e in run.events if e.event == "step" and e.rank == 0}
+
 # Collectives that wait longer than ft_launcher's calibrated heartbeat timeout, so that a hang
 # is caught by the heartbeat monitor rather than by a peer's collective timeout.
 SLOW_COLLECTIVES = ["--pg-timeout", "30", "--soft-timeout", "31", "--hard-timeout", "32", "--heartbeat-timeout", "35"]
@@ -92,7 +100,7 @@ def _step_before(events, event):
     return max(e.step for e in events if e.event == "step" and e.rank == event.rank and e.ts < event.ts)
 
 
-def test_a_killed_writer_is_replaced_without_restarting_the_ranks(tmp_path):
+def test_a_killed_writer_is_replaced_without_restarting_the_ranks(tmp_path, clean_fast):
     from resilient_training.gates.metrics import compute_metrics
 
     run = train(tmp_path / "run", *FAST, "--faults", "writer-kill@8:0")
@@ -127,11 +135,8 @@ def test_a_killed_writer_is_replaced_without_restarting_the_ranks(tmp_path):
     # Training went straight through, with the losses of a run without the fault.
     steps = [(e.step, e["loss"]) for e in events if e.event == "step" and e.rank == 0]
     assert [s for s, _ in steps] == list(range(1, 17))
-    clean = train(tmp_path / "clean", *FAST)
-    assert clean.returncode == 0, clean.output[-3000:]
-    reference = [(e.step, e["loss"]) for e in clean.events if e.event == "step" and e.rank == 0]
-    assert [s for s, _ in reference] == list(range(1, 17))
-    assert [loss for _, loss in steps] == pytest.approx([loss for _, loss in reference], rel=1e-6)
+    assert sorted(clean_fast) == list(range(1, 17))
+    assert [loss for _, loss in steps] == pytest.approx([clean_fast[s] for s, _ in steps], rel=1e-6)
     # One fault, recovered by the writer layer, with its injection as the root cause.
     (fault,) = compute_metrics(run.run_dir)["faults"]
     assert fault["layer"] == "writer" and fault["recovered"]
@@ -161,30 +166,22 @@ def test_a_writer_that_keeps_dying_escalates_to_an_inprocess_restart(tmp_path):
     assert fmt.read_manifest(fmt.read_latest(root))["step"] == 60
 
 
-def test_a_memory_snapshot_leaves_only_steps_since_it_to_replay(tmp_path):
+def test_a_memory_snapshot_leaves_only_steps_since_it_to_replay(tmp_path, clean_fast):
     """--memory-snapshot-every 3: an exception and a NaN each resume in-process from the newest
     snapshot, newer than any save (after the NaN only because every value in it is finite),
     and the run's losses are those of a run without faults, step for step.
     """
-    args = ["--nproc", "2", "--steps", "24", "--checkpoint-every", "10"]
-    run = train(tmp_path / "run", *args, "--memory-snapshot-every", "3", "--faults", "exception@14:0,nan@23:1")
+    run = train(tmp_path / "run", *FAST, "--memory-snapshot-every", "3", "--faults", "exception@11:0,nan@16:1")
     assert run.returncode == 0, run.output[-3000:]
     events = run.events
     loads = [e for e in events if e.event == "load_done" and e.iteration > 0]
     assert sorted((e.rank, e.step, e["source"]) for e in loads) == [
-        (0, 12, "memory (snapshot)"), (0, 21, "memory (snapshot)"),
-        (1, 12, "memory (snapshot)"), (1, 21, "memory (snapshot)")]
-    clean = train(tmp_path / "clean", *args)
-    assert clean.returncode == 0, clean.output[-3000:]
-
-    def losses(events, after):
-        return {e.step: e["loss"] for e in events if e.event == "step" and e.rank == 0 and e.ts > after}
-
-    reference = losses(clean.events, 0)
+        (0, 9, "memory (snapshot)"), (0, 15, "memory (snapshot)"),
+        (1, 9, "memory (snapshot)"), (1, 15, "memory (snapshot)")]
     for load in (e for e in loads if e.rank == 0):
-        replayed = losses(events, load.ts)
+        replayed = {e.step: e["loss"] for e in events if e.event == "step" and e.rank == 0 and e.ts > load.ts}
         assert min(replayed) == load.step + 1
-        assert replayed == pytest.approx({s: reference[s] for s in replayed}, rel=1e-6)
+        assert replayed == pytest.approx({s: clean_fast[s] for s in replayed}, rel=1e-6)
 
 
 def test_mixed_schedule_of_three_faults(tmp_path):

@@ -121,16 +121,24 @@ def test_a_user_task_trains_through_faults_validates_and_resumes_at_another_worl
     assert report.valid, [str(f) for f in report.all_findings]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 3])
-def test_the_built_in_task_resumes_at_another_world_size_at_the_same_global_sample(tmp_path, world):
-    from resilient_training.gates.validate import validate
-
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    """8 steps on 2 ranks (read-only; each test resumes a copy): (run directory, rank 0's losses)."""
+    run_dir = tmp_path_factory.mktemp("two-ranks") / "run"
     first = train(run_dir, "--nproc", "2", "--steps", "8", "--checkpoint-every", "4", "--no-async-checkpoint")
     assert first.returncode == 0, first.output[-3000:]
     assert _last_manifest(run_dir)["data_state"]["0"]["state"] == {"position": 8 * 2 * 8}  # steps x ranks x batch
-    losses_before = {e.step: e["loss"] for e in first.events if e.event == "step" and e.rank == 0}
+    return run_dir, {e.step: e["loss"] for e in first.events if e.event == "step" and e.rank == 0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 3])
+def test_the_built_in_task_resumes_at_another_world_size_at_the_same_global_sample(tmp_path, world, two_rank_run):
+    from resilient_training.gates.validate import validate
+    from tests.support.gates import copy_run
+
+    run_dir = copy_run(two_rank_run[0], tmp_path / "run")
+    losses_before = two_rank_run[1]
     resumed = train(run_dir, "--nproc", str(world), "--steps", "12", "--checkpoint-every", "4",
                     "--no-async-checkpoint")
     assert resumed.returncode == 0, resumed.output[-3000:]
