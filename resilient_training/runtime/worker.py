@@ -156,23 +156,5 @@ def _do_not_restart(events: ev.EventLog, heartbeats: nvrx_adapter.Heartbeats, ra
     return nvrx_adapter.EXIT_DO_NOT_RESTART
 
 
-def exit_now(code: int) -> None:
-    """End the process as the interpreter would once ``main`` returned (other threads joined,
-    exit handlers run, streams flushed), without finalizing the interpreter: tearing torch's
-    modules down took ~0.8 s after every finished worker on the CPU machine, and its agent
-    saw the worker alive all that time.
-    """
-    import atexit
-    import threading
-
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    exit_now(main())
+    sys.exit(main())
