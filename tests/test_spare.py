@@ -263,3 +263,8 @@ def test_a_killed_rank_restarts_from_warm_spares_and_nothing_outlives_the_run(tm
     key = stub.pool_key(str(run.run_dir), starts[0]["agent"])
     assert wait_until(lambda: not processes_mentioning(key, str(run.run_dir)), 5), \
         processes_mentioning(key, str(run.run_dir))
+    # Nor does a checkpoint writer: the killed rank's lost its worker to the SIGKILL (under
+    # torchrun nothing else stopped it, found alive long after the suite ended).
+    writers = [e["pid"] for e in run.events if e.event in ("writer_ready", "writer_restarted") and e.get("pid")]
+    assert len(writers) >= 4  # both ranks' before and after the restart
+    assert wait_until(lambda: not [pid for pid in writers if alive(pid)], 5), [pid for pid in writers if alive(pid)]

@@ -168,6 +168,22 @@ def test_a_worker_that_cannot_import_the_task_asks_not_to_be_restarted(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_half_imported_module_hands_over_to_the_launcher_instead_of_retrying_in_process(tmp_path):
+    """Seen in CI: an in-process restart interrupted torch's lazy import of dynamo; the module it
+    left half-initialized failed all eight in-process retries and the job. A new process works.
+    """
+    run = train(tmp_path / "run", "--nproc", "1", "--steps", "4", "--checkpoint-every", "2",
+                "--task", f"{USER_TASK}:half_imported_once")
+    assert run.returncode == 0, run.output[-3000:]
+    failures = [e for e in run.events if e.event == "failure_detected"]
+    assert [(e.attempt, e["cause"]) for e in failures] == [(0, "interrupted_import")]
+    assert not [e for e in run.events if e.event == "restart_begin" and e.get("layer") == "inprocess"]
+    assert [e.attempt for e in run.events if e.event == "restart_done" and e.get("layer") == "launcher"] == [1]
+    end = next(e for e in run.events if e.event == "end" and e.attempt == 0)
+    assert end["status"] == "failed" and "handing over to the launcher" in end["reason"]
+
+
+@pytest.mark.slow
 def test_a_task_file_named_relative_to_the_current_directory_reaches_the_workers(tmp_path):
     import json
     import shutil

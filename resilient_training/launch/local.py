@@ -139,11 +139,15 @@ def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Pat
         done = [e for e in events if e.event == "end" and e.get("status") == "completed"]
         return f"completed: reached step {steps}" if done else "launcher exited 0 without a completed worker"
     ends = [e for e in events if e.event == "end" and e.get("status") == "failed"]
-    # The root cause is the failure a rank had itself, not a peer noticing it.
+    # The root cause is the failure a rank had itself, not a peer noticing it: the first one of
+    # the last restart round. A peer held in a collective by the failed rank fails after it, and
+    # not always with a peer's cause (its progress allowance may run out first: "hang").
     failures = [e for e in events if e.event == "failure_detected" and e.get("cause") not in SECONDARY_CAUSES]
     root = ""
     if failures:
-        last = failures[-1]
+        final = failures[-1]
+        last = min((e for e in failures if (e.attempt, e.iteration) == (final.attempt, final.iteration)),
+                   key=lambda e: e.ts)
         root = f"last failure on rank {last.rank} at step {last.step}: {last['cause']} ({last.get('message', '')})"
     gave_up = [e for e in ends if "gave up" in e.get("reason", "")]
     if gave_up:

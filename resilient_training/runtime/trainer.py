@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import math
 import os
+import sys
 import time
 import uuid
 from typing import Any
@@ -517,6 +518,16 @@ class Trainer:
         cause = self.last_kind = self.classify(exc)
         self.last_cause = f"{cause}: {exc}" if str(exc) else cause
         self.events.emit("failure_detected", step or None, cause=cause, message=f"{type(exc).__name__}: {exc}"[:500])
+        if cause == "interrupted_import" and self.config.restart.inprocess:
+            # This process cannot train again: every later iteration finds the same half-imported
+            # module. A new one can, so hand over to the launcher (as a killed rank would); the
+            # checkpoint writer follows its worker (warm_up_writer), and peers see a lost rank.
+            reason = ("a module import was interrupted (an in-process restart during a lazy import?) and left "
+                      "half-initialized; this process cannot be reused: handing over to the launcher")
+            self.events.emit("end", step or None, status="failed", reason=f"{reason} ({exc})"[:500])
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
         if self.config.restart.inprocess:
             # Keep ft_launcher's heartbeat monitor satisfied while the in-process layer restarts;
             # a restart that overruns this is caught by ft_launcher.
@@ -551,6 +562,8 @@ class Trainer:
             self.events.emit("writer_ready", self.step or None, seconds=round(seconds, 3), pid=pid)
 
     def classify(self, exc: BaseException) -> str:
+        if half_imported(exc):
+            return "interrupted_import"
         if (self.injector is not None and self.injector.hanging) or self.guard.expiry is not None:
             return "hang"
         if isinstance(exc, flt.InjectedFault):
@@ -581,6 +594,20 @@ class Trainer:
             else:
                 self.writer.abandon()
         self.heartbeats.close()
+
+
+def half_imported(exc: BaseException) -> bool:
+    """An exception (or one it came from) that says a module was left half-initialized: an
+    import was interrupted in this process (Python's message for a circular import).
+    """
+    seen: BaseException | None = exc
+    for _ in range(16):  # a chain, not a cycle
+        if seen is None:
+            return False
+        if isinstance(seen, ImportError | AttributeError) and "partially initialized module" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def default_shard(model: Any, mesh: Any) -> None:

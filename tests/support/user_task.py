@@ -91,3 +91,20 @@ optimizer_wrong_type = OptimizerWrongType()
 data_without_state = DataWithoutState()
 loss_not_scalar = LossNotScalar()
 not_a_task = 42
+
+
+class HalfImportedOnce(Task):
+    """The first process's every build fails as after an interrupted import (a module left
+    half-initialized: Python's own message); a new process builds normally.
+    """
+
+    def build_model(self) -> nn.Module:
+        import os
+
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":  # not the launcher's preflight
+            raise AttributeError("partially initialized module 'torch._inductor' has no attribute "
+                                 "'custom_graph_pass' (most likely due to a circular import)")
+        return super().build_model()
+
+
+half_imported_once = HalfImportedOnce(16, 0.05)
