@@ -76,7 +76,8 @@ def test_the_progress_guard_names_the_hung_rank_before_any_collective_timeout(tm
     assert 0 not in detected or detected[0]["where"] == "collective", detected[0].fields
     peer_failed = next(e for e in events if e.event == "failure_detected" and e.rank == 0 and e.ts > injected.ts)
     assert detected[1].ts < peer_failed.ts
-    assert 3.0 <= detected[1].ts - injected.ts < 5.0, detected[1].ts - injected.ts
+    # The allowance counts from step 9's end, a moment before the fault at step 10 is logged.
+    assert 2.9 <= detected[1].ts - injected.ts < 5.0, detected[1].ts - injected.ts
     calibrated = next(e for e in events if e.event == "calibrated")
     assert calibrated["timeouts"]["progress"]["step"] >= 3.0
 

@@ -168,30 +168,29 @@ def test_a_worker_that_cannot_import_the_task_asks_not_to_be_restarted(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_half_imported_module_hands_over_to_the_launcher_instead_of_retrying_in_process(tmp_path):
-    """Seen in CI: an in-process restart interrupted torch's lazy import of dynamo; the module it
+def test_a_task_file_named_relative_to_the_current_directory_reaches_the_workers(tmp_path):
+    """Also: a half-imported module hands over to the launcher instead of retrying in-process.
+    Seen in CI: an in-process restart interrupted torch's lazy import of dynamo; the module it
     left half-initialized failed all eight in-process retries and the job. A new process works.
     """
-    run = train(tmp_path / "run", "--nproc", "1", "--steps", "4", "--checkpoint-every", "2",
-                "--task", f"{USER_TASK}:half_imported_once")
-    assert run.returncode == 0, run.output[-3000:]
-    failures = [e for e in run.events if e.event == "failure_detected"]
-    assert [(e.attempt, e["cause"]) for e in failures] == [(0, "interrupted_import")]
-    assert not [e for e in run.events if e.event == "restart_begin" and e.get("layer") == "inprocess"]
-    assert [e.attempt for e in run.events if e.event == "restart_done" and e.get("layer") == "launcher"] == [1]
-    end = next(e for e in run.events if e.event == "end" and e.attempt == 0)
-    assert end["status"] == "failed" and "handing over to the launcher" in end["reason"]
-
-
-@pytest.mark.slow
-def test_a_task_file_named_relative_to_the_current_directory_reaches_the_workers(tmp_path):
     import json
     import shutil
+
+    from resilient_training.run import events as ev
 
     shutil.copy(USER_TASK, tmp_path / "my_task.py")
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(run_dir),
-                           "--nproc", "1", "--steps", "2", "--checkpoint-every", "2", "--task", "my_task.py:make"],
+                           "--nproc", "1", "--steps", "2", "--checkpoint-every", "2",
+                           "--task", "my_task.py:half_imported_once"],
                           capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert json.loads((run_dir / "config.json").read_text())["task"] == f"{tmp_path / 'my_task.py'}:make"
+    task = json.loads((run_dir / "config.json").read_text())["task"]
+    assert task == f"{tmp_path / 'my_task.py'}:half_imported_once"
+    events = ev.read_events(run_dir)
+    failures = [e for e in events if e.event == "failure_detected"]
+    assert [(e.attempt, e["cause"]) for e in failures] == [(0, "interrupted_import")]
+    assert not [e for e in events if e.event == "restart_begin" and e.get("layer") == "inprocess"]
+    assert [e.attempt for e in events if e.event == "restart_done" and e.get("layer") == "launcher"] == [1]
+    end = next(e for e in events if e.event == "end" and e.attempt == 0)
+    assert end["status"] == "failed" and "handing over to the launcher" in end["reason"]
