@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
 #   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | goodput-product | recovery+efficiency | all
-#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 | call2 | call3 | call4 (what fits one 10-minute device call each;
+#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call6 (what fits one 10-minute device call each;
 #            call4 wants OLD_TREE=.old holding the previous commit's tree)
 #          | fault-matrix | spare (a killed rank through ft_launcher: cold workers, then warm spares)
 #          | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
@@ -115,8 +115,9 @@ case $suite in
     run no_ckpt --steps 200 --checkpoint-every 100000
     run async_roomy --steps 200 --checkpoint-every 50
     run async_tight --steps 200 --checkpoint-every 20
-    run async_roomy_memory --steps 200 --checkpoint-every 50 --memory-snapshot-every 5  # what the snapshots cost
-    run sync_tight --steps 200 --checkpoint-every 20 --no-async-checkpoint
+    [ "${EFF_SHORT:-0}" = 1 ] || run async_roomy_memory --steps 200 --checkpoint-every 50 --memory-snapshot-every 5  # what the snapshots cost
+    # EFF_SHORT=1: no_ckpt and the two async intervals only
+    [ "${EFF_SHORT:-0}" = 1 ] || run sync_tight --steps 200 --checkpoint-every 20 --no-async-checkpoint
     if [ "${FULL:-0}" = 1 ]; then run sync_roomy --steps 200 --checkpoint-every 50 --no-async-checkpoint; fi
     ;;
   goodput)  # the reference schedule shape: 2000 steps, persistent save every 500, 5 faults
@@ -195,6 +196,12 @@ case $suite in
   call4)  # one device call: the same schedule on the previous tree (OLD_TREE), then async efficiency
     SPARE=1 "$0" goodput-product "$out"
     OLD_TREE= "$0" efficiency "$out"
+    ;;
+  call6)  # one device call: the reference goodput schedule with spares (parallel checkpoint writes),
+    # the write rates by thread count, then the short efficiency set
+    SPARE=1 "$0" goodput-product "$out"
+    "$0" probe "$out"
+    EFF_SHORT=1 "$0" efficiency "$out"
     ;;
   recovery+efficiency)
     "$0" recovery "$out"

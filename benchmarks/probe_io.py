@@ -3,7 +3,8 @@
     python benchmarks/probe_io.py [--gb 1.6] [--dirs /dev/shm /tmp]
 
 For each directory: the trainer's own write (``checkpoint_format.write_rank``: DCP's
-``FileSystemWriter`` with fsync, then the file checksummed and every chunk hashed), a plain
+``FileSystemWriter`` with fsync, then the files checksummed and every chunk hashed; as 1, 2, 4
+and 8 files written in parallel), a plain
 ``torch.save`` to a path, and a raw write of the same bytes; plus the checksum rate in memory and
 the read-back rate through ``torch.distributed.checkpoint.load``. Prints one table (GB/s). Used
 by benchmarks/gpu_suite.sh to explain the checkpoint rows.
@@ -59,8 +60,14 @@ def main() -> None:
     for base in args.dirs:
         work = Path(tempfile.mkdtemp(dir=base, prefix="probe-io-"))
         try:
-            t = timed(lambda: fmt.write_rank(work, 0, shard))  # noqa: B023
-            print(f"| {base}: write_rank (DCP write + fsync + checksums) | {gb / t:.2f} |")
+            for threads in (1, 2, 4, 8):  # --checkpoint-write-threads: files written in parallel per rank
+                into = work / f"threads-{threads}"
+                into.mkdir()
+                t = timed(lambda: fmt.write_rank(into, 0, {**shard, "threads": threads}))  # noqa: B023
+                print(f"| {base}: write_rank, {threads} thread(s) (DCP write + fsync + checksums) | {gb / t:.2f} |")
+                if threads > 1:
+                    shutil.rmtree(into)
+            work = work / "threads-1"
 
             def plain(work: Path = work) -> None:
                 with open(work / "plain.pt", "wb") as handle:

@@ -36,7 +36,8 @@ SLOW_COLLECTIVES = ["--pg-timeout", "30", "--soft-timeout", "31", "--hard-timeou
         ("hang@10:1", "inprocess", "hang", []),
         ("oom@10:1", "inprocess", "oom", []),
         ("nan@10:0", "inprocess", "nan", []),
-        ("ckpt-kill@8:1", "launcher", None, []),
+        # Each rank's part as two files (write threads): the torn one is never loaded.
+        ("ckpt-kill@8:1", "launcher", None, ["--checkpoint-write-threads", "2"]),
         ("ckpt-kill@8:1", "launcher", None, ["--no-async-checkpoint"]),
         ("hang@10:1", "launcher", None, ["--no-inprocess", *SLOW_COLLECTIVES]),
     ],
@@ -58,6 +59,12 @@ def test_each_fault_alone_recovers_to_the_last_commit(tmp_path, fault, layer, ca
         assert found["restored"] < 8
         latest = fmt.read_latest(layout.checkpoints_dir(run.run_dir))
         assert fmt.read_manifest(latest)["step"] == 16
+        if "--checkpoint-write-threads" in extra:
+            from resilient_training.gates.validate import validate
+
+            assert {fmt.shard_name(r, i) for r in (0, 1) for i in (0, 1)} <= set(fmt.read_manifest(latest)["files"])
+            report = validate(run.run_dir, all_checkpoints=True)
+            assert report.valid, [str(f) for f in report.all_findings]
 
 
 def test_the_progress_guard_names_the_hung_rank_before_any_collective_timeout(tmp_path):

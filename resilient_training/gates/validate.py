@@ -437,8 +437,16 @@ class _Checker:
         # A node-local tier checkpoint holds only this node's ranks (manifest "ranks").
         self.expected_ranks = list(ranks or range(manifest["world_size"]))
         self.expected_files = {cf.METADATA_NAME: self.expected_ranks[0]}
+        # A rank writes DCP files __R_0 ... __R_{N-1} (N write threads): the highest index the
+        # manifest lists for the rank says how many (never more than it lists files); a gap is a
+        # missing file.
+        files = manifest["files"]
+        last: dict[int, int] = {}
+        for found in filter(None, map(cf.shard_rank_index, files)):
+            last[found[0]] = max(found[1], last.get(found[0], 0))
         for rank in self.expected_ranks:
-            self.expected_files[cf.shard_name(rank)] = rank
+            for index in range(min(last.get(rank, 0) + 1, len(files))):
+                self.expected_files[cf.shard_name(rank, index)] = rank
             self.expected_files[cf.data_name(rank)] = rank
         self.result.step = manifest["step"]
         self.result.world_size = manifest["world_size"]

@@ -7,8 +7,8 @@ Layout::
       step_40/                  # a PyTorch Distributed Checkpoint (DCP) directory, plus manifest.json
         manifest.json           # written last; its presence inside step_N/ marks the commit
         .metadata               # DCP's metadata: every tensor's global size and chunks, where each lies
-        __0_0.distcp            # rank 0's chunks (DCP's file format: torch.save per chunk)
-        __1_0.distcp
+        __0_0.distcp            # rank 0's chunks (DCP's file format: torch.save per chunk); with
+        __1_0.distcp            #   N write threads a rank writes N files, __R_0 ... __R_{N-1}
         data_rank_0.pt          # rank 0's data-loader state (torch.save; loads with weights_only=True)
         data_rank_1.pt
       .tmp-step_45-a1i0/        # a save in flight (or abandoned by a crash): never loaded
@@ -53,6 +53,7 @@ CHECKSUM_ALGORITHM = "xxh3_128"
 METADATA_NAME = ".metadata"  # DCP's
 TMP_PREFIX = ".tmp-"
 PRUNED_PREFIX = f"{TMP_PREFIX}pruned-"  # a pruned checkpoint, moved aside before it is deleted
+_SHARD_FILE = re.compile(r"__(0|[1-9][0-9]*)_(0|[1-9][0-9]*)\.distcp")
 _STEP_DIR = re.compile(r"step_(\d+)")
 _READ_CHUNK = 8 << 20
 
@@ -61,9 +62,22 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or does not match what is being loaded."""
 
 
-def shard_name(rank: int) -> str:
-    """The DCP data file rank ``rank`` writes (``FileSystemWriter``, one file per rank)."""
-    return f"__{rank}_0.distcp"
+def shard_name(rank: int, index: int = 0) -> str:
+    """DCP data file ``index`` of rank ``rank`` (``FileSystemWriter(single_file_per_rank=True)``
+    writes ``thread_count`` of them per rank, numbered from 0).
+    """
+    return f"__{rank}_{index}.distcp"
+
+
+def shard_rank_index(name: str) -> tuple[int, int] | None:
+    """(rank, index) of a DCP data file name, or None for any other name."""
+    match = _SHARD_FILE.fullmatch(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def torn_files(tmp_dir: str | os.PathLike[str], rank: int) -> list[Path]:
+    """The truncated data files a write of rank ``rank`` killed halfway left in ``tmp_dir``."""
+    return sorted(Path(tmp_dir).glob(f"__{rank}_*.distcp.partial"))
 
 
 def data_name(rank: int) -> str:
@@ -151,12 +165,13 @@ def write_rank(tmp_dir: str | os.PathLike[str], rank: int, job: Mapping[str, Any
     ``job``: ``items`` (DCP ``WriteItem``s: this rank's chunks, and on rank 0 the replicated
     values), ``tensors``/``blobs`` (their staged data by flat name), ``paths`` (flat name -> nested
     key path, DCP's ``planner_data``), ``data_state`` (the data loader's state), ``meta`` (step,
-    optimizer step, data position). Written through DCP's ``FileSystemWriter`` (fsynced), then
-    each file is checksummed from the page cache. With ``torn_write`` the process kills itself
-    with SIGKILL halfway through (the ``ckpt-kill``/``writer-kill`` faults): only a truncated
-    ``.partial`` file is left.
+    optimizer step, data position), ``threads`` (files written in parallel, default 1). Written
+    through DCP's ``FileSystemWriter`` (fsynced), then each file is checksummed from the page
+    cache. With ``torn_write`` the process kills itself with SIGKILL halfway through (the
+    ``ckpt-kill``/``writer-kill`` faults): a truncated ``.partial`` file is left, and no sidecar.
     """
     import signal
+    from concurrent.futures import ThreadPoolExecutor
 
     import torch
     from torch.distributed.checkpoint import FileSystemWriter
@@ -164,21 +179,35 @@ def write_rank(tmp_dir: str | os.PathLike[str], rank: int, job: Mapping[str, Any
     from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
     tmp_dir = Path(tmp_dir)
-    writer = FileSystemWriter(str(tmp_dir), single_file_per_rank=True, sync_files=True, thread_count=1)
+    threads = max(1, int(job.get("threads", 1)))
+    # per_thread_copy_ahead=0: the staged tensors are in host memory already; DCP's overlapping
+    # loader would otherwise start CUDA in the writer process just to get a stream.
+    writer = FileSystemWriter(str(tmp_dir), single_file_per_rank=True, sync_files=True, thread_count=threads,
+                              per_thread_copy_ahead=0)
     plan = SavePlan(list(job["items"]), storage_data=_StoragePrefix(f"__{rank}_"))
-    results = writer.write_data(plan, _StagedPlanner(job["tensors"], job["blobs"])).wait()
-    dcp_file = tmp_dir / shard_name(rank)
-    if torn_write:
-        with open(dcp_file, "r+b") as handle:
-            handle.truncate(max(1, dcp_file.stat().st_size // 2))
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        # xxh3 lets go of the GIL: the chunks are hashed while DCP writes them.
+        digests = {name: pool.submit(tensor_checksum, data) for name, data in job["tensors"].items()}
+        results = writer.write_data(plan, _StagedPlanner(job["tensors"], job["blobs"])).wait()
+        dcp_files = sorted({tmp_dir / r.storage_data.relative_path for r in results}) or [tmp_dir / shard_name(rank)]
+        if torn_write:
+            torn = dcp_files[0]
+            with open(torn, "r+b") as handle:
+                handle.truncate(max(1, torn.stat().st_size // 2))
+                os.fsync(handle.fileno())
+            torn.rename(torn.with_name(torn.name + ".partial"))
+            os.kill(os.getpid(), signal.SIGKILL)
+        data_file = tmp_dir / data_name(rank)
+        with open(data_file, "wb") as handle:
+            torch.save(job["data_state"], handle)
+            handle.flush()
             os.fsync(handle.fileno())
-        dcp_file.rename(dcp_file.with_name(dcp_file.name + ".partial"))
-        os.kill(os.getpid(), signal.SIGKILL)
-    data_file = tmp_dir / data_name(rank)
-    with open(data_file, "wb") as handle:
-        torch.save(job["data_state"], handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+        sums = {path: pool.submit(checksum_file, path) for path in (*dcp_files, data_file)}
+        files = {}
+        for path, digest_of in sums.items():
+            size, digest = digest_of.result()
+            files[path.name] = {"rank": rank, "bytes": size, "checksum": digest}
+        checksums = {name: digest.result() for name, digest in digests.items()}
     stored = {(r.index.fqn, tuple(r.index.offset) if r.index.offset is not None else None): r.storage_data
               for r in results}
     items = []
@@ -193,12 +222,8 @@ def write_rank(tmp_dir: str | os.PathLike[str], rank: int, job: Mapping[str, Any
             data = job["tensors"][item.index.fqn]
             entry.update(kind="tensor", size=list(item.tensor_data.size), dtype=dtype_name(data.dtype),
                          offsets=list(item.tensor_data.chunk.offsets), sizes=list(item.tensor_data.chunk.sizes),
-                         checksum=tensor_checksum(data))
+                         checksum=checksums[item.index.fqn])
         items.append(entry)
-    files = {}
-    for path in (dcp_file, data_file):
-        size, digest = checksum_file(path)
-        files[path.name] = {"rank": rank, "bytes": size, "checksum": digest}
     record = {"rank": rank, "files": files, "items": items, "meta": dict(job["meta"]),
               "data_state": jsonable(job["data_state"])}
     sidecar = tmp_dir / sidecar_name(rank)

@@ -53,6 +53,8 @@ class CheckpointConfig:
     local_dir: str = _f("", "node-local tier directory (default /dev/shm/resilient-training); "
                             "each run keeps its own folder inside", "local_checkpoint_dir")
     async_save: bool = _f(True, "write checkpoints in NVRx's background process", "async_checkpoint")
+    write_threads: int = _f(0, "each rank writes its part of a checkpoint as this many DCP files, in parallel "
+                               "(0 = 4 on GPUs, 1 on CPU)", "checkpoint_write_threads")
     memory_every: int = _f(0, "also copy the training state within the device's memory every N steps, which an "
                               "in-process restart resumes from (0 = off; it holds one more copy of the weights "
                               "and optimizer state)", "memory_snapshot_every")
@@ -62,6 +64,8 @@ class CheckpointConfig:
             raise ValueError(f"checkpoint_every must be a positive number of steps, got {self.every}")
         if self.local_every < 0:
             raise ValueError(f"local_checkpoint_every must be >= 0, got {self.local_every}")
+        if not 0 <= self.write_threads <= 64:
+            raise ValueError(f"checkpoint_write_threads must be between 0 and 64, got {self.write_threads}")
         if self.memory_every < 0:
             raise ValueError(f"memory_snapshot_every must be >= 0, got {self.memory_every}")
         if self.keep_last < 1:

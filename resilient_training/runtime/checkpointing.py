@@ -473,6 +473,9 @@ def run_key(run_dir: str) -> str:
 # A rank's done flag when its writer died with its shard: however many peers report done, the
 # sum is negative, so every rank learns at the same step that the save is abandoned.
 ABANDONED = -1.0e6
+# Files (and threads) per rank and save on GPUs: one DCP writer thread moves ~1 GB/s into /dev/shm
+# (benchmarks/probe_io.py), too slow for a save every few seconds of 1.6 GB per rank.
+DEFAULT_GPU_WRITE_THREADS = 4
 
 
 @dataclass(slots=True)
@@ -713,8 +716,10 @@ class Checkpointer:
         self._staging.data_state = copy.deepcopy(data_state)
         self._staging.end(step)  # on GPUs the copies are still running: see local_done()
         meta = {"step": step, "optimizer_step": step, "data_position": step}
+        on_gpu = first is not None and _local(first).is_cuda
         return {"items": items, "tensors": tensors, "blobs": blobs, "paths": paths,
-                "data_state": self._staging.data_state, "meta": meta}
+                "data_state": self._staging.data_state, "meta": meta,
+                "threads": self.config.checkpoint.write_threads or (DEFAULT_GPU_WRITE_THREADS if on_gpu else 1)}
 
     def tier_for(self, step: int) -> str | None:
         """Which tier (if any) saves at ``step``; persistent wins when both are due."""
@@ -850,7 +855,8 @@ class Checkpointer:
             in_flight.abandoned, in_flight.job, in_flight.retry_job = False, in_flight.retry_job, None
             in_flight.on_submit = None
             # The torn file of the lost write, if this rank's writer died.
-            (in_flight.tmp_dir / f"{fmt.shard_name(self.rank)}.partial").unlink(missing_ok=True)
+            for torn in fmt.torn_files(in_flight.tmp_dir, self.rank):
+                torn.unlink(missing_ok=True)
             self._emit("ckpt_begin", in_flight.step, mode="async", tier=in_flight.tier, retry=True)
             return
         self._in_flight = None

@@ -117,8 +117,11 @@ def write_checkpoint(
     keep_last: int = 100,
     run_id: str = "test-run",
     state: Mapping[str, Any] | None = None,
+    threads: int = 1,
 ) -> Path:
-    """Commit ``RUN/checkpoints/step_<step>`` holding real trained state; returns its path."""
+    """Commit ``RUN/checkpoints/step_<step>`` holding real trained state (each rank's part as
+    ``threads`` DCP files); returns its path.
+    """
     import torch
 
     from resilient_training.run.config import DEFAULT_TASK
@@ -132,7 +135,7 @@ def write_checkpoint(
     tmp = root / f"{cf.TMP_PREFIX}{cf.step_dirname(step)}-a0i0"
     tmp.mkdir(parents=True, exist_ok=True)
     for rank, job in enumerate(rank_jobs(state, world_size=world_size, step=step, data_state=data_state)):
-        cf.write_rank(tmp, rank, job)
+        cf.write_rank(tmp, rank, {**job, "threads": threads})
     path = cf.commit(
         tmp,
         step=step,
