@@ -228,10 +228,11 @@ def test_repeated_failure_without_inprocess_exhausts_launcher_restarts(tmp_path)
 
 def test_node_local_tier_shortens_the_rollback_after_a_process_restart(tmp_path):
     local = tmp_path / "local"
-    # Steps padded to 0.25 s so the writer (a process of its own, started after the restore) is
-    # up well before the fault.
+    # Steps padded to 0.5 s so the writer (a process of its own, started after the restore) is
+    # up well before the fault: on a loaded 2-core machine it took 3.2 s, and with 0.25 s steps
+    # the first node-local save was still being written at the fault (CI, d16f435).
     run = train(tmp_path / "run", "--nproc", "2", "--steps", "16", "--checkpoint-every", "20",
-                "--local-checkpoint-every", "2", "--local-checkpoint-dir", str(local), "--step-seconds", "0.25",
+                "--local-checkpoint-every", "2", "--local-checkpoint-dir", str(local), "--step-seconds", "0.5",
                 "--faults", "sigkill@13:1")
     found = check_recovered(run, "sigkill@13:1", layer="launcher", cause=None)
     # No persistent checkpoint exists before step 16: the new processes restored a node-local one

@@ -29,6 +29,8 @@ from resilient_training.runtime import nvrx_adapter
 from resilient_training.runtime import task as tk
 from resilient_training.runtime.checkpointing import (
     Checkpointer,
+    CommitStuck,
+    Committer,
     MemorySnapshot,
     Remover,
     StagingBuffers,
@@ -43,6 +45,12 @@ from resilient_training.runtime.progress import ProgressGuard
 CALIBRATED_TIMEOUT_FLOOR = 3.0
 # The hang allowance is this many times the slowest step (or phase) measured, never below the floor.
 PROGRESS_MARGIN = 5.0
+# Failures after which this process cannot train again (a new one can): cause -> why.
+HANDED_OVER = {
+    "interrupted_import": "a module import was interrupted (an in-process restart during a lazy import?) and "
+                          "left half-initialized",
+    "commit_stuck": "a checkpoint commit is stuck (storage not answering?) and this process would wait on it",
+}
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -65,6 +73,7 @@ class Trainer:
         self.writer = nvrx_adapter.AsyncWriter(on_ready=self._writer_ready, on_died=self._writer_died)
         self.staging = StagingBuffers()
         self.remover = Remover()  # kept across in-process restarts: deletions still running are not repeated
+        self.committer = Committer()  # likewise: a restore waits for the commit still running
         self.snapshot = MemorySnapshot()  # the state every --memory-snapshot-every steps, for in-process restarts
         self.faults = flt.parse(config.faults)
         self.task = tk.task_from_config(config)
@@ -126,8 +135,7 @@ class Trainer:
             checkpointer = Checkpointer(
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
-                atomic=call_wrapper.atomic if call_wrapper is not None else contextlib.nullcontext,
-                on_wait=self.guard.progress, remover=self.remover, snapshot=self.snapshot,
+                on_wait=self.guard.progress, remover=self.remover, snapshot=self.snapshot, committer=self.committer,
             )
             started = time.time()
             # After an in-process restart a step staged on every rank (a save in flight) is newer
@@ -518,12 +526,12 @@ class Trainer:
         cause = self.last_kind = self.classify(exc)
         self.last_cause = f"{cause}: {exc}" if str(exc) else cause
         self.events.emit("failure_detected", step or None, cause=cause, message=f"{type(exc).__name__}: {exc}"[:500])
-        if cause == "interrupted_import" and self.config.restart.inprocess:
+        if cause in HANDED_OVER and self.config.restart.inprocess:
             # This process cannot train again: every later iteration finds the same half-imported
-            # module. A new one can, so hand over to the launcher (as a killed rank would); the
-            # checkpoint writer follows its worker (warm_up_writer), and peers see a lost rank.
-            reason = ("a module import was interrupted (an in-process restart during a lazy import?) and left "
-                      "half-initialized; this process cannot be reused: handing over to the launcher")
+            # module, or waits on the same stuck commit. A new one can, so hand over to the
+            # launcher (as a killed rank would); the checkpoint writer follows its worker
+            # (warm_up_writer), and peers see a lost rank.
+            reason = f"{HANDED_OVER[cause]}; this process cannot be reused: handing over to the launcher"
             self.events.emit("end", step or None, status="failed", reason=f"{reason} ({exc})"[:500])
             sys.stdout.flush()
             sys.stderr.flush()
@@ -564,6 +572,8 @@ class Trainer:
     def classify(self, exc: BaseException) -> str:
         if half_imported(exc):
             return "interrupted_import"
+        if isinstance(exc, CommitStuck):
+            return "commit_stuck"
         if (self.injector is not None and self.injector.hanging) or self.guard.expiry is not None:
             return "hang"
         if isinstance(exc, flt.InjectedFault):

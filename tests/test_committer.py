@@ -1,0 +1,87 @@
+"""Commits run off the training thread, one at a time; a restore waits for them, and their
+errors reach the training thread.
+"""
+
+import threading
+import time
+
+import pytest
+
+from resilient_training.run import checkpoint_format as fmt
+from resilient_training.run.config import CheckpointConfig, TrainConfig
+from resilient_training.runtime.checkpointing import Checkpointer, Committer, CommitStuck, StagingBuffers, state_dict
+from tests.support.gates import TINY, train_state
+
+
+class _InlineWriter:
+    """The writer process at its edge: each write done at once, in this process."""
+
+    started = ready = True
+    death = None
+
+    def submit(self, fn, args) -> None:
+        fn(*args)
+
+    def poll(self) -> bool:
+        return True
+
+
+def _checkpointer(tmp_path, events):
+    config = TrainConfig(run_dir=str(tmp_path / "run"), steps=8, checkpoint=CheckpointConfig(every=2))
+    return Checkpointer(config, rank=0, world_size=1, tag="a0i0", writer=_InlineWriter(), staging=StagingBuffers(),
+                        emit=lambda event, step, **fields: events.append((event, step)))
+
+
+def test_a_slow_commit_does_not_hold_the_training_thread_and_a_restore_waits_for_it(tmp_path, monkeypatch):
+    real_commit, release, entered = fmt.commit, threading.Event(), threading.Event()
+
+    def slow_commit(*args, **kwargs):
+        entered.set()
+        assert release.wait(30)
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(fmt, "commit", slow_commit)
+    model, optimizer, data = train_state(TINY, seed=1234, steps=1)
+    events = []
+    checkpointer = _checkpointer(tmp_path, events)
+    checkpointer.save(2, state_dict(model, optimizer), data.state_dict(), {})
+    began = time.monotonic()
+    checkpointer.maybe_commit(checkpointer.local_done())  # what the step after the save does
+    assert entered.wait(30) and time.monotonic() - began < 1.0  # returned while the commit waits
+    root = tmp_path / "run" / "checkpoints"
+    assert fmt.read_latest(root) is None and ("ckpt_committed", 2) not in events
+    threading.Timer(0.5, release.set).start()
+    began = time.monotonic()
+    checkpointer.committer.settle(30)  # find_restorable and finish() start with this
+    assert time.monotonic() - began >= 0.4
+    assert fmt.read_latest(root).name == "step_2" and ("ckpt_committed", 2) in events
+
+
+def test_a_failed_commit_is_raised_on_the_training_thread(tmp_path, monkeypatch):
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fmt, "commit", full_disk)
+    model, optimizer, data = train_state(TINY, seed=1234, steps=1)
+    checkpointer = _checkpointer(tmp_path, [])
+    checkpointer.save(2, state_dict(model, optimizer), data.state_dict(), {})
+    checkpointer.maybe_commit(checkpointer.local_done())
+    with pytest.raises(OSError, match="No space left"):
+        checkpointer.committer.settle(30)
+    checkpointer.committer.settle(30)  # raised once
+
+
+def test_commits_run_one_at_a_time_and_a_stuck_one_is_named():
+    committer, order, gate = Committer(), [], threading.Event()
+
+    def first() -> None:
+        gate.wait(30)
+        order.append(1)
+
+    committer.submit(1, first, timeout=30)
+    with pytest.raises(CommitStuck, match="commit of step 1 did not finish in 0 s"):
+        committer.submit(2, lambda: order.append(2), timeout=0.2)
+    gate.set()
+    committer.submit(2, lambda: order.append(2), timeout=30)
+    committer.settle(30)
+    assert order == [1, 2]
