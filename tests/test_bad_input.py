@@ -67,6 +67,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train-lr-nan", ["train", "--run-dir", "r", "--lr", "nan"], "lr must be a finite number"),
     ("train-pg-timeout-inf", ["train", "--run-dir", "r", "--pg-timeout", "inf"], "pg must be a finite number"),
     ("train-heads", ["train", "--run-dir", "r", "--model-n-heads", "3"], "divisible by n_heads"),
+    # the built-in task with --task-arg is still checked before any worker starts
+    ("train-task-arg-not-int", ["train", "--run-dir", "r", "--task-arg", "d_model=abc"],
+     "d_model='abc' is not an integer"),
+    ("train-task-arg-heads", ["train", "--run-dir", "r", "--task-arg", "n_heads=5"], "divisible by n_heads"),
     ("train-nproc-0", ["train", "--run-dir", "r", "--nproc", "0"], "world size must be at least 1"),
     ("train-steps-word", ["train", "--run-dir", "r", "--steps", "many"], "invalid int value"),
     ("train-fault-rank", ["train", "--run-dir", "r", "--faults", "sigkill@3:7"], "rank 7 does not exist"),

@@ -9,7 +9,7 @@ import pytest
 
 from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run.config import CheckpointConfig, TrainConfig
-from resilient_training.runtime.checkpointing import Checkpointer, Committer, CommitStuck, StagingBuffers, state_dict
+from resilient_training.runtime.checkpointing import Checkpointer, CommitStuck, Committer, StagingBuffers, state_dict
 from tests.support.gates import TINY, train_state
 
 

@@ -194,3 +194,14 @@ def test_a_task_file_named_relative_to_the_current_directory_reaches_the_workers
     assert [e.attempt for e in events if e.event == "restart_done" and e.get("layer") == "launcher"] == [1]
     end = next(e for e in events if e.event == "end" and e.attempt == 0)
     assert end["status"] == "failed" and "handing over to the launcher" in end["reason"]
+
+
+def test_the_built_in_task_from_the_runs_flags_starts_without_a_torch_import_in_the_cli():
+    """Its values are checked by TrainConfig; the task check (a torch import, 2.4-2.7 s on the
+    CI machine) is left to tasks it cannot check: user tasks and ``--task-arg``.
+    """
+    code = ("import sys, time; from resilient_training.launch import local; from resilient_training.run import config; "
+            "local.preflight(config.TrainConfig(run_dir=sys.argv[1]), world_size=2); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, "r"], capture_output=True, text=True, check=True, cwd="/tmp")
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
