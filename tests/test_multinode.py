@@ -27,12 +27,22 @@ from resilient_training.runtime import nvrx_adapter
 from tests.support.runs import Run, rank0_losses, train
 
 
+def _launcher_sockets() -> set[Path]:
+    import tempfile
+
+    return set(Path(tempfile.gettempdir()).glob("_ft_launcher*.socket"))
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path):
     """A run directory whose simulated cluster is torn down even if the launcher was killed."""
     path = tmp_path / "run"
+    before = _launcher_sockets()
     yield path
     sim.clean_up(path)
+    # Agents killed with their node leave NVRx's IPC socket behind: in the pod's own TMPDIR,
+    # removed with the cluster, never in this machine's temporary directory.
+    assert _launcher_sockets() - before == set()
 
 
 def _cluster_record(run_dir: Path) -> dict:
@@ -62,6 +72,7 @@ def check_restored(events: list[ev.Event], fault: str) -> ev.Event:
 def check_no_leftovers(run: Run) -> None:
     record = _cluster_record(run.run_dir)
     assert sim.pids_labelled(f"{record['cluster_id']}/") == [], "processes of the simulated cluster outlived it"
+    assert not list(Path(record["tmp_base"]).glob(f"{sim.POD_TMP_PREFIX}{record['cluster_id']}-*"))
     if record["namespaces"]:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
         assert not set(record["namespaces"]) & {line.split()[0] for line in listed.splitlines() if line}

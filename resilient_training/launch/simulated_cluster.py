@@ -27,10 +27,12 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +47,7 @@ from resilient_training.runtime.worker import POD_RESTART_ENV
 
 # Every process of a simulated pod inherits this label: "<cluster>/<node>/<incarnation>".
 POD_LABEL_ENV = "RT_SIM_POD"
+POD_TMP_PREFIX = "rt-pod-"  # + cluster id, node, incarnation: each pod's TMPDIR
 RDZV_PORT = 29400  # the Training Operator's default rendezvous port
 NETWORK_KINDS = ("auto", "netns", "loopback")
 SUBNET = "10.77.0"  # only inside namespaces this module creates; node k is SUBNET.(k+1)
@@ -335,6 +338,9 @@ class SimulatedCluster:
         self.network_note = ""
         self.failure = ""  # why the job failed, when the event log cannot tell
         self.events: ev.EventLog | None = None
+        # Each pod gets a temporary directory of its own, as a container would: NVRx's agent keeps
+        # its IPC socket there, and an agent killed with its node cannot remove it.
+        self.tmp_base = tempfile.gettempdir()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -349,13 +355,16 @@ class SimulatedCluster:
         (self.run_dir / "cluster" / "cluster.json").write_text(json.dumps(
             {"cluster_id": self.cluster_id, "spec": dataclasses.asdict(self.spec), "network": self.network.kind,
              "note": self.network_note, "endpoint": self.network.endpoint,
-             "namespaces": self.network.namespaces, "command": self.command}, indent=1))
+             "namespaces": self.network.namespaces, "command": self.command, "tmp_base": self.tmp_base},
+            indent=1))
         for node in range(self.spec.nodes):
             self._start_pod(node, incarnation=0)
 
     def _start_pod(self, node: int, incarnation: int) -> Pod:
         assert self.network is not None
         label = f"{self.cluster_id}/{node}/{incarnation}"
+        pod_tmp = Path(self.tmp_base) / f"{POD_TMP_PREFIX}{self.cluster_id}-{node}-{incarnation}"
+        pod_tmp.mkdir(mode=0o700, exist_ok=True)
         env = {
             **self._base_env,
             **self._rendezvous_env(
@@ -366,6 +375,7 @@ class SimulatedCluster:
             ),
             flt.NODE_ENV: str(node),
             POD_LABEL_ENV: label,
+            "TMPDIR": str(pod_tmp),
         }
         env.pop(POD_RESTART_ENV, None)
         if incarnation > 0:
@@ -462,6 +472,7 @@ class SimulatedCluster:
                 pod.proc.wait(timeout=10)
         if self.network is not None:
             self.network.close()
+        remove_pod_tmp(self.tmp_base, self.cluster_id)
         if self.events is not None:
             self.events.close()
 
@@ -484,7 +495,15 @@ def clean_up(run_dir: str | os.PathLike[str]) -> int:
     killed = kill_labelled(f"{record['cluster_id']}/")
     for ns in record.get("namespaces", []):
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
+    if record.get("tmp_base"):
+        remove_pod_tmp(record["tmp_base"], record["cluster_id"])
     return killed
+
+
+def remove_pod_tmp(base: str, cluster_id: str) -> None:
+    """Remove the pods' temporary directories (after their processes are gone)."""
+    for path in Path(base).glob(f"{POD_TMP_PREFIX}{cluster_id}-*"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _raise_on_sigterm(signum: int, frame: object) -> None:

@@ -597,6 +597,10 @@ class Checkpointer:
         Collective. Checks the model shape before anything is built.
         """
         self.committer.settle(self._commit_timeout())
+        if self.world_size > 1:
+            # Rank 0 commits the persistent tier on its committer thread: no rank reads `latest`
+            # before rank 0's commit in flight is done (rank 0 joins this only after settling).
+            torch.distributed.all_reduce(torch.zeros(1, device=_flag_device()))
         latest = self._newest_restorable()
         manifest: dict[str, Any] = {}
         if latest is not None:
