@@ -92,3 +92,14 @@ def test_a_write_of_two_files_killed_midway_leaves_one_torn_file_and_no_sidecar(
     assert proc.exitcode == -9
     assert cf.torn_files(tmp, 0) == [tmp / f"{cf.shard_name(0, 0)}.partial"]
     assert not (tmp / cf.sidecar_name(0)).exists()
+
+
+def test_more_threads_than_chunks_leave_empty_files_that_are_listed_and_valid(tmp_path: Path) -> None:
+    """Rank 1 of a 2-rank save of one small tensor holds a single chunk; 4 threads open 4 files."""
+    weight = torch.arange(6.0).reshape(3, 2)
+    ckpt = write_checkpoint(tmp_path, step=1, state={"model": {"w": weight}}, threads=4)
+    manifest = cf.read_manifest(ckpt)
+    assert {cf.shard_name(1, i) for i in range(4)} <= set(manifest["files"])
+    assert manifest["files"][cf.shard_name(1, 3)]["bytes"] == 0
+    result = validate_checkpoint_dir(ckpt, load=False)
+    assert result.valid, [str(f) for f in result.findings]

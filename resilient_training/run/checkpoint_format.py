@@ -189,7 +189,9 @@ def write_rank(tmp_dir: str | os.PathLike[str], rank: int, job: Mapping[str, Any
         # xxh3 lets go of the GIL: the chunks are hashed while DCP writes them.
         digests = {name: pool.submit(tensor_checksum, data) for name, data in job["tensors"].items()}
         results = writer.write_data(plan, _StagedPlanner(job["tensors"], job["blobs"])).wait()
-        dcp_files = sorted({tmp_dir / r.storage_data.relative_path for r in results}) or [tmp_dir / shard_name(rank)]
+        # DCP opens one file per thread, also one left empty (fewer chunks than threads).
+        dcp_files = [path for path in (tmp_dir / shard_name(rank, i) for i in range(threads)) if path.exists()]
+        assert {r.storage_data.relative_path for r in results} <= {path.name for path in dcp_files}
         if torn_write:
             torn = dcp_files[0]
             with open(torn, "r+b") as handle:
