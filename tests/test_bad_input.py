@@ -67,6 +67,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train-lr-nan", ["train", "--run-dir", "r", "--lr", "nan"], "lr must be a finite number"),
     ("train-pg-timeout-inf", ["train", "--run-dir", "r", "--pg-timeout", "inf"], "pg must be a finite number"),
     ("train-heads", ["train", "--run-dir", "r", "--model-n-heads", "3"], "divisible by n_heads"),
+    # numbers with surrounding blanks (a value pasted with its newline): int() would take them
+    ("train-steps-newline", ["train", "--run-dir", "r", "--steps", "3\n"], "invalid int value: '3\\n'"),
+    ("train-threads-spaces", ["train", "--run-dir", "r", "--checkpoint-write-threads", " 3 "], "invalid int value"),
+    ("train-lr-newline", ["train", "--run-dir", "r", "--lr", "0.1\n"], "invalid float value"),
+    ("check-convergence-window-newline", ["check-convergence", "r", "--window", "5\n"], "invalid int value"),
     # the built-in task with --task-arg is still checked before any worker starts
     ("train-task-arg-not-int", ["train", "--run-dir", "r", "--task-arg", "d_model=abc"],
      "d_model='abc' is not an integer"),

@@ -13,6 +13,8 @@ import sys
 import warnings
 from typing import NoReturn
 
+from resilient_training.run import config as cfg
+
 # Add one line per subcommand module; order is the order shown in --help.
 COMMANDS: tuple[str, ...] = (
     "resilient_training.cli.local",  # run, bench
@@ -38,7 +40,20 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMANDS:
         importlib.import_module(module_name).register(subparsers)
+    _strict_numbers(parser)
     return parser
+
+
+def _strict_numbers(parser: argparse.ArgumentParser) -> None:
+    """Every ``type=int``/``float`` flag of every command refuses surrounding blanks (a trailing newline)."""
+    for action in parser._actions:
+        if action.type is int:
+            action.type = cfg.strict_int
+        elif action.type is float:
+            action.type = cfg.strict_float
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _strict_numbers(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -265,6 +265,26 @@ def _leaves() -> list[tuple[str, str, dataclasses.Field[Any], Any]]:
 TASK_ARGS_FIELD = TrainConfig.__dataclass_fields__["task_args"]
 
 
+def strict_int(text: str) -> int:
+    """``int`` for a command-line value, refusing what ``int()`` forgives: surrounding spaces or a
+    trailing newline (a value pasted from a file) must not pass as a number.
+    """
+    if text != text.strip() or not text:
+        raise ValueError(text)
+    return int(text)
+
+
+def strict_float(text: str) -> float:
+    """``float`` for a command-line value, with :func:`strict_int`'s refusal of surrounding blanks."""
+    if text != text.strip() or not text:
+        raise ValueError(text)
+    return float(text)
+
+
+# argparse names the type in its message ("invalid int value: '3\n'").
+strict_int.__name__, strict_float.__name__ = "int", "float"
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, required_run_dir: bool = True) -> None:
     """Add one flag per config field (``--no-X`` for booleans that default on)."""
     for dest, _group, f, default in _leaves():
@@ -276,7 +296,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, required_run_dir: bool = T
         elif dest == "run_dir":
             parser.add_argument("--run-dir", required=required_run_dir, help=help_text)
         else:
-            parser.add_argument(_flag(dest), dest=dest, type={"int": int, "float": float, "str": str}[kind],
+            parser.add_argument(_flag(dest), dest=dest, type={"int": strict_int, "float": strict_float, "str": str}[kind],
                                 default=default, help=f"{help_text} (default: {default!r})")
     parser.add_argument("--task-arg", dest="task_arg", action="append", default=[], metavar="KEY=VALUE",
                         help=TASK_ARGS_FIELD.metadata["help"])
