@@ -58,7 +58,7 @@ def main() -> None:
     hashed = timed(lambda: [xxhash.xxh3_128(t.numpy()).digest() for t in shard["tensors"].values()])
     print(f"| what | GB/s ({gb:.2f} GB) |\n|---|---|\n| xxh3_128 over the tensors in memory | {gb / hashed:.2f} |")
     for base in args.dirs:
-        work = Path(tempfile.mkdtemp(dir=base, prefix="probe-io-"))
+        top = work = Path(tempfile.mkdtemp(dir=base, prefix="probe-io-"))
         try:
             for threads in (1, 2, 4, 8):  # --checkpoint-write-threads: files written in parallel per rank
                 into = work / f"threads-{threads}"
@@ -90,7 +90,7 @@ def main() -> None:
             t = timed(lambda: dcp.load(target, storage_reader=dcp.FileSystemReader(str(work)), no_dist=True))  # noqa: B023
             print(f"| {base}: dcp.load, every tensor read (page cache) | {gb / t:.2f} |")
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(top, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -85,3 +85,15 @@ def test_commits_run_one_at_a_time_and_a_stuck_one_is_named():
     committer.submit(2, lambda: order.append(2), timeout=30)
     committer.settle(30)
     assert order == [1, 2]
+
+
+def test_a_stuck_commit_is_a_cause_that_hands_the_rank_over_to_the_launcher():
+    """In-process retries would wait on the same stuck thread; a new process would not."""
+    from types import SimpleNamespace
+
+    from resilient_training.runtime.trainer import HANDED_OVER, Trainer
+
+    trainer = SimpleNamespace(injector=None, guard=SimpleNamespace(expiry=None))
+    cause = Trainer.classify(trainer, CommitStuck("the commit of step 8 did not finish in 60 s"))
+    assert cause == "commit_stuck" and cause in HANDED_OVER
+    assert Trainer.classify(trainer, fmt.CheckpointError("other")) == "checkpoint"

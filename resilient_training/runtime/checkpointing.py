@@ -745,7 +745,8 @@ class Checkpointer:
         blobs: dict[str, bytes] = {}
         self._staging.objects = {}
         first = next((v for v in flat.values() if isinstance(v, torch.Tensor)), None)
-        self._staging.begin(on_gpu=first is not None and _local(first).is_cuda)
+        on_gpu = first is not None and _local(first).is_cuda
+        self._staging.begin(on_gpu=on_gpu)
         for name, value in flat.items():
             if isinstance(value, DTensor):
                 tensors[name] = self._staging.copy_in(name, value.to_local().detach())
@@ -765,7 +766,6 @@ class Checkpointer:
         self._staging.data_state = copy.deepcopy(data_state)
         self._staging.end(step)  # on GPUs the copies are still running: see local_done()
         meta = {"step": step, "optimizer_step": step, "data_position": step}
-        on_gpu = first is not None and _local(first).is_cuda
         return {"items": items, "tensors": tensors, "blobs": blobs, "paths": paths,
                 "data_state": self._staging.data_state, "meta": meta,
                 "threads": self.config.checkpoint.write_threads or (DEFAULT_GPU_WRITE_THREADS if on_gpu else 1)}
