@@ -91,7 +91,7 @@ def test_container_runs_ft_launcher_with_operator_env_and_nvrx_switches():
     pod = worker["template"]["spec"]
     (container,) = pod["containers"]
     assert container["name"] == "pytorch"
-    assert container["command"] == ["ft_launcher"]
+    assert container["command"] == ["resilient-ft-launcher"]
     args = container["args"]
     split = args.index("-m")
     launcher_flags, module, trainer_args = args[:split], args[split + 1], args[split + 2:]

@@ -193,7 +193,7 @@ def test_runtime_leaves_rank_faults_to_nvrx_and_restarts_pods_only_when_killed()
     jobset = rt["spec"]["template"]["spec"]
     job = _rjob(rt)["template"]["spec"]
     (container,) = job["template"]["spec"]["containers"]
-    assert container["command"] == ["ft_launcher", "--rdzv-backend=c10d",
+    assert container["command"] == ["resilient-ft-launcher", "--rdzv-backend=c10d",
                                     "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)"]
     assert job["backoffLimit"] == 0 and job["template"]["spec"]["restartPolicy"] == "Never"
     disrupted, deterministic = job["podFailurePolicy"]["rules"]

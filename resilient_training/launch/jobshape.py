@@ -261,7 +261,9 @@ def _run_label(run_id: str) -> str:
 
 
 def container_command(spec: JobSpec) -> tuple[list[str], list[str]]:
-    """``(command, args)`` of the trainer container: ft_launcher (or torchrun when it is off)."""
+    """``(command, args)`` of the trainer container: ft_launcher through our wrapper (or torchrun
+    when it is off).
+    """
     from resilient_training.runtime import nvrx_adapter
 
     trainer_argv = train_config.to_argv(spec.train)
@@ -272,7 +274,7 @@ def container_command(spec: JobSpec) -> tuple[list[str], list[str]]:
             # NVRx 0.7.0 stops no-progress restart loops only when it can read this file.
             iteration_file=checkpoint_format.iteration_file(spec.train.run_dir),
         )
-        return ["ft_launcher"], [*flags, "-m", nvrx_adapter.worker_module(spec.train), *trainer_argv]
+        return [nvrx_adapter.FT_LAUNCHER_SCRIPT], [*flags, "-m", nvrx_adapter.worker_module(spec.train), *trainer_argv]
     # Plain torchrun reads the same PET_* env.
     command = nvrx_adapter.worker_command(spec.train, trainer_argv, python="python")
     return command[:1], command[1:]

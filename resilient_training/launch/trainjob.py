@@ -29,6 +29,7 @@ from typing import Any
 
 from resilient_training.launch import images, jobshape, k8s_names
 from resilient_training.launch.jobshape import JobSpec
+from resilient_training.runtime import nvrx_adapter
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
@@ -57,7 +58,7 @@ def build_runtime(*, name: str = RUNTIME_NAME, image: str = images.TRAINER_IMAGE
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["ft_launcher", *RENDEZVOUS_FLAGS],
+        "command": [nvrx_adapter.FT_LAUNCHER_SCRIPT, *RENDEZVOUS_FLAGS],
         "securityContext": jobshape.to_plain(jobshape.security_context()),
     }
     job_spec = {

@@ -110,6 +110,11 @@ def flat_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _local(value: Any) -> Any:
+    # DTensor's own attribute: ``to_local()`` goes through an autograd Function, ~20 µs each, which
+    # for ~800 tensors was a fifth of a save's time on the training thread.
+    local = getattr(value, "_local_tensor", None)
+    if local is not None:
+        return local
     return value.to_local() if hasattr(value, "to_local") else value
 
 
@@ -140,6 +145,7 @@ class StagingBuffers:
         self._copied: Any = None  # CUDA event: the copies of the save being staged are done
         self._staging_step: int | None = None  # every copy queued, not known to be done
         self.staged_step: int | None = None  # the step the buffers hold, once fully staged
+        self._reads_live = False  # copies running read the live training state (see fence)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return dict(self._buffers)
@@ -173,28 +179,46 @@ class StagingBuffers:
         self._preparing = threading.Thread(target=allocate, name="staging-prepare", daemon=True)
         self._preparing.start()
 
-    def begin(self, on_gpu: bool) -> None:
-        """Start overwriting the buffers: from here until :meth:`ready` they hold no step."""
+    def begin(self, on_gpu: bool, *, after: Any = None) -> None:
+        """Start overwriting the buffers: from here until :meth:`ready` they hold no step.
+        ``after``: a CUDA event the copies must wait for (the memory snapshot they read from).
+        """
         if self._preparing is not None:
             self._preparing.join()
             self._preparing = None
         self.staged_step = self._staging_step = None
+        self._reads_live = False
         if on_gpu:
             if self._stream is None:
                 self._stream = torch.cuda.Stream()
             # Copy what the step just computed: wait for everything queued so far.
             self._stream.wait_stream(torch.cuda.current_stream())
+            if after is not None:
+                self._stream.wait_event(after)
+
+    def copy_all(self, sources: list[tuple[str, torch.Tensor]], *, live: bool = True) -> dict[str, torch.Tensor]:
+        """Queue the copies of ``sources`` (name, tensor) into their buffers; returns name -> buffer.
+        ``live``: the sources are the training state itself (not a snapshot of it), so the next
+        optimizer step must wait for these copies (:meth:`fence`).
+        """
+        out: dict[str, torch.Tensor] = {}
+        pairs: _Pairs = []
+        for name, source in sources:
+            buffer = self._buffers.get(name)
+            if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+                buffer = self._buffers[name] = self._allocate(source.shape, source.dtype, source.is_cuda)
+            out[name] = buffer
+            pairs.append((buffer, source))
+            self._reads_live = self._reads_live or (live and source.is_cuda)
+        on_device = [pair for pair in pairs if pair[1].is_cuda]
+        if on_device:
+            with torch.cuda.stream(self._stream):  # one context and one foreach copy per device
+                _copy(on_device, non_blocking=True)
+        _copy([pair for pair in pairs if not pair[1].is_cuda])
+        return out
 
     def copy_in(self, name: str, source: torch.Tensor) -> torch.Tensor:
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
-            buffer = self._buffers[name] = self._allocate(source.shape, source.dtype, source.is_cuda)
-        if source.is_cuda:
-            with torch.cuda.stream(self._stream):
-                buffer.copy_(source, non_blocking=True)
-        else:
-            buffer.copy_(source)
-        return buffer
+        return self.copy_all([(name, source)])[name]
 
     def end(self, step: int) -> None:
         """Every copy of ``step`` is queued; on CPU it is already done."""
@@ -221,11 +245,17 @@ class StagingBuffers:
         self.ready()
 
     def fence(self) -> None:
-        """Make the current stream wait (on the GPU, not the host) for copies still running:
-        call before anything overwrites the staged tensors (the optimizer step).
+        """Make the current stream wait (on the GPU, not the host) for copies still reading the
+        live tensors: call before anything overwrites them (the optimizer step). Copies from a
+        memory snapshot do not hold training (the snapshot waits for them instead).
         """
-        if self._copied is not None:
+        if self._copied is not None and self._reads_live:
             torch.cuda.current_stream().wait_event(self._copied)
+
+    @property
+    def copying(self) -> Any:
+        """The CUDA event of copies still running, else None."""
+        return self._copied
 
 
 def _live_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[tuple[Any, ...], torch.Tensor]:
@@ -244,6 +274,13 @@ def _live_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[tupl
 
 
 _Pairs = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """What identifies a tensor's memory across two views of the same state (DCP's state dict and
+    the module's own): the same bytes, read the same way.
+    """
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
 
 def _by_device(pairs: _Pairs) -> dict[torch.device, _Pairs]:
@@ -296,6 +333,7 @@ class MemorySnapshot:
         self.world: tuple[int, int] | None = None  # (rank, world size) of the processes that took it
         self.disabled: str | None = None  # why snapshots stopped (no memory for a second copy)
         self._plan: tuple[Any, ...] | None = None  # see _plan_for
+        self._readers: list[Any] = []  # CUDA events of copies still reading the buffers (a save staging from them)
 
     def take(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
              data_state: Any, *, world: tuple[int, int]) -> None:
@@ -305,8 +343,9 @@ class MemorySnapshot:
         import copy
 
         self.step = self._pending = None  # overwritten from here on
+        readers, self._readers = self._readers, []
         try:
-            on_gpu, on_host = self._plan_for(model, optimizer)
+            on_gpu, on_host = self._plan_for(model, optimizer, readers)
         except torch.OutOfMemoryError as exc:
             self._buffers.clear()
             self._plan = None
@@ -316,6 +355,8 @@ class MemorySnapshot:
             if self._stream is None:
                 self._stream = torch.cuda.Stream()
             self._stream.wait_stream(torch.cuda.current_stream())  # what the step just computed
+            for event in readers:  # a save still copying the previous snapshot out
+                self._stream.wait_event(event)
             with torch.cuda.stream(self._stream):
                 _copy(on_gpu, non_blocking=True)
                 self._copied = torch.cuda.Event()
@@ -329,7 +370,8 @@ class MemorySnapshot:
         self._pending = step
         self.ready()
 
-    def _plan_for(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[_Pairs, _Pairs]:
+    def _plan_for(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                  readers: list[Any] = ()) -> tuple[_Pairs, _Pairs]:
         """(device pairs, host pairs) of (buffer, live tensor) for these model and optimizer.
 
         Finding the live tensors (``state_dict`` of both, ``to_local`` of each) cost ~8 ms a
@@ -344,6 +386,8 @@ class MemorySnapshot:
                     tuple(getattr(p, "_local_tensor", p).data_ptr() for p in params))
         if self._plan is not None and self._plan[0] == identity:
             return self._plan[2], self._plan[3]
+        for event in readers:  # buffers may be freed or replaced below: nothing may still read them
+            event.synchronize()
         live = _live_state(model, optimizer)
         for key, source in live.items():
             buffer = self._buffers.get(key)
@@ -356,6 +400,23 @@ class MemorySnapshot:
         on_host = [(self._buffers[k], t) for k, t in live.items() if not t.is_cuda]
         self._plan = (identity, (params, state), on_gpu, on_host)
         return on_gpu, on_host
+
+    def sources_for(self, step: int) -> tuple[dict[tuple[Any, ...], torch.Tensor], Any] | None:
+        """(live tensor key -> the buffer holding its copy, the CUDA event of those copies) when
+        this snapshot is of ``step`` (taken, its copies maybe still running), else None. The key
+        is :func:`_tensor_key` of the live tensor: a save of the same step stages from the
+        snapshot instead of the training state, so the next optimizer step need not wait for a
+        device-to-host copy (see :meth:`Checkpointer.stage`); it must call :meth:`add_reader`.
+        """
+        if self._plan is None or step not in (self._pending, self.step):
+            return None
+        pairs = self._plan[2] + self._plan[3]
+        return {_tensor_key(live): buffer for buffer, live in pairs}, self._copied
+
+    def add_reader(self, event: Any) -> None:
+        """A copy out of the buffers is running until ``event``: the next snapshot waits for it."""
+        if event is not None:
+            self._readers.append(event)
 
     def release(self) -> None:
         """Let go of the live tensors of a model and optimizer that are gone (an in-process restart
@@ -580,6 +641,7 @@ class Checkpointer:
         self.remover = remover or Remover()  # pruned checkpoints are deleted off the training thread
         self._snapshot = snapshot  # kept across in-process restarts, like the staging buffers
         self.committer = committer or Committer()  # likewise: a commit may still be running
+        self._plan_cache: tuple[tuple[Any, ...], dict[str, list[Any]]] | None = None  # see _write_plan
 
     # ------------------------------------------------------------------ restore
 
@@ -732,43 +794,75 @@ class Checkpointer:
         Every value is staged (an in-process restart restores from these buffers); the write
         plan holds this rank's DTensor chunks and, when ``replicated`` (rank 0, or any rank on the
         node-local tier, whose checkpoints must stand alone), the values every rank holds.
+
+        When the memory snapshot holds this very step (the trainer takes it first for an async
+        save), the copies read the snapshot, not the training state. On GPUs the next optimizer
+        step then runs without waiting for gigabytes to cross to the host (the step after each
+        save took ~0.09 s longer on 2 H200s, 1.6 GB per rank), and the next snapshot waits for
+        them instead.
         """
         import copy
         import io
 
-        from torch.distributed.checkpoint.planner_helpers import _create_write_items
         from torch.distributed.tensor import DTensor
 
         flat, paths = flat_state(state)
-        items: list[Any] = []
-        tensors: dict[str, torch.Tensor] = {}
-        blobs: dict[str, bytes] = {}
         self._staging.objects = {}
         first = next((v for v in flat.values() if isinstance(v, torch.Tensor)), None)
         on_gpu = first is not None and _local(first).is_cuda
-        self._staging.begin(on_gpu=on_gpu)
+        held = self._snapshot.sources_for(step) if self._snapshot is not None else None
+        self._staging.begin(on_gpu=on_gpu, after=held[1] if held else None)
+        plan = self._write_plan(flat)
+        names: list[str] = []  # what the writer writes, in the state's order
+        live: list[tuple[str, torch.Tensor]] = []
+        copied: list[tuple[str, torch.Tensor]] = []  # from the snapshot
+        blobs: dict[str, bytes] = {}
         for name, value in flat.items():
-            if isinstance(value, DTensor):
-                tensors[name] = self._staging.copy_in(name, value.to_local().detach())
-                items += _create_write_items(name, value)
-            elif isinstance(value, torch.Tensor):
-                buffer = self._staging.copy_in(name, value.detach())
-                if replicated:
-                    tensors[name] = buffer
-                    items += _create_write_items(name, value)
+            if isinstance(value, torch.Tensor):
+                local = _local(value).detach()
+                source = held[0].get(_tensor_key(local)) if held else None
+                (live if source is None else copied).append((name, local if source is None else source))
+                if replicated or isinstance(value, DTensor):
+                    names.append(name)
             else:
                 self._staging.objects[name] = copy.deepcopy(value)
                 if replicated:
                     blob = io.BytesIO()
                     torch.save(value, blob)
                     blobs[name] = blob.getvalue()
-                    items += _create_write_items(name, value)
+                    names.append(name)
+        buffers = {**self._staging.copy_all(copied, live=False), **self._staging.copy_all(live)}
         self._staging.data_state = copy.deepcopy(data_state)
         self._staging.end(step)  # on GPUs the copies are still running: see local_done()
+        if held and copied:
+            self._snapshot.add_reader(self._staging.copying)
+        items = [item for name in names for item in plan[name]]
+        tensors = {name: buffers[name] for name in names if name in buffers}
         meta = {"step": step, "optimizer_step": step, "data_position": step}
         return {"items": items, "tensors": tensors, "blobs": blobs, "paths": paths,
                 "data_state": self._staging.data_state, "meta": meta,
                 "threads": self.config.checkpoint.write_threads or (DEFAULT_GPU_WRITE_THREADS if on_gpu else 1)}
+
+    def _write_plan(self, flat: dict[str, Any]) -> dict[str, list[Any]]:
+        """DCP's write items of every value, by flat name. Made once and reused while every value
+        keeps its name, type, shape, dtype and sharding: DCP's planner helper took ~60 % of a
+        save's time on the training thread for ~800 tensors, and it only describes the layout.
+        """
+        from torch.distributed.checkpoint.planner_helpers import _create_write_items
+        from torch.distributed.tensor import DTensor
+
+        def key(name: str, value: Any) -> tuple[Any, ...]:
+            if isinstance(value, DTensor):
+                return (name, tuple(value.shape), value.dtype, value.placements, id(value.device_mesh),
+                        tuple(_local(value).shape))
+            if isinstance(value, torch.Tensor):
+                return (name, tuple(value.shape), value.dtype)
+            return (name,)
+
+        signature = tuple(key(name, value) for name, value in flat.items())
+        if self._plan_cache is None or self._plan_cache[0] != signature:
+            self._plan_cache = (signature, {name: _create_write_items(name, value) for name, value in flat.items()})
+        return self._plan_cache[1]
 
     def tier_for(self, step: int) -> str | None:
         """Which tier (if any) saves at ``step``; persistent wins when both are due."""

@@ -231,17 +231,25 @@ class Trainer:
             with self.guard.phase("commit") if committing else contextlib.nullcontext():
                 checkpointer.maybe_commit(done_count)
             saving = bool(checkpointer.tier_for(step))
+            # An async save stages from a snapshot of its own step, taken first (on GPUs a copy
+            # within the device): the next optimizer step then does not wait for the copy to the host.
+            snapshot_first = (self.config.checkpoint.async_save and saving and not checkpointer.will_defer(step)
+                              and self._snapshot_due(step, staged=False))
+            if snapshot_first:
+                self._take_snapshot(step, model, optimizer, scheduler, data)
             if saving:
                 self._save(step, model, optimizer, scheduler, data, checkpointer)
-            if self._snapshot_due(step, staged=saving and not checkpointer.will_defer(step)):
-                self.snapshot.take(step, model, optimizer, scheduler, data.state_dict(),
-                                   world=(self.rank, self.world_size))
-                if self.snapshot.disabled:
-                    self.events.emit("memory_snapshot_off", step, reason=self.snapshot.disabled)
+            if not snapshot_first and self._snapshot_due(step, staged=saving and not checkpointer.will_defer(step)):
+                self._take_snapshot(step, model, optimizer, scheduler, data)
             if step == calibrate_at:
                 with self.guard.phase("calibrate"):
                     timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor()) or {}
                 self.events.emit("calibrated", step, timeouts={**timeouts, "progress": self.guard.calibrated()})
+
+    def _take_snapshot(self, step: int, model: Any, optimizer: Any, scheduler: Any, data: Any) -> None:
+        self.snapshot.take(step, model, optimizer, scheduler, data.state_dict(), world=(self.rank, self.world_size))
+        if self.snapshot.disabled:
+            self.events.emit("memory_snapshot_off", step, reason=self.snapshot.disabled)
 
     def _snapshot_due(self, step: int, *, staged: bool) -> bool:
         """A memory snapshot at ``step``: every ``memory_every`` steps, unless a save staged this

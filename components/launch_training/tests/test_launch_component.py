@@ -40,7 +40,7 @@ def test_pytorchjob_backend_through_the_local_runner(kfp_local, cluster):
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
     (container,) = worker["template"]["spec"]["containers"]
     args = container["args"]
-    assert worker["replicas"] == 8 and container["command"] == ["ft_launcher"]
+    assert worker["replicas"] == 8 and container["command"] == ["resilient-ft-launcher"]
     assert (job["spec"]["elasticPolicy"]["minReplicas"], job["spec"]["elasticPolicy"]["maxReplicas"]) == (6, 8)
     for flag, value in (("--steps", "100"), ("--faults", "sigkill@50:9"), ("--heartbeat-timeout", "120.0"),
                         ("--model-d-model", "1024"), ("--run-dir", "/mnt/run/runs/run-7")):

@@ -1,0 +1,91 @@
+"""What a save copies to host memory (``Checkpointer.stage``): from the memory snapshot of its own
+step when there is one (so on GPUs the next optimizer step does not wait for the copy), with the
+write plan made once and reused while the layout stays the same.
+
+Real models and AdamW on the CPU; the snapshot and staging copies are the same code that runs on
+side streams on GPUs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from resilient_training.run import config as cfg
+from resilient_training.runtime.checkpointing import (
+    Checkpointer,
+    MemorySnapshot,
+    StagingBuffers,
+    flat_state,
+    state_dict,
+)
+from tests.support.gates import TINY, train_state
+
+
+def _checkpointer(tmp_path: Path, snapshot: MemorySnapshot | None) -> Checkpointer:
+    config = cfg.from_argv(["--run-dir", str(tmp_path / "run"), "--memory-snapshot-every", "2"])
+    return Checkpointer(config, rank=0, world_size=1, tag="t", writer=None, staging=StagingBuffers(),
+                        emit=lambda *a, **k: None, snapshot=snapshot)
+
+
+def _one_more_step(model, optimizer, data) -> None:
+    from resilient_training.tasks.gpt import task
+    from tests.support.gates import task_args
+
+    loss = task(**task_args(TINY)).loss(model, next(data))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()  # in place: the tensors of the state dict below now hold step 3
+
+
+def _tensors(state) -> dict[str, torch.Tensor]:
+    flat, _ = flat_state(state)
+    return {k: v.detach().clone() for k, v in flat.items() if isinstance(v, torch.Tensor)}
+
+
+def test_a_save_of_the_snapshot_step_stages_the_snapshot_not_the_moved_on_state(tmp_path: Path) -> None:
+    model, optimizer, data = train_state(TINY, seed=1234, steps=2)
+    snapshot = MemorySnapshot()
+    snapshot.take(2, model, optimizer, None, data.state_dict(), world=(0, 1))
+    at_step_2 = _tensors(state_dict(model, optimizer))
+    _one_more_step(model, optimizer, data)
+    moved = _tensors(state_dict(model, optimizer))
+
+    shard = _checkpointer(tmp_path, snapshot).stage(2, state_dict(model, optimizer), {}, replicated=True)
+    assert shard["tensors"].keys() == at_step_2.keys()
+    for name, staged in shard["tensors"].items():
+        assert torch.equal(staged, at_step_2[name]), name  # weights, both Adam moments and its step count
+    changed = [n for n in at_step_2 if not torch.equal(at_step_2[n], moved[n])]
+    assert any(".exp_avg" in n for n in changed) and any(n.startswith("model.") for n in changed)
+
+
+def test_a_save_of_another_step_stages_the_live_state(tmp_path: Path) -> None:
+    model, optimizer, data = train_state(TINY, seed=1234, steps=2)
+    snapshot = MemorySnapshot()
+    snapshot.take(2, model, optimizer, None, data.state_dict(), world=(0, 1))
+    _one_more_step(model, optimizer, data)
+    shard = _checkpointer(tmp_path, snapshot).stage(3, state_dict(model, optimizer), {}, replicated=True)
+    live = _tensors(state_dict(model, optimizer))
+    assert all(torch.equal(staged, live[name]) for name, staged in shard["tensors"].items())
+
+
+def test_the_reused_write_plan_equals_a_fresh_one_and_follows_a_new_layout(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.planner_helpers import _create_write_items
+
+    def fresh(state) -> list:
+        flat, _ = flat_state(state)
+        return [item for name, value in flat.items() for item in _create_write_items(name, value)]
+
+    checkpointer = _checkpointer(tmp_path, None)
+    model, optimizer, _ = train_state(TINY, seed=1234, steps=1)
+    first = checkpointer.stage(1, state_dict(model, optimizer), {}, replicated=True)
+    second = checkpointer.stage(2, state_dict(model, optimizer), {}, replicated=True)
+    assert first["items"] == second["items"] == fresh(state_dict(model, optimizer))
+
+    wider = TINY.__class__(**{**{k: getattr(TINY, k) for k in TINY.__slots__}, "d_model": TINY.d_model * 2})
+    model2, optimizer2, _ = train_state(wider, seed=1234, steps=1)
+    third = checkpointer.stage(3, state_dict(model2, optimizer2), {}, replicated=True)
+    assert third["items"] == fresh(state_dict(model2, optimizer2)) != first["items"]
+    assert all(s.shape == v.shape for s, v in zip(third["tensors"].values(),
+                                                   _tensors(state_dict(model2, optimizer2)).values(), strict=True))
