@@ -1,10 +1,12 @@
-"""The launcher's rendezvous poll (``nvrx_adapter.quicken_rendezvous``): NVRx 0.6+'s barrier
-rendezvous sleeps a fixed second between looks at its store while a round is closed; in the
-launcher we run, each of those sleeps is capped at ``RENDEZVOUS_POLL_SECONDS``.
+"""The launcher's restart path as ``ft_launch`` runs it. NVRx 0.6+'s barrier rendezvous sleeps a
+fixed second between looks at its store while a round is closed (``quicken_rendezvous`` caps each
+sleep at ``RENDEZVOUS_POLL_SECONDS``), and its worker teardown sleeps a fixed second between
+SIGTERM and SIGKILL (``quicken_teardown`` ends the wait once the workers are gone).
 
-NVRx 0.7.0 does not install on this machine's Python, so its module is stood in for by one with
-the same shape (a module-level ``time`` its polling loops call ``time.sleep(1.0)`` on); the
-wrapper itself runs the real ft_launcher in every end-to-end test.
+NVRx 0.7.0 does not install on this machine's Python, so its rendezvous module is stood in for by
+one with the same shape (a module-level ``time`` its polling loops call ``time.sleep(1.0)`` on);
+the teardown runs on real process groups, and the wrapper runs the real ft_launcher in every
+end-to-end test.
 """
 
 from __future__ import annotations
@@ -61,3 +63,44 @@ def test_the_wrapper_is_ft_launcher_with_the_same_arguments() -> None:
     out = subprocess.run([sys.executable, "-m", nvrx_adapter.FT_LAUNCHER_MODULE, "--help"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--ft-rank-heartbeat-timeout" in out.stdout.replace("_", "-")
+
+
+def _group(script: str) -> subprocess.Popen:
+    """A process in a process group of its own, as ft_launcher starts each worker."""
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    time.sleep(0.3)  # its signal handlers are in place
+    return proc
+
+
+def test_teardown_returns_once_the_workers_have_left_not_after_a_fixed_second() -> None:
+    proc = _group("import time; time.sleep(60)")  # SIGTERM ends it at once (a zombie until reaped below)
+    started = time.monotonic()
+    nvrx_adapter.terminate_process_groups({proc.pid})
+    took = time.monotonic() - started
+    assert proc.wait(timeout=5) == -15
+    assert took < 0.5  # NVRx 0.7.0's waits 1.0 s whatever happens
+
+
+def test_a_worker_that_ignores_sigterm_gets_the_whole_grace_then_sigkill() -> None:
+    proc = _group("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")
+    started = time.monotonic()
+    nvrx_adapter.terminate_process_groups({proc.pid}, grace=0.6)
+    assert time.monotonic() - started >= 0.6
+    assert proc.wait(timeout=5) == -9
+
+
+def test_the_teardown_replaces_only_nvrx_0_7_s_shape_of_the_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvidia_resiliency_ext.fault_tolerance import utils
+
+    def nvrx_07(allowed_pgids):  # 0.7.0: SIGTERM, time.sleep(1.0), SIGKILL
+        raise AssertionError("replaced: never called")
+
+    monkeypatch.setattr(utils, "terminate_mp_processes", nvrx_07)
+    assert nvrx_adapter.quicken_teardown() is True
+    assert utils.terminate_mp_processes is nvrx_adapter.terminate_process_groups
+
+    def nvrx_041(allowed_ppids, allowed_pgids):  # 0.4.1: no wait, other arguments
+        pass
+
+    monkeypatch.setattr(utils, "terminate_mp_processes", nvrx_041)
+    assert nvrx_adapter.quicken_teardown() is False and utils.terminate_mp_processes is nvrx_041

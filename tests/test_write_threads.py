@@ -103,3 +103,76 @@ def test_more_threads_than_chunks_leave_empty_files_that_are_listed_and_valid(tm
     assert manifest["files"][cf.shard_name(1, 3)]["bytes"] == 0
     result = validate_checkpoint_dir(ckpt, load=False)
     assert result.valid, [str(f) for f in result.findings]
+
+
+def test_a_rank_s_files_are_read_back_at_once_and_load_the_same(three_files: Path, monkeypatch) -> None:
+    """A restore reads each file on a thread of its own (DCP reads them one after another), and
+    the state it loads is the one written; a read that fails fails the load.
+    """
+    import threading
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    original = FileSystemReader.read_data
+    seen: list[tuple[str, frozenset[str]]] = []
+
+    def spy(self, plan, planner):
+        files = frozenset(self.storage_data[i.storage_index].relative_path for i in plan.items)
+        seen.append((threading.current_thread().name, files))
+        return original(self, plan, planner)
+
+    monkeypatch.setattr(FileSystemReader, "read_data", spy)
+
+    def load(threads: int) -> dict:
+        model, optimizer, _ = train_state(TINY, seed=99, steps=0)
+        state = state_dict(model, optimizer)
+        dcp.load(state, storage_reader=cf.reader(three_files, threads), no_dist=True)
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    one = load(1)
+    assert len(seen) == 1 and len(seen[0][1]) == 6
+    seen.clear()
+    many = load(8)
+    assert len(seen) == 6 and all(len(files) == 1 and name.startswith("dcp-read") for name, files in seen)
+    assert one.keys() == many.keys() and all(torch.equal(one[k], many[k]) for k in one)
+    written, _, _ = train_state(TINY, seed=1234, steps=4)
+    assert all(torch.equal(many[k], v) for k, v in written.state_dict().items())
+
+    def broken(self, plan, planner):
+        raise OSError("read failed: input/output error")
+
+    monkeypatch.setattr(FileSystemReader, "read_data", broken)
+    with pytest.raises(BaseException, match="input/output error"):  # DCP wraps it in a BaseException
+        load(8)
+
+
+def test_a_checkpoint_of_another_shape_fails_a_restore_in_one_line_naming_the_tensor(three_files: Path, tmp_path: Path) -> None:
+    """DCP raises a BaseException holding every rank's traceback; a restore raises CheckpointError
+    naming the tensor and both shapes (the trainer's handling of it depends on that type).
+    """
+    from resilient_training.run import config as cfg
+    from resilient_training.runtime.checkpointing import Checkpointer, StagingBuffers
+
+    wider = TINY.__class__(**{**{k: getattr(TINY, k) for k in TINY.__slots__}, "d_model": TINY.d_model * 2})
+    model, optimizer, _ = train_state(wider, seed=1, steps=1)
+    config = cfg.from_argv(["--run-dir", str(tmp_path / "run")])
+    checkpointer = Checkpointer(config, rank=0, world_size=1, tag="t", writer=None, staging=StagingBuffers(),
+                                emit=lambda *a, **k: None)
+    with pytest.raises(cf.CheckpointError) as caught:
+        checkpointer.load(three_files, cf.read_manifest(three_files), model, optimizer)
+    message = str(caught.value)
+    assert "\n" not in message and "Traceback" not in message
+    assert "holds a different model" in message and "Size mismatch" in message and "model.tok.weight" in message
+
+
+def test_a_manifest_rewritten_to_another_model_size_is_a_finding_not_a_crash(three_files: Path, tmp_path: Path) -> None:
+    """The task arguments say which model to build: rewritten, DCP's load fails (it raised past
+    ``except Exception`` before), and validation says so as a finding.
+    """
+    run = Path(shutil.copytree(three_files.parent.parent, tmp_path / "run"))  # with its event log
+    ckpt = run / "checkpoints" / three_files.name
+    rewrite_manifest(ckpt, lambda m: m["task_args"].update(d_model=str(int(m["task_args"]["d_model"]) * 2)))
+    result = validate_checkpoint_dir(ckpt, display_base=ckpt, load=True)
+    assert not result.valid
+    assert any(f.code == "load_failed" and "Size mismatch" in f.message for f in result.findings), result.findings

@@ -35,7 +35,6 @@ import mmap
 import os
 import pickle
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -774,7 +773,6 @@ class _Checker:
         tensor a resume needs: a checkpoint lacking one fails here, whatever the manifest says.
         """
         import torch
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         from resilient_training.run.checkpoint_format import tensor_checksum
@@ -798,9 +796,7 @@ class _Checker:
             self.find("load_failed", cf.MANIFEST_NAME, f"does not load strictly: {detail}")
             return
         try:
-            with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-                warnings.simplefilter("ignore", UserWarning)
-                dcp.load(state, storage_reader=dcp.FileSystemReader(str(self.dir)), no_dist=True)
+            cf.dcp_load(state, self.dir)
             set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
             if scheduler is not None:
                 scheduler.load_state_dict(state["lr_scheduler"])

@@ -301,6 +301,64 @@ def build_metadata(records: list[Mapping[str, Any]]) -> tuple[Any, list[Any]]:
     return Metadata(state_dict_metadata=md, planner_data=paths), results
 
 
+# Files read at once by :func:`reader` (a rank's part of a save is one file per write thread).
+READ_THREADS = 8
+
+
+def reader(ckpt_dir: str | os.PathLike[str], threads: int = READ_THREADS) -> Any:
+    """DCP's ``FileSystemReader`` for ``ckpt_dir`` that reads up to ``threads`` of its files at once.
+
+    DCP's reader goes through the files one after another; a rank restoring 1.6 GB from four
+    files in ``/dev/shm`` then read at ~0.8 GB/s (1.5-2.3 s of each launcher restart on 2 H200s).
+    Each file's requests go, unchanged, through DCP's own ``read_data``: only their order changes.
+    """
+    import dataclasses
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class _Reader(FileSystemReader):
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            per_file: dict[str, list[Any]] = {}
+            for item in plan.items:
+                per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+            if threads <= 1 or len(per_file) <= 1:
+                return super().read_data(plan, planner)
+            read = super().read_data
+            with ThreadPoolExecutor(min(threads, len(per_file)), thread_name_prefix="dcp-read") as pool:
+                done = [pool.submit(read, dataclasses.replace(plan, items=items), planner) for items in per_file.values()]
+                for future in done:
+                    future.result().wait()  # DCP's own (completed) torch future: raises what the read raised
+            return done[-1].result()
+
+    return _Reader(str(ckpt_dir))
+
+
+def dcp_load(state: dict[str, Any], ckpt_dir: str | os.PathLike[str], *, threads: int = READ_THREADS) -> None:
+    """``torch.distributed.checkpoint.load(state)`` from ``ckpt_dir`` in this process (no
+    collective: every rank plans its own reads from ``.metadata``), through :func:`reader`.
+
+    DCP reports a failure as ``CheckpointException``, a ``BaseException`` (``except Exception``
+    does not catch it) whose text is every rank's traceback: it is raised here as
+    :class:`CheckpointError` naming each error.
+    """
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=reader(ckpt_dir, threads), no_dist=True)
+    except CheckpointException as exc:
+        causes = []
+        for failure in exc.failures.values():
+            error = failure[0] if isinstance(failure, tuple) else failure
+            causes.append(f"{type(error).__name__}: {error}")
+        raise CheckpointError("; ".join(dict.fromkeys(causes)) or str(exc).splitlines()[0]) from None
+
+
 def write_metadata(tmp_dir: str | os.PathLike[str], records: list[Mapping[str, Any]]) -> None:
     """DCP's ``.metadata`` for the ranks' sidecars, written (and fsynced) by DCP's own writer."""
     from torch.distributed.checkpoint import FileSystemWriter

@@ -745,15 +745,9 @@ class Checkpointer:
         same_world = manifest["world_size"] == self.world_size or manifest.get("ranks") is not None
         if same_world and self._staging.staged_step == manifest["step"]:
             return "memory", self.load_staged(model, optimizer, scheduler)
-        import warnings
-
-        import torch.distributed.checkpoint as dcp
-
         state = state_dict(model, optimizer, scheduler)
         try:
-            with warnings.catch_warnings():  # no_dist on purpose (see above), not a fallback
-                warnings.simplefilter("ignore", UserWarning)
-                dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
+            fmt.dcp_load(state, path)
         except Exception as exc:  # DCP names the key or shape that does not fit
             raise fmt.CheckpointError(
                 f"{path} holds a different model or optimizer state than this run's task builds: {exc}"[:800]
