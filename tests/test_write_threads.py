@@ -147,7 +147,7 @@ def test_a_rank_s_files_are_read_back_at_once_and_load_the_same(three_files: Pat
         load(8)
 
 
-def test_a_checkpoint_of_another_shape_fails_a_restore_in_one_line_naming_the_tensor(three_files: Path, tmp_path: Path) -> None:
+def test_another_shape_fails_a_restore_in_one_line_naming_the_tensor(three_files: Path, tmp_path: Path) -> None:
     """DCP raises a BaseException holding every rank's traceback; a restore raises CheckpointError
     naming the tensor and both shapes (the trainer's handling of it depends on that type).
     """
