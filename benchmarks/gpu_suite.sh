@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
 #   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | goodput-product | recovery+efficiency | all
-#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call6 (what fits one 10-minute device call each;
+#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call7 (what fits one 10-minute device call each;
 #            call4 wants OLD_TREE=.old holding the previous commit's tree)
 #          | fault-matrix | spare (a killed rank through ft_launcher: cold workers, then warm spares)
 #          | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
@@ -185,9 +185,17 @@ case $suite in
       PYTHONPATH=${site}/tmp/rt-old run product_before --steps 2000 --checkpoint-every 500 --local-checkpoint-every 25 \
           ${SPARE:+--warm-spare} --faults "$faults"
     else
-      run product --steps 2000 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every "${MEM_EVERY:-5}" \
+      # LOCAL_EVERY / WRITE_THREADS: the node-local interval and write threads (what a launcher restart rolls back to)
+      run "${RUN_NAME:-product}" --steps 2000 --checkpoint-every 500 --local-checkpoint-every "${LOCAL_EVERY:-25}" \
+          --memory-snapshot-every "${MEM_EVERY:-5}" ${WRITE_THREADS:+--checkpoint-write-threads "$WRITE_THREADS"} \
           ${SPARE:+--warm-spare} --faults "$faults"
     fi
+    ;;
+  call7)  # one device call: the reference goodput schedule with spares twice: node-local every 25 (4 write
+    # threads), then every 10 with 8 threads (a launcher restart rolls back to the newest node-local step)
+    SPARE=1 "$0" goodput-product "$out"
+    mv "$out/events-goodput-product.tar.gz" "$out/events-goodput-product-local25.tar.gz"  # the next run reuses the name
+    SPARE=1 LOCAL_EVERY=10 WRITE_THREADS=8 RUN_NAME=product_local10 "$0" goodput-product "$out"
     ;;
   call3)  # one device call (1 GPU or more): the verify run, then the reference goodput schedule with spares
     "$0" verify "$out"

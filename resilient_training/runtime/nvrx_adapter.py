@@ -100,9 +100,11 @@ def ft_launcher_flags(
         # Before restarting, 0.6+ waits for the dead workers' GPU memory to drop under a
         # tolerance (defaults 50 s / 512 MB). An H200 VM reports ~3.9 GB in use when idle, so
         # with defaults every restart waited the full 50 s: both are calibrated per machine.
+        # It samples every poll interval (a float; default 2 s): at 1 s a restart on one H200
+        # waited ~1.0 s for a second sample though the memory was free within milliseconds.
         flags += [f"--ft-gpu-memory-reclaim-timeout={config.restart.gpu_reclaim_timeout:g}",
                   f"--ft-gpu-memory-tolerance-mb={config.restart.gpu_reclaim_tolerance_mb}",
-                  "--ft-gpu-memory-poll-interval=1"]  # read as an int by 0.7.0
+                  f"--ft-gpu-memory-poll-interval={GPU_MEMORY_POLL_SECONDS:g}"]
         if iteration_file is not None:
             flags.append(f"--ft-checkpoint-iteration-file={iteration_file}")
     return flags
@@ -111,6 +113,8 @@ def ft_launcher_flags(
 # How often a waiting launcher looks at the rendezvous store (NVRx 0.6+: once a second). Each look
 # is two store reads; a launcher waits there only around a restart (and a hot spare throughout).
 RENDEZVOUS_POLL_SECONDS = 0.1
+# How often 0.6+ samples GPU memory while it waits for a dead worker's to be freed (one NVML read).
+GPU_MEMORY_POLL_SECONDS = 0.1
 # ft_launcher with quicken_rendezvous applied: the launcher the workers run under.
 FT_LAUNCHER_MODULE = "resilient_training.runtime.ft_launch"
 FT_LAUNCHER_SCRIPT = "resilient-ft-launcher"
