@@ -89,3 +89,58 @@ def test_the_reused_write_plan_equals_a_fresh_one_and_follows_a_new_layout(tmp_p
     assert third["items"] == fresh(state_dict(model2, optimizer2)) != first["items"]
     assert all(s.shape == v.shape for s, v in zip(third["tensors"].values(),
                                                    _tensors(state_dict(model2, optimizer2)).values(), strict=True))
+
+
+class _InlineWriter:
+    """NVRx's writer process, at its edge: writes each shard at once (real files), and reports it
+    durable only when the test says so (a slow node-local write)."""
+
+    ready = True
+    death = None
+
+    def __init__(self) -> None:
+        self.durable = False
+
+    def submit(self, fn, job) -> None:
+        fn(*job)
+
+    def poll(self) -> bool:
+        return self.durable
+
+    def replace(self) -> None:
+        pass
+
+
+def test_a_persistent_save_deferred_by_a_node_local_write_is_made_once_that_write_is_done(tmp_path: Path) -> None:
+    """Seen on one H200 with node-local saves every 10 steps: a persistent save (step 500) came
+    while a node-local one was still writing and was skipped, doubling the persistent interval.
+    """
+    from resilient_training.run import checkpoint_format as fmt
+
+    events: list[tuple[str, int, dict]] = []
+    config = cfg.from_argv(["--run-dir", str(tmp_path / "run"), "--steps", "20", "--checkpoint-every", "4",
+                            "--local-checkpoint-every", "1", "--local-checkpoint-dir", str(tmp_path / "local")])
+    writer = _InlineWriter()
+    checkpointer = Checkpointer(config, rank=0, world_size=1, tag="t", writer=writer, staging=StagingBuffers(),
+                                emit=lambda event, step, **kw: events.append((event, step, kw)))
+    model, optimizer, data = train_state(TINY, seed=1234, steps=1)
+
+    def step(n: int) -> None:
+        checkpointer.maybe_commit(checkpointer.local_done())
+        if checkpointer.tier_for(n):
+            checkpointer.save(n, state_dict(model, optimizer), data.state_dict(), {})
+
+    step(3)  # node-local, still writing at ...
+    step(4)  # ... the persistent save's step: deferred, owed
+    step(5)  # node-local, deferred as before
+    assert [(e, s) for e, s, _ in events] == [("ckpt_begin", 3), ("ckpt_staged", 3), ("ckpt_deferred", 4),
+                                               ("ckpt_deferred", 5)]
+    assert "owed" in events[2][2]["reason"] and "owed" not in events[3][2]["reason"]
+    writer.durable = True
+    step(6)  # step 3 commits; the owed persistent save is made now, not at step 8
+    checkpointer.maybe_commit(checkpointer.local_done())  # ... and commits at the next step
+    checkpointer.committer.settle(30)
+    begun = [(s, kw["tier"]) for e, s, kw in events if e == "ckpt_begin"]
+    assert begun == [(3, "local"), (6, "persistent")]
+    assert fmt.read_manifest(fmt.read_latest(tmp_path / "run" / "checkpoints"))["step"] == 6
+    assert checkpointer.tier_for(7) == "local" and checkpointer.tier_for(8) == "persistent"

@@ -642,6 +642,7 @@ class Checkpointer:
         self._snapshot = snapshot  # kept across in-process restarts, like the staging buffers
         self.committer = committer or Committer()  # likewise: a commit may still be running
         self._plan_cache: tuple[tuple[Any, ...], dict[str, list[Any]]] | None = None  # see _write_plan
+        self._owed: int | None = None  # a persistent save's step deferred by a node-local write (see tier_for)
 
     # ------------------------------------------------------------------ restore
 
@@ -859,8 +860,13 @@ class Checkpointer:
         return self._plan_cache[1]
 
     def tier_for(self, step: int) -> str | None:
-        """Which tier (if any) saves at ``step``; persistent wins when both are due."""
+        """Which tier (if any) saves at ``step``; persistent wins when both are due. A persistent
+        save deferred by a node-local write still running is owed: it is made at the first step
+        after that write is done (the same step on every rank: commits are agreed).
+        """
         if step % self.config.checkpoint.every == 0 or step == self.config.steps:
+            return PERSISTENT
+        if self._owed is not None and self._in_flight is None:
             return PERSISTENT
         if self.local_root is not None and step % self.config.checkpoint.local_every == 0:
             return LOCAL
@@ -881,10 +887,16 @@ class Checkpointer:
         (``ckpt_deferred``), except for the final step, which waits.
         """
         if self.will_defer(step):
-            self._emit("ckpt_deferred", step, reason=f"step {self._in_flight.step} still writing")
+            owed = self.tier_for(step) == PERSISTENT and self._in_flight.tier == LOCAL
+            self._emit("ckpt_deferred", step, reason=f"step {self._in_flight.step} still writing"
+                       + ("; owed: made once that node-local write is done" if owed else ""))
+            if owed:  # a node-local save never costs a persistent one (found on one H200, local every 10)
+                self._owed = step
             return
         self.finish()  # the final step is always saved: wait for any previous write
         tier = self.tier_for(step) or PERSISTENT
+        if tier == PERSISTENT:
+            self._owed = None
         begin = time.time()
         self._emit("ckpt_begin", step, mode="async" if self.config.checkpoint.async_save else "sync", tier=tier)
         root = self.root if tier == PERSISTENT else self.local_root
