@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
 #   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | goodput-product | recovery+efficiency | all
-#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call7 (what fits one 10-minute device call each;
+#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call8 (what fits one 10-minute device call each;
 #            call4 wants OLD_TREE=.old holding the previous commit's tree)
 #          | fault-matrix | spare (a killed rank through ft_launcher: cold workers, then warm spares)
 #          | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
@@ -188,8 +188,12 @@ case $suite in
       # LOCAL_EVERY / WRITE_THREADS: the node-local interval and write threads (what a launcher restart rolls back to)
       run "${RUN_NAME:-product}" --steps 2000 --checkpoint-every 500 --local-checkpoint-every "${LOCAL_EVERY:-25}" \
           --memory-snapshot-every "${MEM_EVERY:-5}" ${WRITE_THREADS:+--checkpoint-write-threads "$WRITE_THREADS"} \
-          ${SPARE:+--warm-spare} --faults "$faults"
+          ${SPARE:+--warm-spare} ${HOST:+--host-snapshot} --faults "$faults"
     fi
+    ;;
+  call8)  # one device call: the reference goodput schedule with spares and --host-snapshot (a killed
+    # rank resumes from the newest memory snapshot, kept in host shared memory)
+    SPARE=1 HOST=1 RUN_NAME=product_host "$0" goodput-product "$out"
     ;;
   call7)  # one device call: the reference goodput schedule with spares twice: node-local every 25 (4 write
     # threads), then every 10 with 8 threads (a launcher restart rolls back to the newest node-local step)

@@ -263,3 +263,29 @@ def test_a_new_run_in_a_reused_directory_ignores_the_old_node_local_tier(tmp_pat
     assert second.returncode == 0, second.output[-2000:]
     loads = [e for e in second.events if e.event == "load_done"]
     assert loads and {e.step for e in loads} == {0}
+
+
+def test_a_killed_rank_resumes_from_the_host_snapshot_not_the_older_node_local_save(tmp_path, clean_fast):
+    """--host-snapshot: each memory snapshot is also kept in host shared memory, where the new
+    processes after a launcher restart find it: both ranks resume from step 10 (the newest
+    snapshot both hold), not from the node-local save of step 8, and the losses after it are the
+    clean run's, step for step (weights, Adam state, schedule and data position all restored).
+    The node-local tier's directory, snapshots included, is gone after the run.
+    """
+    local = tmp_path / "local"
+    run = train(tmp_path / "run", *FAST, "--checkpoint-every", "20", "--local-checkpoint-every", "8",
+                "--local-checkpoint-dir", str(local), "--memory-snapshot-every", "2", "--host-snapshot",
+                "--faults", "sigkill@11:1")
+    assert run.returncode == 0, run.output[-3000:]
+    events = run.events
+    restarts = [e for e in events if e.event == "restart_done"]
+    assert restarts and {e["layer"] for e in restarts} == {"launcher"}
+    loads = [e for e in events if e.event == "load_done" and e.attempt == 1]
+    assert sorted((e.rank, e.step, e["source"]) for e in loads) == [
+        (0, 10, "host memory (snapshot)"), (1, 10, "host memory (snapshot)")]
+    # newer than anything committed by then (the node-local save of step 8, once its writer was up)
+    assert all(e.step < 10 for e in events if e.event == "ckpt_committed" and e.ts < loads[0].ts)
+    replayed = {e.step: e["loss"] for e in events if e.event == "step" and e.rank == 0 and e.attempt == 1}
+    assert min(replayed) == 11
+    assert replayed == pytest.approx({s: clean_fast[s] for s in replayed}, rel=1e-6)
+    assert not any(local.iterdir())

@@ -58,6 +58,9 @@ class CheckpointConfig:
     memory_every: int = _f(0, "also copy the training state within the device's memory every N steps, which an "
                               "in-process restart resumes from (0 = off; it holds one more copy of the weights "
                               "and optimizer state)", "memory_snapshot_every")
+    host_snapshot: bool = _f(False, "also keep each memory snapshot in host shared memory, in the node-local tier's "
+                                    "directory (two more copies of each rank's state), where a process that the "
+                                    "launcher restarts resumes from it", "host_snapshot")
 
     def __post_init__(self) -> None:
         if self.every <= 0:
@@ -70,6 +73,9 @@ class CheckpointConfig:
             raise ValueError(f"memory_snapshot_every must be >= 0, got {self.memory_every}")
         if self.keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {self.keep_last}")
+        if self.host_snapshot and not (self.memory_every and self.local_every):
+            raise ValueError("host_snapshot needs memory_snapshot_every and local_checkpoint_every: it keeps "
+                             "the memory snapshot in the node-local tier's directory")
 
 
 @dataclass(kw_only=True, slots=True)

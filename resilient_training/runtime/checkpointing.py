@@ -25,6 +25,7 @@ import contextlib
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -471,6 +472,201 @@ class MemorySnapshot:
         return copy.deepcopy(self.data_state)
 
 
+class HostSnapshot:
+    """Each memory snapshot, also copied into host shared memory (the node-local tier's directory),
+    where a process that replaces this one after a launcher restart finds it: a killed rank then
+    replays at most ``--memory-snapshot-every`` steps instead of everything since the last
+    node-local save, and reads its state back at memory speed instead of through DCP.
+
+    Two slots, written in turn. A slot's ``.meta`` file is removed before its data is overwritten
+    and written again (atomically) only once the copy is complete, so a process killed at any
+    moment leaves the other slot whole. The data is one file per slot, every tensor at a fixed
+    offset (the layout is in the meta). The copies read the memory snapshot, not the training state
+    (on GPUs a device-to-host copy on a side stream; the next snapshot waits for it): training does
+    not wait. It is never a checkpoint: validation and promotion never see it, and the node-local
+    tier's directory is keyed by the run's lineage (:func:`local_tier_root`), so no other run reads it.
+    """
+
+    SLOTS = ("a", "b")
+    _ALIGN = 64
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._data: dict[str, torch.Tensor] = {}  # slot -> uint8 view of its file (mapped, shared)
+        self._layout: list[tuple[Any, int, tuple[int, ...], torch.dtype]] | None = None
+        self._next = 0  # the slot written next
+        self._pending: tuple[str, Any, dict[str, Any]] | None = None  # (slot, CUDA event, meta) until committed
+        self._stream: Any = None
+        self._preparing: threading.Thread | None = None
+        self.skipped = 0  # snapshots not copied because the previous copy was still running
+
+    def _data_path(self, slot: str) -> Path:
+        return self.root / f"host-snapshot-{slot}.bin"
+
+    def _meta_path(self, slot: str) -> Path:
+        return self.root / f"host-snapshot-{slot}.meta"
+
+    # ------------------------------------------------------------------ write
+
+    def write(self, snapshot: MemorySnapshot, step: int) -> None:
+        """Start copying ``snapshot`` (just taken at ``step``) into the next slot; returns at once.
+        Skipped while the previous copy is still running or the files are still being prepared.
+        """
+        self.poll()
+        if self._pending is not None or step not in (snapshot._pending, snapshot.step) or snapshot.disabled:
+            self.skipped += self._pending is not None
+            return
+        buffers = sorted(snapshot._buffers.items(), key=lambda kv: str(kv[0]))
+        layout, offset = [], 0
+        for key, buffer in buffers:
+            layout.append((key, offset, tuple(buffer.shape), buffer.dtype))
+            offset += -(-buffer.numel() * buffer.element_size() // self._ALIGN) * self._ALIGN
+        if layout != self._layout:
+            self._prepare(layout, offset, pin=any(b.is_cuda for _, b in buffers))
+            return
+        if self._preparing is not None:
+            if self._preparing.is_alive():
+                return
+            self._preparing = None
+        slot = self.SLOTS[self._next]
+        self._next = 1 - self._next
+        self._meta_path(slot).unlink(missing_ok=True)  # from here on the slot holds no step
+        pairs: _Pairs = [(self._view(slot, key), buffer) for key, buffer in buffers]
+        event = None
+        on_device = [pair for pair in pairs if pair[1].is_cuda]
+        if on_device:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream()
+            self._stream.wait_stream(torch.cuda.current_stream())
+            if snapshot._copied is not None:
+                self._stream.wait_event(snapshot._copied)
+            with torch.cuda.stream(self._stream):
+                _copy(on_device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            snapshot.add_reader(event)
+        _copy([pair for pair in pairs if not pair[1].is_cuda])
+        meta = {"step": step, "world": snapshot.world, "layout": [(k, o, s, fmt.dtype_name(d)) for k, o, s, d in layout],
+                "param_groups": snapshot._param_groups, "scheduler": snapshot._scheduler,
+                "data_state": snapshot.data_state}
+        self._pending = (slot, event, meta)
+        self.poll()
+
+    def _prepare(self, layout: list[Any], size: int, *, pin: bool) -> None:
+        """(Re)create both slots' files at ``size`` bytes, mapped and, on GPUs, page-locked, in a
+        background thread (seconds for gigabytes); the snapshots meanwhile are not copied.
+        """
+        if self._preparing is not None and self._preparing.is_alive():
+            return
+        self._layout = None
+        self._data.clear()
+        self.root.mkdir(parents=True, exist_ok=True)
+        for slot in self.SLOTS:
+            self._meta_path(slot).unlink(missing_ok=True)
+
+        def prepare() -> None:
+            data = {}
+            for slot in self.SLOTS:
+                path = self._data_path(slot)
+                with open(path, "wb") as f:
+                    f.truncate(size)
+                data[slot] = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+                if pin and size:
+                    torch.cuda.cudart().cudaHostRegister(data[slot].data_ptr(), size, 0)
+            self._data.update(data)
+            self._layout = layout
+
+        self._preparing = threading.Thread(target=prepare, name="host-snapshot-prepare", daemon=True)
+        self._preparing.start()
+
+    def _view(self, slot: str, key: Any) -> torch.Tensor:
+        assert self._layout is not None
+        for k, offset, shape, dtype in self._layout:
+            if k == key:
+                count = 1
+                for n in shape:
+                    count *= n
+                size = count * torch.empty((), dtype=dtype).element_size()
+                return self._data[slot][offset:offset + size].view(dtype).view(shape)
+        raise KeyError(key)
+
+    def poll(self) -> None:
+        """Commit the copy in flight once it is complete (never blocks): write its slot's meta."""
+        if self._pending is None:
+            return
+        slot, event, meta = self._pending
+        if event is not None and not event.query():
+            return
+        self._pending = None
+        tmp = self._meta_path(slot).with_suffix(".meta.tmp")
+        torch.save(meta, tmp)
+        os.replace(tmp, self._meta_path(slot))
+
+    def wait(self) -> None:
+        """Commit the copy in flight, waiting for it."""
+        if self._pending is not None and self._pending[1] is not None:
+            self._pending[1].synchronize()
+        self.poll()
+
+    # ------------------------------------------------------------------ restore
+
+    def held(self, world: tuple[int, int]) -> dict[int, str]:
+        """Step -> slot of the committed slots this rank holds, taken by the same rank of the
+        same world size (a slot whose files do not match its meta counts as not held).
+        """
+        held: dict[int, str] = {}
+        for slot in self.SLOTS:
+            try:
+                with warnings.catch_warnings():  # a torn file's pickle protocol, say
+                    warnings.simplefilter("ignore")
+                    meta = torch.load(self._meta_path(slot), weights_only=True)
+                size = self._data_path(slot).stat().st_size
+            except Exception:  # missing, torn or foreign: not held
+                continue
+            if tuple(meta.get("world") or ()) != tuple(world):
+                continue
+            layout = meta["layout"]
+            if layout and layout[-1][1] > size:
+                continue
+            held[int(meta["step"])] = slot
+        return held
+
+    def restore(self, slot: str, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> Any:
+        """Copy the slot's state into a freshly built ``model``/``optimizer``/``scheduler``; returns
+        the data state. Raises :class:`fmt.CheckpointError` when the state does not have exactly
+        the held tensors.
+        """
+        import copy
+
+        meta = torch.load(self._meta_path(slot), weights_only=True)
+        size = self._data_path(slot).stat().st_size
+        data = torch.from_file(str(self._data_path(slot)), shared=False, size=size, dtype=torch.uint8) \
+            if slot not in self._data else self._data[slot]
+        state_dict(model, optimizer)  # DCP's get_state_dict creates the optimizer's state, as a load needs
+        live = _live_state(model, optimizer)
+        layout = {key: (offset, tuple(shape), fmt.torch_dtype(dtype)) for key, offset, shape, dtype in meta["layout"]}
+        mismatch = sorted({str(k) for k in live.keys() ^ layout.keys()} |
+                          {str(k) for k in live.keys() & layout.keys()
+                           if tuple(live[k].shape) != layout[k][1] or live[k].dtype != layout[k][2]})
+        if mismatch or len(meta["param_groups"]) != len(optimizer.param_groups):
+            raise fmt.CheckpointError(
+                f"the host snapshot of step {meta['step']} does not fit the rebuilt model and optimizer "
+                f"({', '.join(mismatch[:5])})")
+        pairs: _Pairs = []
+        for key, target in live.items():
+            offset, shape, dtype = layout[key]
+            count = target.numel() * target.element_size()
+            pairs.append((target, data[offset:offset + count].view(dtype).view(shape)))
+        with torch.no_grad():
+            for target, source in pairs:  # host to device: pageable, one copy per tensor
+                target.copy_(source)
+        for group, held in zip(optimizer.param_groups, meta["param_groups"], strict=True):
+            group.update(copy.deepcopy(held))
+        if scheduler is not None and meta["scheduler"] is not None:
+            scheduler.load_state_dict(copy.deepcopy(meta["scheduler"]))
+        return copy.deepcopy(meta["data_state"])
+
+
 class Remover:
     """Deletes pruned checkpoints on threads of their own: freeing a node-local step (1.6 GB in
     /dev/shm per rank) held the training thread 0.22-0.46 s at every commit on 2 x H200, 15 s of a
@@ -622,6 +818,7 @@ class Checkpointer:
         remover: Remover | None = None,
         snapshot: MemorySnapshot | None = None,
         committer: Committer | None = None,
+        host: HostSnapshot | None = None,
     ) -> None:
         self.config = config
         self.rank = rank
@@ -643,6 +840,8 @@ class Checkpointer:
         self.committer = committer or Committer()  # likewise: a commit may still be running
         self._plan_cache: tuple[tuple[Any, ...], dict[str, list[Any]]] | None = None  # see _write_plan
         self._owed: int | None = None  # a persistent save's step deferred by a node-local write (see tier_for)
+        self._host = host  # the memory snapshot in host shared memory (--host-snapshot)
+        self._host_slot: str | None = None  # the slot find_restorable chose
 
     # ------------------------------------------------------------------ restore
 
@@ -683,7 +882,29 @@ class Checkpointer:
             if step is not None and (step > base or (kind == "snapshot" and step == base)):
                 return None, {"step": step, "world_size": self.world_size, "memory": kind,
                               "ft_state": manifest.get("ft_state"), "progress": manifest.get("progress")}
+        elif self._host is not None and not after_nan:
+            # A new process (launcher restart): the newest step every rank holds in host memory.
+            step = self._held_by_every_rank(self._host.held((self.rank, self.world_size)))
+            if step is not None and step > manifest.get("step", 0):
+                return None, {"step": step, "world_size": self.world_size, "memory": "host",
+                              "ft_state": manifest.get("ft_state"), "progress": manifest.get("progress")}
         return latest, manifest
+
+    def _held_by_every_rank(self, held: dict[int, str]) -> int | None:
+        """The newest of these steps (this rank's host snapshot slots) that every rank holds too,
+        never the final step (its checkpoint must be written again). Collective.
+        """
+        mine = sorted((s for s in held if s < self.config.steps), reverse=True)[:2]
+        mine += [-1] * (2 - len(mine))
+        local = torch.tensor(mine, dtype=torch.float64, device=_flag_device())
+        gathered = [torch.zeros_like(local) for _ in range(self.world_size)]
+        torch.distributed.all_gather(gathered, local)
+        common = set.intersection(*({int(v) for v in t.tolist() if v >= 0} for t in gathered))
+        if not common:
+            return None
+        step = max(common)
+        self._host_slot = held[step]
+        return step
 
     def _held_on_every_rank(self, *steps: int | None) -> list[int | None]:
         """For each step given (None: not held), that step if every rank gave the same one. Collective."""
@@ -705,6 +926,9 @@ class Checkpointer:
         if manifest["memory"] == "snapshot":
             assert self._snapshot is not None
             return "memory (snapshot)", self._snapshot.restore(model, optimizer, scheduler)
+        if manifest["memory"] == "host":
+            assert self._host is not None and self._host_slot is not None
+            return "host memory (snapshot)", self._host.restore(self._host_slot, model, optimizer, scheduler)
         return "memory (staged, not yet committed)", self.load_staged(model, optimizer, scheduler)
 
     def load_staged(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None) -> Any:

@@ -31,10 +31,12 @@ from resilient_training.runtime.checkpointing import (
     Checkpointer,
     CommitStuck,
     Committer,
+    HostSnapshot,
     MemorySnapshot,
     Remover,
     StagingBuffers,
     local_tensors,
+    local_tier_root,
     state_dict,
     warm_up_writer,
 )
@@ -75,6 +77,8 @@ class Trainer:
         self.remover = Remover()  # kept across in-process restarts: deletions still running are not repeated
         self.committer = Committer()  # likewise: a restore waits for the commit still running
         self.snapshot = MemorySnapshot()  # the state every --memory-snapshot-every steps, for in-process restarts
+        # ... and in host shared memory (--host-snapshot), for a process the launcher restarts
+        self.host_snapshot = HostSnapshot(local_tier_root(config, self.rank)) if config.checkpoint.host_snapshot else None
         self.faults = flt.parse(config.faults)
         self.task = tk.task_from_config(config)
         self.task_args = tk.effective_args(config)
@@ -136,6 +140,7 @@ class Trainer:
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 on_wait=self.guard.progress, remover=self.remover, snapshot=self.snapshot, committer=self.committer,
+                host=self.host_snapshot,
             )
             started = time.time()
             # After an in-process restart a step staged on every rank (a save in flight) is newer
@@ -143,7 +148,7 @@ class Trainer:
             path, manifest = checkpointer.find_restorable(in_memory=iteration > 0, after_nan=self.last_kind == "nan")
             laps.lap("find_checkpoint")
             # Weights that a checkpoint will overwrite need no initialisation (launcher restarts).
-            model, optimizer, scheduler = self._build(from_storage=path is not None)
+            model, optimizer, scheduler = self._build(from_storage=path is not None or manifest.get("memory") == "host")
             laps.lap("build_model")
             data = tk.build_data(self.task, self.rank, self.world_size, self.config.seed)
             self.guard.end_phase(start_phase, warm_up=True)
@@ -224,6 +229,8 @@ class Trainer:
                 self._save_phase = None
             self.guard.progress()
             self.heartbeats.cover(0)
+            if self.host_snapshot is not None:
+                self.host_snapshot.poll()  # commits a copy to host memory once it is done
             # Always called: a negative count abandons a save lost with a dead writer.
             committing = checkpointer.will_commit(done_count)
             if committing:  # reading a checkpoint back costs about what writing it did: the first load's budget
@@ -250,6 +257,8 @@ class Trainer:
         self.snapshot.take(step, model, optimizer, scheduler, data.state_dict(), world=(self.rank, self.world_size))
         if self.snapshot.disabled:
             self.events.emit("memory_snapshot_off", step, reason=self.snapshot.disabled)
+        elif self.host_snapshot is not None:
+            self.host_snapshot.write(self.snapshot, step)
 
     def _snapshot_due(self, step: int, *, staged: bool) -> bool:
         """A memory snapshot at ``step``: every ``memory_every`` steps, unless a save staged this

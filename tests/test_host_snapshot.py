@@ -1,0 +1,106 @@
+"""The host snapshot (``--host-snapshot``): the memory snapshot kept in host shared memory in two
+slots, so that a process killed at any moment, even in the middle of a copy, leaves one whole
+slot behind, and nothing taken by another rank, world size or model is ever restored.
+
+Real models and AdamW on the CPU; the end-to-end launcher restart is in test_recovery.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from resilient_training.run import checkpoint_format as fmt
+from resilient_training.runtime.checkpointing import HostSnapshot, MemorySnapshot
+from tests.support.gates import TINY, train_state
+
+
+def _ready(host: HostSnapshot, snapshot: MemorySnapshot, step: int) -> None:
+    """Write ``step``, the first time after the slots' files are prepared (in the background)."""
+    host.write(snapshot, step)
+    deadline = time.monotonic() + 30
+    while host._preparing is not None and host._preparing.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    host.write(snapshot, step)
+    host.wait()
+
+
+def _snapshot_at(step: int) -> tuple[MemorySnapshot, object, object, object]:
+    model, optimizer, data = train_state(TINY, seed=1234, steps=step)
+    snapshot = MemorySnapshot()
+    snapshot.take(step, model, optimizer, None, data.state_dict(), world=(0, 1))
+    return snapshot, model, optimizer, data
+
+
+def test_two_slots_hold_the_last_two_snapshots_and_restore_exactly(tmp_path: Path) -> None:
+    host = HostSnapshot(tmp_path)
+    snapshot, model, optimizer, data = _snapshot_at(2)
+    _ready(host, snapshot, 2)
+    snapshot, model, optimizer, data = _snapshot_at(3)
+    host.write(snapshot, 3)
+    host.wait()
+    assert sorted(host.held((0, 1))) == [2, 3]
+
+    fresh_model, fresh_optimizer, _ = train_state(TINY, seed=99, steps=0)
+    data_state = HostSnapshot(tmp_path).restore(host.held((0, 1))[3], fresh_model, fresh_optimizer, None)
+    assert data_state == data.state_dict()
+    for (name, a), b in zip(model.state_dict().items(), fresh_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    for a, b in zip(optimizer.state.values(), fresh_optimizer.state.values(), strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_copy_killed_midway_leaves_the_other_slot_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from resilient_training.runtime import checkpointing
+
+    host = HostSnapshot(tmp_path)
+    snapshot, *_ = _snapshot_at(2)
+    _ready(host, snapshot, 2)
+    snapshot, *_ = _snapshot_at(3)
+    host.write(snapshot, 3)
+    host.wait()
+    held = host.held((0, 1))
+    copy = checkpointing._copy
+
+    def dies_midway(pairs, **kwargs):  # the process dies once half the tensors are copied
+        copy(pairs[: len(pairs) // 2], **kwargs)
+        raise SystemExit("killed")
+
+    snapshot, *_ = _snapshot_at(4)
+    monkeypatch.setattr(checkpointing, "_copy", dies_midway)
+    with pytest.raises(SystemExit):
+        host.write(snapshot, 4)  # into step 2's slot, the older one
+    assert host.held((0, 1)) == {3: held[3]}
+
+
+@pytest.mark.parametrize("world", [(1, 2), (0, 2)], ids=["other rank", "other world size"])
+def test_another_rank_or_world_size_holds_nothing(tmp_path: Path, world: tuple[int, int]) -> None:
+    host = HostSnapshot(tmp_path)
+    snapshot, *_ = _snapshot_at(2)
+    _ready(host, snapshot, 2)
+    assert host.held((0, 1)) and host.held(world) == {}
+
+
+def test_a_truncated_data_file_or_a_torn_meta_holds_nothing(tmp_path: Path) -> None:
+    host = HostSnapshot(tmp_path)
+    snapshot, *_ = _snapshot_at(2)
+    _ready(host, snapshot, 2)
+    (slot,) = host.held((0, 1)).values()
+    with open(host._data_path(slot), "r+b") as f:
+        f.truncate(16)
+    assert host.held((0, 1)) == {}
+    host._meta_path(slot).write_bytes(b"\x80\x04torn")
+    assert host.held((0, 1)) == {}
+
+
+def test_a_snapshot_of_another_model_is_refused_by_name(tmp_path: Path) -> None:
+    host = HostSnapshot(tmp_path)
+    snapshot, *_ = _snapshot_at(2)
+    _ready(host, snapshot, 2)
+    wider = TINY.__class__(**{**{k: getattr(TINY, k) for k in TINY.__slots__}, "d_model": TINY.d_model * 2})
+    model, optimizer, _ = train_state(wider, seed=1, steps=0)
+    with pytest.raises(fmt.CheckpointError, match="does not fit the rebuilt model"):
+        host.restore(next(iter(host.held((0, 1)).values())), model, optimizer, None)
