@@ -493,6 +493,7 @@ class HostSnapshot:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._data: dict[str, torch.Tensor] = {}  # slot -> uint8 view of its file (mapped, shared)
+        self._slot_views: dict[str, dict[Any, torch.Tensor]] = {}  # see _views
         self._layout: list[tuple[Any, int, tuple[int, ...], torch.dtype]] | None = None
         self._next = 0  # the slot written next
         self._pending: tuple[str, Any, dict[str, Any]] | None = None  # (slot, CUDA event, meta) until committed
@@ -531,7 +532,8 @@ class HostSnapshot:
         slot = self.SLOTS[self._next]
         self._next = 1 - self._next
         self._meta_path(slot).unlink(missing_ok=True)  # from here on the slot holds no step
-        pairs: _Pairs = [(self._view(slot, key), buffer) for key, buffer in buffers]
+        views = self._views(slot)
+        pairs: _Pairs = [(views[key], buffer) for key, buffer in buffers]
         event = None
         on_device = [pair for pair in pairs if pair[1].is_cuda]
         if on_device:
@@ -560,6 +562,7 @@ class HostSnapshot:
             return
         self._layout = None
         self._data.clear()
+        self._slot_views.clear()
         self.root.mkdir(parents=True, exist_ok=True)
         for slot in self.SLOTS:
             self._meta_path(slot).unlink(missing_ok=True)
@@ -579,16 +582,22 @@ class HostSnapshot:
         self._preparing = threading.Thread(target=prepare, name="host-snapshot-prepare", daemon=True)
         self._preparing.start()
 
-    def _view(self, slot: str, key: Any) -> torch.Tensor:
-        assert self._layout is not None
-        for k, offset, shape, dtype in self._layout:
-            if k == key:
+    def _views(self, slot: str) -> dict[Any, torch.Tensor]:
+        """Key -> the tensor view of the slot's file where that key's copy lies (made once per slot:
+        a search per key made every write cost ~0.04 s of the training thread for ~800 tensors).
+        """
+        views = self._slot_views.get(slot)
+        if views is None:
+            assert self._layout is not None
+            views = {}
+            for key, offset, shape, dtype in self._layout:
                 count = 1
                 for n in shape:
                     count *= n
                 size = count * torch.empty((), dtype=dtype).element_size()
-                return self._data[slot][offset:offset + size].view(dtype).view(shape)
-        raise KeyError(key)
+                views[key] = self._data[slot][offset:offset + size].view(dtype).view(shape)
+            self._slot_views[slot] = views
+        return views
 
     def poll(self) -> None:
         """Commit the copy in flight once it is complete (never blocks): write its slot's meta."""
