@@ -104,3 +104,25 @@ def test_a_snapshot_of_another_model_is_refused_by_name(tmp_path: Path) -> None:
     model, optimizer, _ = train_state(wider, seed=1, steps=0)
     with pytest.raises(fmt.CheckpointError, match="does not fit the rebuilt model"):
         host.restore(next(iter(host.held((0, 1)).values())), model, optimizer, None)
+
+
+def test_page_locking_goes_tensor_by_tensor_in_bounded_runs() -> None:
+    """cudaHostRegister holds the GIL while it locks pages: the files are locked in runs of at most
+    ``_PIN_RUN`` bytes (one tensor larger than that alone), each run whole tensors, so no copy
+    spans two registrations.
+    """
+    run = HostSnapshot._PIN_RUN
+    sizes = [4096, 4096, run - 8192, 4096, 2 * run, 4096, run, 8192]
+    layout, offset = [], 0
+    for i, size in enumerate(sizes):
+        layout.append((("t", i), offset, (size,), torch.uint8))
+        offset += size
+    runs = HostSnapshot._pin_runs(layout, offset)
+    starts = {o for _, o, _, _ in layout}
+    assert runs[0][0] == 0 and sum(length for _, length in runs) == offset
+    assert all(a + la == b for (a, la), (b, _) in zip(runs, runs[1:], strict=False))
+    for start, length in runs:
+        assert start in starts and start % 4096 == 0
+        inside = [o for o in starts if start <= o < start + length]
+        assert length <= run or len(inside) == 1
+    assert runs[0] == (0, sum(sizes[:3]))  # the first three fill one run exactly

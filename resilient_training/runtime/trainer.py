@@ -243,7 +243,7 @@ class Trainer:
             snapshot_first = (self.config.checkpoint.async_save and saving and not checkpointer.will_defer(step)
                               and self._snapshot_due(step, staged=False))
             if snapshot_first:
-                self._take_snapshot(step, model, optimizer, scheduler, data)
+                self._take_snapshot(step, model, optimizer, scheduler, data, host=False)
             if saving:
                 self._save(step, model, optimizer, scheduler, data, checkpointer)
             if not snapshot_first and self._snapshot_due(step, staged=saving and not checkpointer.will_defer(step)):
@@ -253,11 +253,17 @@ class Trainer:
                     timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor()) or {}
                 self.events.emit("calibrated", step, timeouts={**timeouts, "progress": self.guard.calibrated()})
 
-    def _take_snapshot(self, step: int, model: Any, optimizer: Any, scheduler: Any, data: Any) -> None:
+    def _take_snapshot(self, step: int, model: Any, optimizer: Any, scheduler: Any, data: Any, *,
+                       host: bool = True) -> None:
+        """``host``: also copy it to host memory (--host-snapshot). Not when a save stages from
+        it at the same step: both copy the whole state to the host, ~800 copies each, and with
+        both queued a save held training 0.148 s instead of 0.019 s on one H200 (the cause is
+        not established; this avoids the overlap).
+        """
         self.snapshot.take(step, model, optimizer, scheduler, data.state_dict(), world=(self.rank, self.world_size))
         if self.snapshot.disabled:
             self.events.emit("memory_snapshot_off", step, reason=self.snapshot.disabled)
-        elif self.host_snapshot is not None:
+        elif self.host_snapshot is not None and host:
             self.host_snapshot.write(self.snapshot, step)
 
     def _snapshot_due(self, step: int, *, staged: bool) -> bool:
