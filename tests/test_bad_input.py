@@ -82,6 +82,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train-fault-newline", ["train", "--run-dir", "r", "--faults", "sigkill@3:0\n"], "control character"),
     ("train-local-dir-newline", ["train", "--run-dir", "r", "--local-checkpoint-dir", "/dev/shm/x\ny"],
      "control character"),
+    # found by a stranger trial: a file (or /proc) as the node-local tier ended after 40 s of restarts
+    ("train-local-dir-unusable", ["train", "--run-dir", "r", "--local-checkpoint-every", "2",
+                                  "--local-checkpoint-dir", "/proc/rt-no-such"], "cannot hold the node-local tier"),
+    ("train-host-snapshot-alone", ["train", "--run-dir", "r", "--host-snapshot"],
+     "host_snapshot needs memory_snapshot_every and local_checkpoint_every"),
     ("train-memory-limit-negative", ["train", "--run-dir", "r", "--memory-limit-mb", "-5"],
      "memory_limit_mb must be >= 0"),
     ("train-rdzv-last-call-nan", ["train", "--run-dir", "r", "--nodes", "2", "--rdzv-last-call", "nan"],

@@ -14,17 +14,17 @@ import pytest
 import torch
 
 from resilient_training.run import checkpoint_format as fmt
-from resilient_training.runtime.checkpointing import HostSnapshot, MemorySnapshot
+from resilient_training.runtime.checkpointing import HostSnapshot, Lineage, MemorySnapshot
 from tests.support.gates import TINY, train_state
 
 
-def _ready(host: HostSnapshot, snapshot: MemorySnapshot, step: int) -> None:
+def _ready(host: HostSnapshot, snapshot: MemorySnapshot, step: int, lineage: Lineage | None = None) -> None:
     """Write ``step``, the first time after the slots' files are prepared (in the background)."""
-    host.write(snapshot, step)
+    host.write(snapshot, step, lineage)
     deadline = time.monotonic() + 30
     while host._preparing is not None and host._preparing.is_alive() and time.monotonic() < deadline:
         time.sleep(0.01)
-    host.write(snapshot, step)
+    host.write(snapshot, step, lineage)
     host.wait()
 
 
@@ -45,7 +45,7 @@ def test_two_slots_hold_the_last_two_snapshots_and_restore_exactly(tmp_path: Pat
     assert sorted(host.held((0, 1))) == [2, 3]
 
     fresh_model, fresh_optimizer, _ = train_state(TINY, seed=99, steps=0)
-    data_state = HostSnapshot(tmp_path).restore(host.held((0, 1))[3], fresh_model, fresh_optimizer, None)
+    data_state = HostSnapshot(tmp_path).restore(host.held((0, 1))[3][0], fresh_model, fresh_optimizer, None)
     assert data_state == data.state_dict()
     for (name, a), b in zip(model.state_dict().items(), fresh_model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
@@ -88,7 +88,7 @@ def test_a_truncated_data_file_or_a_torn_meta_holds_nothing(tmp_path: Path) -> N
     host = HostSnapshot(tmp_path)
     snapshot, *_ = _snapshot_at(2)
     _ready(host, snapshot, 2)
-    (slot,) = host.held((0, 1)).values()
+    ((slot, _),) = host.held((0, 1)).values()
     with open(host._data_path(slot), "r+b") as f:
         f.truncate(16)
     assert host.held((0, 1)) == {}
@@ -103,7 +103,7 @@ def test_a_snapshot_of_another_model_is_refused_by_name(tmp_path: Path) -> None:
     wider = TINY.__class__(**{**{k: getattr(TINY, k) for k in TINY.__slots__}, "d_model": TINY.d_model * 2})
     model, optimizer, _ = train_state(wider, seed=1, steps=0)
     with pytest.raises(fmt.CheckpointError, match="does not fit the rebuilt model"):
-        host.restore(next(iter(host.held((0, 1)).values())), model, optimizer, None)
+        host.restore(next(iter(host.held((0, 1)).values()))[0], model, optimizer, None)
 
 
 def test_page_locking_goes_tensor_by_tensor_in_bounded_runs() -> None:
@@ -126,3 +126,17 @@ def test_page_locking_goes_tensor_by_tensor_in_bounded_runs() -> None:
         inside = [o for o in starts if start <= o < start + length]
         assert length <= run or len(inside) == 1
     assert runs[0] == (0, sum(sizes[:3]))  # the first three fill one run exactly
+
+
+def test_a_snapshot_is_held_only_on_top_of_the_persistent_checkpoint_it_descends_from(tmp_path: Path) -> None:
+    """A job killed on this node (snapshot of step 28 on top of step 20, branch a) that went on
+    elsewhere to a committed step 25 (branch b): back here, step 28 must not be restored over 25.
+    """
+    host = HostSnapshot(tmp_path)
+    snapshot, *_ = _snapshot_at(2)
+    _ready(host, snapshot, 2, Lineage(branch="a", base=(20, "a")))
+    assert set(host.held((0, 1), base=(20, "a"))) == {2}
+    assert host.held((0, 1), base=(20, "a"))[2][1] == {"branch": "a", "base": [20, "a"]}
+    assert host.held((0, 1), base=(25, "b")) == {}
+    assert host.held((0, 1), base=(20, "b")) == {}  # the same step committed by another branch
+    assert host.held((0, 1), base=None) == {}

@@ -513,7 +513,7 @@ class HostSnapshot:
 
     # ------------------------------------------------------------------ write
 
-    def write(self, snapshot: MemorySnapshot, step: int) -> None:
+    def write(self, snapshot: MemorySnapshot, step: int, lineage: Lineage | None = None) -> None:
         """Start copying ``snapshot`` (just taken at ``step``) into the next slot; returns at once.
         Skipped while the previous copy is still running or the files are still being prepared.
         """
@@ -554,7 +554,7 @@ class HostSnapshot:
         _copy([pair for pair in pairs if not pair[1].is_cuda])
         meta = {"step": step, "world": snapshot.world, "layout": [(k, o, s, fmt.dtype_name(d)) for k, o, s, d in layout],
                 "param_groups": snapshot._param_groups, "scheduler": snapshot._scheduler,
-                "data_state": snapshot.data_state}
+                "data_state": snapshot.data_state, "lineage": (lineage or Lineage()).record()}
         self._pending = (slot, event, meta)
         self.poll()
 
@@ -641,11 +641,13 @@ class HostSnapshot:
 
     # ------------------------------------------------------------------ restore
 
-    def held(self, world: tuple[int, int]) -> dict[int, str]:
-        """Step -> slot of the committed slots this rank holds, taken by the same rank of the
-        same world size (a slot whose files do not match its meta counts as not held).
+    def held(self, world: tuple[int, int], *,
+             base: tuple[int, str | None] | None = None) -> dict[int, tuple[str, dict[str, Any]]]:
+        """Step -> (slot, lineage record) of the committed slots this rank holds, taken by the
+        same rank of the same world size on top of the persistent checkpoint ``base`` (see
+        :class:`Lineage`). A slot whose files do not match its meta counts as not held.
         """
-        held: dict[int, str] = {}
+        held: dict[int, tuple[str, dict[str, Any]]] = {}
         for slot in self.SLOTS:
             try:
                 with warnings.catch_warnings():  # a torn file's pickle protocol, say
@@ -656,10 +658,12 @@ class HostSnapshot:
                 continue
             if tuple(meta.get("world") or ()) != tuple(world):
                 continue
+            if "lineage" not in meta or Lineage.base_of(meta["lineage"]) != base:
+                continue
             layout = meta["layout"]
             if layout and layout[-1][1] > size:
                 continue
-            held[int(meta["step"])] = slot
+            held[int(meta["step"])] = (slot, meta["lineage"])
         return held
 
     def restore(self, slot: str, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> Any:
@@ -811,6 +815,33 @@ DEFAULT_GPU_WRITE_THREADS = 4
 
 
 @dataclass(slots=True)
+class Lineage:
+    """Which history the training state belongs to, so that a node-local save or a host snapshot
+    is restored only on top of the persistent checkpoint it descends from.
+
+    ``branch``: a token agreed by every rank whenever training starts from scratch or from the
+    persistent tier (two jobs resuming the same checkpoint get different tokens); a restore from
+    the node-local tier or a host snapshot continues the branch it records. ``base``: (step,
+    branch) of the newest persistent checkpoint in this history (None: none yet). Every save and
+    host snapshot records both; one is usable only while its ``base`` is the persistent
+    ``latest``. Found by a stranger trial: a job killed on node A (host snapshot at step 28 on top
+    of step 20), resumed elsewhere with other data to a committed step 25, then started again on
+    node A resumed from step 28, skipping step 25 and mixing the two histories.
+    """
+
+    branch: str | None = None
+    base: tuple[int, str | None] | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {"branch": self.branch, "base": list(self.base) if self.base is not None else None}
+
+    @staticmethod
+    def base_of(record: dict[str, Any] | None) -> tuple[int, str | None] | None:
+        base = (record or {}).get("base")
+        return (int(base[0]), base[1]) if base else None
+
+
+@dataclass(slots=True)
 class _InFlight:
     step: int
     tier: str
@@ -850,6 +881,7 @@ class Checkpointer:
         snapshot: MemorySnapshot | None = None,
         committer: Committer | None = None,
         host: HostSnapshot | None = None,
+        lineage: Lineage | None = None,
     ) -> None:
         self.config = config
         self.rank = rank
@@ -873,6 +905,7 @@ class Checkpointer:
         self._owed: int | None = None  # a persistent save's step deferred by a node-local write (see tier_for)
         self._host = host  # the memory snapshot in host shared memory (--host-snapshot)
         self._host_slot: str | None = None  # the slot find_restorable chose
+        self.lineage = lineage if lineage is not None else Lineage()  # kept across in-process restarts
 
     # ------------------------------------------------------------------ restore
 
@@ -894,7 +927,12 @@ class Checkpointer:
             # Rank 0 commits the persistent tier on its committer thread: no rank reads `latest`
             # before rank 0's commit in flight is done (rank 0 joins this only after settling).
             torch.distributed.all_reduce(torch.zeros(1, device=_flag_device()))
-        latest = self._newest_restorable()
+        persistent = fmt.read_latest(self.root)
+        persistent_id = None
+        if persistent is not None:
+            persistent_manifest = fmt.read_manifest(persistent)
+            persistent_id = (persistent_manifest["step"], (persistent_manifest.get("lineage") or {}).get("branch"))
+        latest = self._newest_restorable(persistent, persistent_id)
         manifest: dict[str, Any] = {}
         if latest is not None:
             manifest = fmt.read_manifest(latest)
@@ -911,15 +949,34 @@ class Checkpointer:
             base = manifest.get("step", 0)
             kind, step = max((("snapshot", snapshot), ("staged", staged)), key=lambda c: c[1] or -1)
             if step is not None and (step > base or (kind == "snapshot" and step == base)):
+                # The same processes go on with the same history: the lineage stays as it is.
                 return None, {"step": step, "world_size": self.world_size, "memory": kind,
                               "ft_state": manifest.get("ft_state"), "progress": manifest.get("progress")}
         elif self._host is not None and not after_nan:
             # A new process (launcher restart): the newest step every rank holds in host memory.
-            step = self._held_by_every_rank(self._host.held((self.rank, self.world_size)))
+            held = self._host.held((self.rank, self.world_size), base=persistent_id)
+            step = self._held_by_every_rank({s: slot for s, (slot, _) in held.items()})
             if step is not None and step > manifest.get("step", 0):
+                record = held[step][1]
+                self.lineage.branch, self.lineage.base = record.get("branch"), Lineage.base_of(record)
                 return None, {"step": step, "world_size": self.world_size, "memory": "host",
                               "ft_state": manifest.get("ft_state"), "progress": manifest.get("progress")}
+        if latest is not None and latest != persistent:  # node-local: continues the history it records
+            record = manifest.get("lineage") or {}
+            self.lineage.branch, self.lineage.base = record.get("branch"), Lineage.base_of(record)
+        elif not in_memory or latest is None:
+            # From scratch or from the persistent tier: a branch of its own.
+            self.lineage.branch, self.lineage.base = self._agreed_token(), persistent_id
         return latest, manifest
+
+    def _agreed_token(self) -> str:
+        """A new branch token, rank 0's, on every rank. Collective."""
+        import uuid
+
+        token = [uuid.uuid4().hex[:16] if self.rank == 0 else None]
+        if self.world_size > 1:
+            torch.distributed.broadcast_object_list(token, src=0)
+        return str(token[0])
 
     def _held_by_every_rank(self, held: dict[int, str]) -> int | None:
         """The newest of these steps (this rank's host snapshot slots) that every rank holds too,
@@ -1017,11 +1074,29 @@ class Checkpointer:
             scheduler.load_state_dict(state["lr_scheduler"])
         return source, data_state
 
-    def _newest_restorable(self) -> Path | None:
-        """The persistent ``latest``, or a newer node-local step that every rank holds."""
-        persistent = fmt.read_latest(self.root)
+    def _newest_restorable(self, persistent: Path | None, persistent_id: tuple[int, str | None] | None) -> Path | None:
+        """The persistent ``latest``, or a newer node-local step that every rank holds and that
+        descends from that very checkpoint (see :class:`Lineage`).
+        """
         if self.local_root is None:
             return persistent
+        persistent_step = persistent_id[0] if persistent_id else 0
+        local_steps = set()
+        for s in fmt.committed_steps(self.local_root):
+            # Each rank's local step holds only its own chunks: usable at the world size that wrote it.
+            local = fmt.read_manifest(self.local_root / fmt.step_dirname(s))
+            if local.get("world_size") == self.world_size and \
+                    Lineage.base_of(local.get("lineage")) == persistent_id and "lineage" in local:
+                local_steps.add(s)
+        newest_local = max(local_steps, default=-1)
+        agreed = torch.tensor([float(newest_local)], device=_flag_device())
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+        step = int(agreed.item())
+        held = torch.tensor([1.0 if step in local_steps else 0.0], device=_flag_device())
+        torch.distributed.all_reduce(held, op=torch.distributed.ReduceOp.MIN)
+        if step > persistent_step and held.item() == 1.0:
+            return self.local_root / fmt.step_dirname(step)
+        return persistent
         persistent_step = fmt.read_manifest(persistent)["step"] if persistent else 0
         # Each rank's local step holds only its own chunks: usable at the world size that wrote it.
         local_steps = {s for s in fmt.committed_steps(self.local_root)
@@ -1152,6 +1227,7 @@ class Checkpointer:
         tier = self.tier_for(step) or PERSISTENT
         if tier == PERSISTENT:
             self._owed = None
+        manifest_fields = {**manifest_fields, "lineage": self.lineage.record()}
         begin = time.time()
         self._emit("ckpt_begin", step, mode="async" if self.config.checkpoint.async_save else "sync", tier=tier)
         root = self.root if tier == PERSISTENT else self.local_root
@@ -1276,6 +1352,8 @@ class Checkpointer:
         in_flight, self._in_flight = self._in_flight, None
         assert in_flight is not None
         local = in_flight.tier == LOCAL
+        if not local:  # every rank, at the same step: later saves descend from this checkpoint
+            self.lineage.base = (in_flight.step, in_flight.manifest_fields["lineage"]["branch"])
         if self.rank != 0 and not local:
             return
 

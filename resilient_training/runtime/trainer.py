@@ -32,6 +32,7 @@ from resilient_training.runtime.checkpointing import (
     CommitStuck,
     Committer,
     HostSnapshot,
+    Lineage,
     MemorySnapshot,
     Remover,
     StagingBuffers,
@@ -79,6 +80,7 @@ class Trainer:
         self.snapshot = MemorySnapshot()  # the state every --memory-snapshot-every steps, for in-process restarts
         # ... and in host shared memory (--host-snapshot), for a process the launcher restarts
         self.host_snapshot = HostSnapshot(local_tier_root(config, self.rank)) if config.checkpoint.host_snapshot else None
+        self.lineage = Lineage()  # which history the state belongs to (set by each restore; see Lineage)
         self.faults = flt.parse(config.faults)
         self.task = tk.task_from_config(config)
         self.task_args = tk.effective_args(config)
@@ -140,7 +142,7 @@ class Trainer:
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 on_wait=self.guard.progress, remover=self.remover, snapshot=self.snapshot, committer=self.committer,
-                host=self.host_snapshot,
+                host=self.host_snapshot, lineage=self.lineage,
             )
             started = time.time()
             # After an in-process restart a step staged on every rank (a save in flight) is newer
@@ -264,7 +266,7 @@ class Trainer:
         if self.snapshot.disabled:
             self.events.emit("memory_snapshot_off", step, reason=self.snapshot.disabled)
         elif self.host_snapshot is not None and host:
-            self.host_snapshot.write(self.snapshot, step)
+            self.host_snapshot.write(self.snapshot, step, self.lineage)
 
     def _snapshot_due(self, step: int, *, staged: bool) -> bool:
         """A memory snapshot at ``step``: every ``memory_every`` steps, unless a save staged this
