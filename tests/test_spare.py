@@ -268,3 +268,29 @@ def test_a_killed_rank_restarts_from_warm_spares_and_nothing_outlives_the_run(tm
     writers = [e["pid"] for e in run.events if e.event in ("writer_ready", "writer_restarted") and e.get("pid")]
     assert len(writers) >= 4  # both ranks' before and after the restart
     assert wait_until(lambda: not [pid for pid in writers if alive(pid)], 5), [pid for pid in writers if alive(pid)]
+
+
+def test_a_sigkilled_train_command_takes_its_launcher_workers_and_spares_along(tmp_path):
+    """Found by a stranger trial: `resilient-training train` killed with SIGKILL (no chance to
+    clean up) left ft_launcher and the workers training on, in sessions of their own, with nobody
+    watching. The launcher now gets SIGTERM when the command dies and stops its workers.
+    """
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(run_dir), "--steps", "400",
+               "--step-seconds", "0.3", "--checkpoint-every", "100", "--warm-spare"]
+    cli = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: any(e.get("event") == "step" for e in _events(run_dir)), timeout=120)
+        assert len(processes_mentioning(str(run_dir))) >= 3  # launcher and two workers at least
+    finally:
+        cli.kill()
+        cli.wait()
+    assert wait_until(lambda: not processes_mentioning(str(run_dir)), timeout=30), \
+        processes_mentioning(str(run_dir))
+
+
+def _events(run_dir: Path) -> list[dict]:
+    out = []
+    for path in (run_dir / "events").glob("*.jsonl") if (run_dir / "events").is_dir() else []:
+        out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return out

@@ -108,7 +108,9 @@ def run_local(
         config, cfg.to_argv(config), python=sys.executable, standalone=True, nnodes="1",
         nproc_per_node=nproc, iteration_file=fmt.iteration_file(config.run_dir),
     )
-    worker_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    worker_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {}),
+                  # ft_launch stops the workers if this process dies without cleaning up (SIGKILL)
+                  "RT_LAUNCHER_PARENT_PID": str(os.getpid())}
     log_path = layout.logs_dir(run_dir) / "launcher.log"
     started = time.time()
     with open(log_path, "ab") as log:

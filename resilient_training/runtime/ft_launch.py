@@ -10,15 +10,38 @@ gone instead of after a fixed second.
 
 from __future__ import annotations
 
+import os
 import runpy
+import signal
 import sys
 
 from resilient_training.runtime import nvrx_adapter
 
 LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
+# Set by the local launchers to their own pid: this launcher then stops its workers when that
+# process dies (a SIGKILLed `resilient-training train` left them training on, found by a
+# stranger trial). Unset in pods, where the container's end takes the whole tree.
+PARENT_ENV = "RT_LAUNCHER_PARENT_PID"
+
+
+def _die_with_parent() -> None:
+    """SIGTERM to this process (ft_launcher's orderly stop of its workers) once the process named
+    in :data:`PARENT_ENV` is gone: Linux's parent-death signal, plus a check for a parent that
+    died before it was set.
+    """
+    parent = os.environ.pop(PARENT_ENV, "")
+    if not parent.isdigit() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != int(parent):
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main() -> None:
+    _die_with_parent()
     nvrx_adapter.quicken_rendezvous()
     nvrx_adapter.quicken_teardown()
     sys.argv[0] = "ft_launcher"
