@@ -218,9 +218,6 @@ class StagingBuffers:
         _copy([pair for pair in pairs if not pair[1].is_cuda])
         return out
 
-    def copy_in(self, name: str, source: torch.Tensor) -> torch.Tensor:
-        return self.copy_all([(name, source)])[name]
-
     def end(self, step: int) -> None:
         """Every copy of ``step`` is queued; on CPU it is already done."""
         self._staging_step = step
@@ -503,7 +500,6 @@ class HostSnapshot:
         self._pending: tuple[str, Any, dict[str, Any]] | None = None  # (slot, CUDA event, meta) until committed
         self._stream: Any = None
         self._preparing: threading.Thread | None = None
-        self.skipped = 0  # snapshots not copied because the previous copy was still running
 
     def _data_path(self, slot: str) -> Path:
         return self.root / f"host-snapshot-{slot}.bin"
@@ -519,7 +515,6 @@ class HostSnapshot:
         """
         self.poll()
         if self._pending is not None or step not in (snapshot._pending, snapshot.step) or snapshot.disabled:
-            self.skipped += self._pending is not None
             return
         buffers = sorted(snapshot._buffers.items(), key=lambda kv: str(kv[0]))
         layout, offset = [], 0
@@ -1085,22 +1080,9 @@ class Checkpointer:
         for s in fmt.committed_steps(self.local_root):
             # Each rank's local step holds only its own chunks: usable at the world size that wrote it.
             local = fmt.read_manifest(self.local_root / fmt.step_dirname(s))
-            if local.get("world_size") == self.world_size and \
-                    Lineage.base_of(local.get("lineage")) == persistent_id and "lineage" in local:
+            if local.get("world_size") == self.world_size and "lineage" in local \
+                    and Lineage.base_of(local["lineage"]) == persistent_id:
                 local_steps.add(s)
-        newest_local = max(local_steps, default=-1)
-        agreed = torch.tensor([float(newest_local)], device=_flag_device())
-        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
-        step = int(agreed.item())
-        held = torch.tensor([1.0 if step in local_steps else 0.0], device=_flag_device())
-        torch.distributed.all_reduce(held, op=torch.distributed.ReduceOp.MIN)
-        if step > persistent_step and held.item() == 1.0:
-            return self.local_root / fmt.step_dirname(step)
-        return persistent
-        persistent_step = fmt.read_manifest(persistent)["step"] if persistent else 0
-        # Each rank's local step holds only its own chunks: usable at the world size that wrote it.
-        local_steps = {s for s in fmt.committed_steps(self.local_root)
-                       if fmt.read_manifest(self.local_root / fmt.step_dirname(s)).get("world_size") == self.world_size}
         newest_local = max(local_steps, default=-1)
         agreed = torch.tensor([float(newest_local)], device=_flag_device())
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
