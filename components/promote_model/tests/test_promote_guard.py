@@ -228,7 +228,13 @@ def test_racing_s3_promoters_one_wins_the_other_exits_1_and_uploads_nothing(
         time.sleep(0.01)
     first.send_signal(signal.SIGSTOP)  # a live promoter holding the lock
     try:
-        before = s3_keys(client)
+        # A request the first promoter sent before it stopped may still land on the server: wait until the
+        # listing holds still, so that `before` is all the first promoter wrote (CI once saw .metadata land late).
+        before, settled = s3_keys(client), 0
+        while settled < 5:
+            time.sleep(0.1)
+            now = s3_keys(client)
+            settled, before = (settled + 1, before) if now == before else (0, now)
         second = subprocess.run(promote_cmd(other_gated_run, url), capture_output=True, text=True, env=env,
                                 timeout=120)
         after = s3_keys(client)
