@@ -96,6 +96,41 @@ def test_a_truncated_data_file_or_a_torn_meta_holds_nothing(tmp_path: Path) -> N
     assert host.held((0, 1)) == {}
 
 
+def test_a_data_file_cut_inside_its_last_tensor_holds_nothing(tmp_path: Path) -> None:
+    host = HostSnapshot(tmp_path)
+    snapshot, *_ = _snapshot_at(2)
+    _ready(host, snapshot, 2)
+    ((slot, _),) = host.held((0, 1)).values()
+    last_offset = max(offset for _, offset, _, _ in torch.load(host._meta_path(slot), weights_only=True)["layout"])
+    with open(host._data_path(slot), "r+b") as f:
+        f.truncate(last_offset + 1)  # the last tensor starts inside the file, and ends past it
+    assert host.held((0, 1)) == {}
+
+
+@pytest.mark.parametrize("stage", [None, True], ids=["direct", "staged"])
+def test_read_back_fills_every_target_with_its_bytes_across_buffer_boundaries(tmp_path: Path, stage: bool | None) -> None:
+    from resilient_training.runtime.checkpointing import _read_into
+
+    torch.manual_seed(0)
+    sources = [torch.randn(1000), torch.randn(7, 3).to(torch.bfloat16), torch.empty(0), torch.randn(5, 4),
+               torch.arange(300, dtype=torch.int64), torch.randn(())]
+    path, blob, offsets = tmp_path / "data.bin", bytearray(), []
+    for t in sources:
+        blob += b"\xff" * 13  # what lies between the tensors is never read into one
+        offsets.append(len(blob))
+        blob += t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    path.write_bytes(bytes(blob))
+    targets = [torch.zeros_like(t) for t in sources]
+    targets[3] = torch.zeros(4, 5).t()  # not contiguous: read whole, then copied
+    # chunk 64: a tensor spans many buffers, and buffers turn over between and inside tensors
+    _read_into(path, list(zip(targets, offsets, strict=True)), chunk=64, stage=stage)
+    for source, target in zip(sources, targets, strict=True):
+        assert torch.equal(source, target)
+
+    with pytest.raises(fmt.CheckpointError, match="shorter than its layout"):
+        _read_into(path, [(torch.zeros(10), len(blob) - 8)], chunk=64, stage=stage)
+
+
 def test_a_snapshot_of_another_model_is_refused_by_name(tmp_path: Path) -> None:
     host = HostSnapshot(tmp_path)
     snapshot, *_ = _snapshot_at(2)

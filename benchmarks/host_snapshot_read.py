@@ -1,0 +1,101 @@
+"""How fast does a new process read a host snapshot (``--host-snapshot``) back? CPU only.
+
+    python benchmarks/host_snapshot_read.py [--gb 1.6] [--dir /dev/shm] [--repeat 3]
+
+Writes one slot with the real ``HostSnapshot`` from a model and AdamW state of about ``--gb``
+GB (~800 tensors, like the 268M model's state), then restores it into a freshly built model and
+optimizer, as a process started by the launcher does, two ways:
+
+- ``mapped``: the slot's file mapped (``torch.from_file``) and each tensor copied from the
+  mapping (the code before ``_read_into``);
+- ``read``: ``HostSnapshot.restore`` (reads into each tensor, ``os.preadv``).
+
+Prints one table of seconds and GB/s (the page cache is warm: the file is in shared memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from resilient_training.runtime.checkpointing import HostSnapshot, MemorySnapshot, _live_state, state_dict
+
+
+def build(gb: float, seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """~800 parameter tensors whose weights and two AdamW moments add up to ``gb`` GB."""
+    torch.manual_seed(seed)
+    width = max(8, int((gb * 1e9 / 4 / 3 / 400) ** 0.5))
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(400)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    return model, optimizer
+
+
+def mapped_restore(host: HostSnapshot, slot: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    meta = torch.load(host._meta_path(slot), weights_only=True)
+    size = host._data_path(slot).stat().st_size
+    data = torch.from_file(str(host._data_path(slot)), shared=False, size=size, dtype=torch.uint8)
+    state_dict(model, optimizer)
+    live = _live_state(model, optimizer)
+    offsets = {key: offset for key, offset, _, _ in meta["layout"]}
+    with torch.no_grad():
+        for key, target in live.items():
+            n = target.numel() * target.element_size()
+            target.copy_(data[offsets[key]:offsets[key] + n].view(target.dtype).view(target.shape))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=1.6)
+    parser.add_argument("--dir", default="/dev/shm")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="host-snapshot-read-", dir=args.dir))
+    try:
+        model, optimizer = build(args.gb, seed=1)
+        snapshot = MemorySnapshot()
+        snapshot.take(1, model, optimizer, None, {}, world=(0, 1))
+        host = HostSnapshot(root)
+        host.write(snapshot, 1)
+        while host._preparing is not None and host._preparing.is_alive():
+            time.sleep(0.01)
+        host.write(snapshot, 1)
+        host.wait()
+        ((slot, _),) = host.held((0, 1)).values()
+        nbytes = sum(t.numel() * t.element_size() for t in _live_state(model, optimizer).values())
+        tensors = len(_live_state(model, optimizer))
+        del snapshot, host
+
+        fresh, fresh_optimizer = build(args.gb, seed=2)
+        rows = []
+        for i in range(args.repeat):
+            for name in (("mapped", "read") if i % 2 else ("read", "mapped")):
+                start = time.perf_counter()
+                if name == "mapped":
+                    mapped_restore(HostSnapshot(root), slot, fresh, fresh_optimizer)
+                else:
+                    HostSnapshot(root).restore(slot, fresh, fresh_optimizer, None)
+                rows.append((name, time.perf_counter() - start))
+        for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
+            assert torch.equal(a, b)
+        print(f"state: {nbytes / 1e9:.2f} GB in {tensors} tensors, slot file in {args.dir}")
+        print("| way | seconds (each run) | GB/s (best) |")
+        print("|---|---|---|")
+        for name in ("mapped", "read"):
+            times = [t for n, t in rows if n == name]
+            print(f"| {name} | {', '.join(f'{t:.3f}' for t in times)} | {nbytes / 1e9 / min(times):.1f} |")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
