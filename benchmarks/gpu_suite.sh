@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
 #   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | goodput-product | recovery+efficiency | all
-#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call8 (what fits one 10-minute device call each;
+#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call9 (what fits one 10-minute device call each;
 #            call4 wants OLD_TREE=.old holding the previous commit's tree)
 #          | fault-matrix | spare (a killed rank through ft_launcher: cold workers, then warm spares)
 #          | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
@@ -194,6 +194,11 @@ case $suite in
   call8)  # one device call: the reference goodput schedule with spares and --host-snapshot (a killed
     # rank resumes from the newest memory snapshot, kept in host shared memory)
     SPARE=1 HOST=1 RUN_NAME=product_host "$0" goodput-product "$out"
+    ;;
+  call9)  # one device call: the host snapshot's read-back on the GPU (mapped and pageable, against read
+    # through page-locked buffers; 3.2 GB like the 268M model's), then call8
+    python3 benchmarks/host_snapshot_read.py --device cuda --gb 3.2 --repeat 3 2>&1 | tee "$out/host-snapshot-read.txt"
+    "$0" call8 "$out"
     ;;
   call7)  # one device call: the reference goodput schedule with spares twice: node-local every 25 (4 write
     # threads), then every 10 with 8 threads (a launcher restart rolls back to the newest node-local step)

@@ -1,14 +1,15 @@
 """How fast does a new process read a host snapshot (``--host-snapshot``) back? CPU only.
 
-    python benchmarks/host_snapshot_read.py [--gb 1.6] [--dir /dev/shm] [--repeat 3]
+    python benchmarks/host_snapshot_read.py [--gb 1.6] [--dir /dev/shm] [--repeat 3] [--device cuda]
 
 Writes one slot with the real ``HostSnapshot`` from a model and AdamW state of about ``--gb``
-GB (~800 tensors, like the 268M model's state), then restores it into a freshly built model and
+GB (800 parameters: 3,200 tensors with AdamW's), then restores it into a freshly built model and
 optimizer, as a process started by the launcher does, two ways:
 
 - ``mapped``: the slot's file mapped (``torch.from_file``) and each tensor copied from the
-  mapping (the code before ``_read_into``);
-- ``read``: ``HostSnapshot.restore`` (reads into each tensor, ``os.preadv``).
+  mapping (the code before ``_read_into``; on a GPU, pageable host-to-device copies);
+- ``read``: ``HostSnapshot.restore`` (``_read_into``: ``os.preadv`` into each CPU tensor, or on a
+  GPU into two page-locked buffers in turn).
 
 Prints one table of seconds and GB/s (the page cache is warm: the file is in shared memory).
 """
@@ -27,11 +28,11 @@ from torch import nn
 from resilient_training.runtime.checkpointing import HostSnapshot, MemorySnapshot, _live_state, state_dict
 
 
-def build(gb: float, seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """~800 parameter tensors whose weights and two AdamW moments add up to ``gb`` GB."""
+def build(gb: float, seed: int, device: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """800 parameter tensors whose weights and two AdamW moments add up to ``gb`` GB."""
     torch.manual_seed(seed)
     width = max(8, int((gb * 1e9 / 4 / 3 / 400) ** 0.5))
-    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(400)])
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(400)]).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for p in model.parameters():
         p.grad = torch.ones_like(p)
@@ -57,11 +58,12 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=1.6)
     parser.add_argument("--dir", default="/dev/shm")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="where the model lives: cpu or cuda")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="host-snapshot-read-", dir=args.dir))
     try:
-        model, optimizer = build(args.gb, seed=1)
+        model, optimizer = build(args.gb, seed=1, device=args.device)
         snapshot = MemorySnapshot()
         snapshot.take(1, model, optimizer, None, {}, world=(0, 1))
         host = HostSnapshot(root)
@@ -75,7 +77,7 @@ def main() -> None:
         tensors = len(_live_state(model, optimizer))
         del snapshot, host
 
-        fresh, fresh_optimizer = build(args.gb, seed=2)
+        fresh, fresh_optimizer = build(args.gb, seed=2, device=args.device)
         rows = []
         for i in range(args.repeat):
             for name in (("mapped", "read") if i % 2 else ("read", "mapped")):
@@ -84,10 +86,12 @@ def main() -> None:
                     mapped_restore(HostSnapshot(root), slot, fresh, fresh_optimizer)
                 else:
                     HostSnapshot(root).restore(slot, fresh, fresh_optimizer, None)
+                if args.device != "cpu":
+                    torch.cuda.synchronize()
                 rows.append((name, time.perf_counter() - start))
         for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
             assert torch.equal(a, b)
-        print(f"state: {nbytes / 1e9:.2f} GB in {tensors} tensors, slot file in {args.dir}")
+        print(f"state: {nbytes / 1e9:.2f} GB in {tensors} tensors on {args.device}, slot file in {args.dir}")
         print("| way | seconds (each run) | GB/s (best) |")
         print("|---|---|---|")
         for name in ("mapped", "read"):
