@@ -62,6 +62,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train-run-dir-unwritable", ["train", "--run-dir", "{locked}/r"], "is not writable"),
     ("train-run-dir-name-max", ["train", "--run-dir", LONG], "longer than the file system allows"),
     ("train-run-dir-path-max", ["train", "--run-dir", "/".join([LONG[:200]] * 25)], "past the system's limit"),
+    # found by a stranger trial: access() says yes to root on /proc, and `train` ended in a traceback
+    ("train-run-dir-in-proc", ["train", "--run-dir", "/proc/rt-no-such-run"], "cannot be created or written"),
     ("train-batch-size-0", ["train", "--run-dir", "r", "--batch-size", "0"], "batch_size must be positive"),
     ("train-steps-0", ["train", "--run-dir", "r", "--steps", "0"], "steps must be positive"),
     ("train-lr-nan", ["train", "--run-dir", "r", "--lr", "nan"], "lr must be a finite number"),
@@ -76,6 +78,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train-task-arg-not-int", ["train", "--run-dir", "r", "--task-arg", "d_model=abc"],
      "d_model='abc' is not an integer"),
     ("train-task-arg-heads", ["train", "--run-dir", "r", "--task-arg", "n_heads=5"], "divisible by n_heads"),
+    # found by a stranger trial: a pasted newline was kept in the value, a repeated key silently won
+    ("train-task-arg-newline", ["train", "--run-dir", "r", "--task-arg", "lr=0.02\n"], "control character"),
+    ("train-task-arg-key-tab", ["train", "--run-dir", "r", "--task-arg", "l\tr=0.02"], "control character"),
+    ("train-task-arg-repeated", ["train", "--run-dir", "r", "--task-arg", "lr=1", "--task-arg", "lr=2"],
+     "task argument lr is given twice"),
     ("train-nproc-0", ["train", "--run-dir", "r", "--nproc", "0"], "world size must be at least 1"),
     ("train-steps-word", ["train", "--run-dir", "r", "--steps", "many"], "invalid int value"),
     ("train-fault-rank", ["train", "--run-dir", "r", "--faults", "sigkill@3:7"], "rank 7 does not exist"),
@@ -115,6 +122,16 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-output-empty", ["run", "--output-dir", ""], "--output-dir is empty"),
     ("run-promote-to-s3-newline", ["run", "--promote-to", "s3://models/nightly\n"], "control character"),
     ("run-output-unwritable", ["run", "--output-dir", "{locked}/out"], "is not writable"),
+    # found by a stranger trial: an empty --promote-to ran the whole pipeline into the default place
+    ("run-promote-to-empty", ["run", "--promote-to", ""], "--promote-to is empty"),
+    ("run-promote-to-blank", ["run", "--promote-to", " \n"], "--promote-to is empty"),
+    ("run-promote-to-newline", ["run", "--promote-to", "{work}/model\n"], "control character"),
+    ("run-promote-to-space", ["run", "--promote-to", "{work}/model "], "leading or trailing whitespace"),
+    ("run-task-arg-newline", ["run", "--task-arg", "lr=0.02\n"], "control character"),
+    ("run-task-arg-repeated", ["run", "--task-arg", "lr=1", "--task-arg", "lr=2"], "task argument lr is given twice"),
+    ("run-overrides-task-arg-repeated", ["run", "--train-overrides", '{"task_args": ["lr=1", "lr=2"]}'],
+     "task argument lr is given twice"),
+    ("bench-task-arg-repeated", ["bench", "--task-arg", "lr=1", "--task-arg", "lr=2"], "task argument lr is given twice"),
     ("bench-strategies-not-json", ["bench", "--strategies", "sync"], "--strategies is not valid JSON"),
     ("bench-strategies-list-of-int", ["bench", "--strategies", "[1]"], "must be a JSON list of objects"),
     ("bench-output-under-file", ["bench", "--output-dir", "{file}/out"], "is a file, not a directory"),
@@ -168,6 +185,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("validate-missing", ["validate-checkpoint", "{work}/nothing"], "does not exist"),
     ("validate-file", ["validate-checkpoint", "{file}"], "is not a directory"),
     ("validate-threads-0", ["validate-checkpoint", "--threads", "0", "{run}"], "--threads must be at least 1"),
+    # found by a stranger trial: a path with a newline split the error over two lines
+    ("validate-path-newline", ["validate-checkpoint", "{run}\n"], "control character"),
     ("convergence-min-improvement-nan", ["check-convergence", "--min-improvement", "nan", "{run}"],
      "min_improvement must be a finite number"),
     ("convergence-rtol-nan", ["check-convergence", "--continuity-rtol", "nan", "{run}"], "continuity_rtol"),
@@ -189,6 +208,14 @@ CASES: list[tuple[str, list[str], str]] = [
     ("export-out-in-checkpoints", ["export", "{run}", "--format", "torch", "-o", "{run}/checkpoints/m.pt"],
      "lies inside the run's checkpoints/"),
     ("export-missing-run", ["export", "{work}/nothing", "--format", "torch", "-o", "{work}/m.pt"], "does not exist"),
+    ("export-run-newline", ["export", "{run}\n", "--format", "torch", "-o", "{work}/m.pt"], "control character"),
+    # found by a stranger trial: a missing directory was "not a directory", and gates/ and events/ took exports
+    ("export-out-dir-missing", ["export", "{run}", "--format", "safetensors", "-o", "exp/m.safetensors"],
+     "exp does not exist"),
+    ("export-out-in-gates", ["export", "{run}", "--format", "torch", "-o", "{run}/gates/m.pt"],
+     "lies inside the run's gates/"),
+    ("export-out-in-events", ["export", "{run}", "--format", "torch", "-o", "{run}/events/m.pt"],
+     "lies inside the run's events/"),
     ("promote-s3-dotdot", ["promote", "{run}", "s3://models/x/../y"], "'..' part"),
     ("promote-dest-in-run", ["promote", "{run}/checkpoints/step_4", "{run}/checkpoints/step_4/model"],
      "lies inside the source run"),
@@ -200,6 +227,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ("promote-dest-name-max", ["promote", "{run}", f"{{work}}/{LONG[:250]}"], "longer than the file system allows"),
     ("report-o-empty", ["report", "{run}", "-o", ""], "-o is empty"),
     ("promote-dest-s3-newline", ["promote", "{run}", "s3://models/m\n"], "trailing whitespace"),
+    ("promote-dest-inner-newline", ["promote", "{run}", "{work}/mo\ndel"], "control character"),
+    ("promote-checkpoint-newline", ["promote", "{run}\n", "{work}/model"], "control character"),
+    ("report-run-newline", ["report", "{run}\n", "-o", "{work}/r.html"], "control character"),
+    # found by a stranger trial: access() says yes to root on /proc, and the write ended in a traceback
+    ("report-o-in-proc", ["report", "{run}", "-o", "/proc/rt-report.html"], "cannot create a file in /proc"),
+    ("report-json-in-proc", ["report", "{run}", "--json", "/proc/rt-no-such/m.json"], "cannot create a file in /proc"),
     ("report-o-dir", ["report", "{run}", "-o", "{dir}"], "is a directory: name a file"),
     ("report-o-root", ["report", "{run}", "-o", "/"], "is a directory: name a file"),
     ("report-o-under-file", ["report", "{run}", "-o", "{file}/r.html"], "is a file, not a directory"),
@@ -280,6 +313,26 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(
     assert err.endswith("\n") and err.count("\n") == 1, err  # one line
     assert "Traceback" not in err and reason in err, err
     assert snapshot(tmp_path, shared_run) == before  # nothing created, nothing changed
+
+
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_the_runs_evidence_behind_a_symlink_takes_no_output(command: str, tmp_path: Path, shared_run: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A run whose events/ is a symlink keeps its evidence at the link's target: no output lands there."""
+    from tests.support.gates import copy_run
+
+    run = copy_run(shared_run, tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere"
+    (run / "events").rename(elsewhere)
+    (run / "events").symlink_to(elsewhere)
+    out = elsewhere / "out.html"
+    argv = ["report", str(run), "-o", str(out)] if command == "report" else \
+        ["export", str(run), "--format", "torch", "-o", str(out)]
+    before = snapshot(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "events/" in err, err
+    assert snapshot(tmp_path) == before
 
 
 def test_the_corpus_covers_every_command() -> None:

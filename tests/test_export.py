@@ -226,7 +226,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(llama_run, tmp_path,
     usage(["export", str(llama_run / "checkpoints/step_4"), "--step", "12", "--format", "dcp", "-o", out], capsys,
           "is step 4, not --step 12")
     usage(["export", str(llama_run), "--format", "dcp", "-o", str(tmp_path / "missing" / "o")], capsys,
-          "is not a directory")
+          f"{tmp_path / 'missing'} does not exist")
     usage(["export", str(llama_run), "--format", "dcp", "-o", " "], capsys, "the output path is empty")
     usage(["export", str(llama_run), "--format", "onnx", "-o", out], capsys,
           "format 'onnx': choose one of dcp, torch, safetensors, hf")

@@ -14,7 +14,7 @@ from tests.support.gates import ScriptedLog, write_checkpoint
 @pytest.fixture
 def run(tmp_path: Path) -> Path:
     path = tmp_path / "run"
-    write_checkpoint(path, step=3)
+    write_checkpoint(path, step=30, train_steps=3)  # the gate judges the losses up to the checkpoint's step
     log = ScriptedLog(path)
     log.steps(1, 30, checkpoint_every=3)
     log.end()
@@ -25,26 +25,26 @@ def run(tmp_path: Path) -> Path:
 def test_validate_then_gate_then_promote(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dest = tmp_path / "dest"
     assert main(["promote", str(run), str(dest)]) == 1  # neither gate ran yet
-    assert "refused: checkpoints/step_3 was never validated" in capsys.readouterr().err
+    assert "refused: checkpoints/step_30 was never validated" in capsys.readouterr().err
     assert main(["validate-checkpoint", str(run)]) == 0
-    assert capsys.readouterr().out.startswith("VALID checkpoints/step_3 (step 3, 2 ranks")
+    assert capsys.readouterr().out.startswith("VALID checkpoints/step_30 (step 30, 2 ranks")
     assert main(["check-convergence", str(run), "--json"]) == 0
     verdict = json.loads(capsys.readouterr().out)
     assert verdict["passed"] and [c["name"] for c in verdict["checks"]] == [
         "finite", "completed", "final_loss", "improvement", "continuity"]
     assert main(["promote", str(run), str(dest), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["already_promoted"] is False
-    assert main(["promote", str(run / "checkpoints/step_3"), str(dest)]) == 0
+    assert main(["promote", str(run / "checkpoints/step_30"), str(dest)]) == 0
     assert "already promoted (no-op)" in capsys.readouterr().out
 
 
 def test_invalid_checkpoint_exits_1_with_json_findings(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (run / "checkpoints/step_3/manifest.json").write_text("not json")
+    (run / "checkpoints/step_30/manifest.json").write_text("not json")
     assert main(["validate-checkpoint", str(run), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["valid"] is False
     assert [(f["code"], f["file"]) for f in report["findings"]] == [
-        ("manifest_invalid", "checkpoints/step_3/manifest.json")]
+        ("manifest_invalid", "checkpoints/step_30/manifest.json")]
 
 
 def test_failed_gate_exits_1(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,5 +81,5 @@ def test_console_script_is_installed(run: Path) -> None:
     proc = subprocess.run([str(exe), "validate-checkpoint", str(run), "--json", "--no-record"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["checkpoints"][0]["step"] == 3
+    assert json.loads(proc.stdout)["checkpoints"][0]["step"] == 30
     assert not (run / "gates").exists()

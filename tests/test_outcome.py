@@ -44,3 +44,29 @@ def test_a_later_round_wins_over_an_earlier_first_failure(tmp_path):
     ]
     _write(tmp_path, records)
     assert "last failure on rank 1 at step 7: nan" in outcome(tmp_path, 16, 1, since=0.0, log=tmp_path / "log")
+
+
+def test_a_restart_with_no_checkpoint_to_restore_is_shown_as_starting_again(tmp_path):
+    """Found by a stranger trial: a SIGKILL before the first commit restarted the workers from step 1
+    and the console said nothing of it (only a restore of a committed step had a line).
+    """
+    from resilient_training.launch.local import ProgressPrinter
+
+    def load(ts: float, rank: int, attempt: int, iteration: int, step: int) -> ev.Event:
+        return ev.Event(ts=ts, rank=rank, attempt=attempt, iteration=iteration, event="load_done", step=step,
+                        fields={"source": "storage"})
+
+    _write(tmp_path, [
+        load(1.0, 0, 0, 0, 0),  # the first start: nothing lost, nothing to say
+        load(2.0, 0, 1, 0, 0),  # a launcher restart before the first commit
+        load(3.0, 1, 1, 0, 0),  # (rank 0 speaks for the run)
+        load(4.0, 0, 1, 1, 0),  # an in-process restart, still before the first commit
+        load(5.0, 0, 0, 0, 0),  # a replaced pod counts its attempts from 0 again
+        load(6.0, 0, 2, 0, 4),
+    ])
+    lines: list[str] = []
+    printer = ProgressPrinter(tmp_path, 10, since=0.0, emit=lines.append)
+    printer.start()
+    printer.stop()
+    again = "  ⤓ no checkpoint yet: starting again from step 1"
+    assert lines == [again, again, again, "  ⤓ restored step 4"]

@@ -39,17 +39,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run_dir", metavar="RUN", help="run directory (holds events/)")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    # Ranges are checked by ConvergenceConfig (one line, exit 2), which the component shares.
     p.add_argument("--max-final-loss", type=float, default=None,
-                   help="final-window mean loss must be below this (default: 0.8 x ln(vocab_size) when known)")
+                   help="final-window mean loss must be below this, finite and > 0 "
+                   "(default: 0.8 x ln(vocab_size) when the manifest records it)")
     p.add_argument("--min-improvement", type=float, default=0.1,
-                   help="relative loss improvement of the final window over the first (default: 0.1)")
-    p.add_argument("--window", type=int, default=5, help="steps per first/final window (default: 5)")
+                   help="relative loss improvement of the final window over the first, in [0, 1) (default: 0.1)")
+    p.add_argument("--window", type=int, default=5, help="steps per first/final window, >= 1 (default: 5)")
     p.add_argument("--continuity-rtol", type=float, default=1e-3,
-                   help="relative tolerance of a replayed step's loss after a restore (default: 1e-3)")
+                   help="relative tolerance of a replayed step's loss after a restore, >= 0 (default: 1e-3)")
     p.add_argument("--jump-rtol", type=float, default=0.15,
-                   help="tolerance when only the restored step's own loss is known (default: 0.15)")
+                   help="tolerance when only the restored step's own loss is known, >= 0 (default: 0.15)")
     p.add_argument("--reference", metavar="RUN", default=None, help="a reference run whose loss curve to match")
-    p.add_argument("--reference-rtol", type=float, default=0.05, help="relative tolerance against the reference")
+    p.add_argument("--reference-rtol", type=float, default=0.05,
+                   help="relative tolerance against the reference, >= 0 (default: 0.05)")
     p.add_argument("--no-record", dest="record", action="store_false",
                    help="do not write RUN/gates/convergence.json (promotion needs it)")
     p.set_defaults(func=convergence_main)
@@ -99,6 +102,15 @@ def _fail_usage(message: str) -> int:
     return EXIT_USAGE
 
 
+def _plain_path(value: str, name: str) -> str | None:
+    """The one-line error for a path argument holding a control character (a pasted newline would
+    split the error that names it over two lines), else None.
+    """
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in value):
+        return f"{name} {value!r} contains a control character (a newline?): give the path without it"
+    return None
+
+
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=1, sort_keys=True, allow_nan=True, default=str))
 
@@ -108,6 +120,8 @@ def validate_main(args: argparse.Namespace) -> int:
 
     if args.threads is not None and args.threads < 1:
         return _fail_usage(f"--threads must be at least 1, got {args.threads}")
+    if problem := _plain_path(args.path, "RUN_OR_CHECKPOINT"):
+        return _fail_usage(problem)
     try:
         report = validate(args.path, all_checkpoints=args.all, load=args.load, threads=args.threads)
     except UsageError as exc:
@@ -128,6 +142,7 @@ def convergence_main(args: argparse.Namespace) -> int:
         check_convergence,
         write_convergence_record,
     )
+    from resilient_training.run.events import EventLogError
 
     try:
         config = ConvergenceConfig(
@@ -139,7 +154,7 @@ def convergence_main(args: argparse.Namespace) -> int:
             reference_rtol=args.reference_rtol,
         )
         verdict = check_convergence(args.run_dir, config, reference_dir=args.reference)
-    except (RunError, ValueError) as exc:
+    except (RunError, EventLogError, ValueError) as exc:  # EventLogError: FILE:LINE: what is wrong
         return _fail_usage(str(exc))
     if args.record:
         write_convergence_record(args.run_dir, verdict)
@@ -153,6 +168,8 @@ def convergence_main(args: argparse.Namespace) -> int:
 def promote_main(args: argparse.Namespace) -> int:
     from resilient_training.gates.promote import PromotionRefused, PromotionUsageError, promote
 
+    if problem := _plain_path(args.checkpoint, "CHECKPOINT"):  # DEST: promote() checks it
+        return _fail_usage(problem)
     try:
         outcome = promote(args.checkpoint, args.dest)
     except PromotionUsageError as exc:
@@ -175,12 +192,14 @@ def _refuse_inside_run(run_dir: str, outputs: list[str]) -> None:
     from resilient_training.run import layout
 
     run = Path(run_dir).resolve()
-    protected = [layout.events_dir(run), layout.checkpoints_dir(run), layout.gates_dir(run), layout.config_path(run)]
+    records = (layout.events_dir(run), layout.checkpoints_dir(run), layout.gates_dir(run), layout.config_path(run))
     for output in outputs:
         path = Path(output).resolve()
-        if any(path == p or p in path.parents for p in protected):
-            raise ValueError(f"{output} lies in the run's own records ({path.relative_to(run)}): write the report "
-                             "elsewhere")
+        for record in records:
+            where = record.resolve()  # a run whose events/ (say) is a symlink keeps its records at the target
+            if path == where or where in path.parents:
+                raise ValueError(f"{output} lies in the run's own records ({Path(record.name, path.relative_to(where))})"
+                                 ": write the report elsewhere")
 
 
 def export_main(args: argparse.Namespace) -> int:
@@ -188,6 +207,8 @@ def export_main(args: argparse.Namespace) -> int:
 
     if args.fmt is None or args.output is None:
         return _fail_usage("give --format dcp|torch|safetensors|hf and -o PATH")
+    if problem := _plain_path(args.run, "RUN"):
+        return _fail_usage(problem)
     try:
         outcome = export(args.run, fmt=args.fmt, out=args.output, step=args.step)
     except ExportUsageError as exc:
@@ -204,12 +225,16 @@ def export_main(args: argparse.Namespace) -> int:
 
 
 def report_main(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from resilient_training.gates.metrics import RunError, compute_metrics
     from resilient_training.gates.report import write_report
-    from resilient_training.run.paths import check_writable
+    from resilient_training.run.paths import check_writable, probe_writable
 
     if args.output is None and args.json is None:
         return _fail_usage("give -o report.html and/or --json [FILE]")
+    if problem := _plain_path(args.run_dir, "RUN"):
+        return _fail_usage(problem)
     try:
         if args.output is not None:
             check_writable(args.output, "-o", directory=False)
@@ -222,7 +247,11 @@ def report_main(args: argparse.Namespace) -> int:
         return _fail_usage(str(exc))
     try:
         metrics = compute_metrics(args.run_dir)
-    except RunError as exc:
+        # Last, as it makes (and removes) a file: the outputs' directories take files (not /proc).
+        for path, flag in ((args.output, "-o"), (args.json, "--json")):
+            if path not in (None, "-"):
+                probe_writable(path, flag)
+    except (RunError, ValueError) as exc:
         return _fail_usage(str(exc))
     if args.output:
         write_report(args.run_dir, args.output, metrics=metrics)
@@ -230,6 +259,7 @@ def report_main(args: argparse.Namespace) -> int:
     if args.json == "-":
         _print_json(metrics)
     elif args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)  # as write_report does for -o
         with open(args.json, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(metrics, indent=1, sort_keys=True, allow_nan=True, default=str))
     return EXIT_OK

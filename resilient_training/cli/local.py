@@ -185,12 +185,20 @@ def _output_dir(given: str) -> Path:
         raise UsageError(str(exc)) from None
 
 
-def _promotion_dest(given: str, default: Path) -> str:
+def _promotion_dest(given: str | None, default: Path) -> str:
     """Where `run` promotes to: ``s3://bucket/prefix`` as given, a directory made absolute."""
     from resilient_training.gates.promote import PromotionUsageError, parse_s3
 
-    if not given:
+    if given is None:
         return str(default)
+    # An empty value (an unset variable in a script) is not "the default": `promote` refuses it too.
+    if not given.strip():
+        raise UsageError("--promote-to is empty: name a directory or s3://bucket/prefix, or leave the flag out "
+                         "(OUTPUT/promoted/<time>)")
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in given):
+        raise UsageError(f"--promote-to {given!r} contains a control character (a newline?): remove it")
+    if given != given.strip():
+        raise UsageError(f"--promote-to {given!r} has leading or trailing whitespace: remove it")
     if given.startswith("s3://"):
         try:
             parse_s3(given)
@@ -299,7 +307,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "faults, validate the checkpoint, check convergence, promote if both pass, write the report.",
     )
     _add_common(parser, steps=defaults.RUN_STEPS, every=defaults.RUN_CHECKPOINT_EVERY, faults=defaults.RUN_FAULTS)
-    parser.add_argument("--promote-to", default="", help="promotion directory (default OUTPUT/promoted/<time>)")
+    parser.add_argument("--promote-to", default=None, help="promotion directory or s3://bucket/prefix "
+                        "(default OUTPUT/promoted/<time>)")
     parser.add_argument("--export", default="", metavar="FORMAT",
                         help="also export the promoted model: safetensors, torch or hf (inside the promotion directory)")
     parser.add_argument("--min-improvement", type=float, default=0.1, help="convergence gate: relative improvement")

@@ -8,12 +8,18 @@ Checks (each reports its numbers and why it passed or failed):
 - ``completed``: the run ended with status ``completed``.
 - ``final_loss``: the mean loss of the final window is below ``max_final_loss``.
 - ``improvement``: (first-window mean − final-window mean) / first-window mean ≥ ``min_improvement``.
+  Both judge the history that leads to the judged checkpoint (the run's latest): the steps up
+  to its step, as they stood when it was committed. Steps trained after it are not its model's.
 - ``continuity``: after every restore, the first step resumes right after the restored step
   and its loss matches the loss logged for that same step before the fault (relative
   tolerance ``continuity_rtol``: data and state are deterministic, so a correct restore
   replays the step almost exactly). When the step had not been logged before the fault,
   the restored step's own pre-fault loss is the basis, with the looser ``jump_rtol``.
-  A restore that silently loaded the wrong state fails here.
+  A restore that silently loaded the wrong state fails here. So does a stretch of steps
+  whose restore is missing from the log: every process (``start``) and every in-process
+  restart iteration of a rank must log ``load_done`` before its first step (a fresh start
+  logs step 0), else its restore cannot be checked. Only a rank's very first steps, from step
+  1, may go without one: nothing was restored there.
 - ``reference`` (optional): at every step both runs logged, the loss is within
   ``reference_rtol`` of the reference run's.
 """
@@ -54,15 +60,29 @@ class ConvergenceConfig:
     """Relative tolerance against a reference run's curve."""
 
     def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError(f"window must be at least 1 step, got {self.window}")
+        # Checked here, not in the CLI: the KFP component and library callers build this too.
+        # A lax value would pass anything (min_improvement -1 passes a loss that rose).
+        if not _is_int(self.window) or self.window < 1:
+            raise ValueError(f"window must be at least 1 step, got {self.window!r}")
         for name in ("continuity_rtol", "continuity_atol", "jump_rtol", "reference_rtol"):
-            if not getattr(self, name) >= 0 or not math.isfinite(getattr(self, name)):  # NaN fails every comparison
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
-        if not math.isfinite(self.min_improvement):
-            raise ValueError(f"min_improvement must be a finite number, got {self.min_improvement}")
-        if self.max_final_loss is not None and not math.isfinite(self.max_final_loss):
-            raise ValueError(f"max_final_loss must be finite, got {self.max_final_loss}")
+            value = getattr(self, name)
+            if not _is_real(value) or not value >= 0 or not math.isfinite(value):  # NaN fails every comparison
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not _is_real(self.min_improvement) or not 0 <= self.min_improvement < 1:
+            raise ValueError(f"min_improvement must be a finite number in [0, 1) (a fraction of the first window's "
+                             f"loss), got {self.min_improvement!r}")
+        if self.max_final_loss is not None and (not _is_real(self.max_final_loss) or not self.max_final_loss > 0
+                                                or not math.isfinite(self.max_final_loss)):
+            raise ValueError(f"max_final_loss must be finite and > 0, got {self.max_final_loss!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    """An int or float (not a bool, not a string that looks like one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(slots=True)
@@ -79,17 +99,22 @@ class Verdict:
     run_dir: str
     checks: list[Check]
     recoveries: list[dict[str, Any]]
+    thresholds: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The thresholds the gate applied (max_final_loss as used: given or derived), for the record."""
+    checkpoint: Path | None = None
+    """The checkpoint judged (the run's latest when the gate ran); None when the run has none."""
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
+        return all(c.passed for c in self.checks)  # a skipped check has passed=True: it fails nothing
 
     def check(self, name: str) -> Check:
         return next(c for c in self.checks if c.name == name)
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_dir": self.run_dir, "passed": self.passed, "checks": [dataclasses.asdict(c) for c in self.checks],
-                "recoveries": self.recoveries}
+                "recoveries": self.recoveries, "thresholds": self.thresholds,
+                "checkpoint": None if self.checkpoint is None else str(self.checkpoint)}
 
     def format(self) -> str:
         lines = [f"{'PASSED' if self.passed else 'FAILED'} convergence gate: {self.run_dir}"]
@@ -99,17 +124,29 @@ class Verdict:
         return "\n".join(lines)
 
 
-def _default_threshold(run_dir: Path) -> float | None:
-    """0.8 x ln(vocab): well below the loss of uniform guessing, from the newest manifest."""
+def _default_threshold(run_dir: Path) -> tuple[float | None, str]:
+    """0.8 x ln(vocab): well below the loss of uniform guessing, from the newest manifest that
+    records a vocabulary; else (None, why there is none).
+    """
     from resilient_training.run import checkpoint_format as cf
 
-    for step in reversed(cf.committed_steps(layout.checkpoints_dir(run_dir))):
+    steps = cf.committed_steps(layout.checkpoints_dir(run_dir))
+    readable = 0
+    for step in reversed(steps):
         try:
-            vocab = cf.read_manifest(layout.checkpoints_dir(run_dir) / cf.step_dirname(step))["model_config"]["vocab_size"]
-            return 0.8 * math.log(vocab)
-        except (cf.CheckpointError, KeyError, TypeError, ValueError):
+            manifest = cf.read_manifest(layout.checkpoints_dir(run_dir) / cf.step_dirname(step))
+        except cf.CheckpointError:
             continue
-    return None
+        readable += 1
+        model = manifest.get("model_config") if isinstance(manifest, dict) else None
+        vocab = model.get("vocab_size") if isinstance(model, dict) else None
+        if _is_int(vocab) and vocab > 1:  # ln(1) = 0 would fail every loss
+            return 0.8 * math.log(vocab), f"0.8 x ln(vocab_size {vocab}) from step_{step}'s manifest"
+    if not steps:
+        return None, "no --max-final-loss, and the run has no committed checkpoint whose manifest could give one"
+    if not readable:
+        return None, "no --max-final-loss, and no committed checkpoint's manifest is readable to derive one from"
+    return None, "the run's task records no vocab_size to derive a default threshold from; pass --max-final-loss"
 
 
 def _close(a: float, b: float, rtol: float, atol: float = 0.0) -> bool:
@@ -122,7 +159,9 @@ def check_convergence(
     *,
     reference_dir: str | os.PathLike[str] | None = None,
 ) -> Verdict:
-    """Run every check on the run's event log; RunError when it is not a run."""
+    """Run every check on the run's event log; RunError when it is not a run, EventLogError
+    (a ValueError) when a line of its event log is not an event.
+    """
     config = config or ConvergenceConfig()
     run_dir = Path(run_dir)
     events = metrics.load_events(run_dir)
@@ -132,13 +171,41 @@ def check_convergence(
         raise RunError(f"{run_dir} logged no training step: nothing to judge")
     survivors = metrics.surviving(runs)
     curve = [(step, run.loss) for step, run in survivors.items()]
+    checkpoint, judged_step, history = _judged_history(run_dir, events, runs)
     checks = [_finite(runs, curve), _completed(events)]
-    checks += _learning(run_dir, curve, config)
+    learning, threshold_from = _learning(run_dir, history, config, judged_step)
+    checks += learning
     continuity, recoveries = _continuity(events, config)
     checks.append(continuity)
     if reference_dir is not None:
         checks.append(_reference(curve, Path(reference_dir), config))
-    return Verdict(run_dir=str(run_dir), checks=checks, recoveries=recoveries)
+    thresholds = {**dataclasses.asdict(config), "max_final_loss": learning[0].values["threshold"],
+                  "max_final_loss_from": threshold_from}
+    return Verdict(run_dir=str(run_dir), checks=checks, recoveries=recoveries, thresholds=thresholds,
+                   checkpoint=checkpoint)
+
+
+def _judged_history(run_dir: Path, events: list[Any], runs: list[metrics.StepRun],
+                    ) -> tuple[Path | None, int | None, list[tuple[int, float]]]:
+    """The checkpoint the gate judges (the run's latest), its step, and the loss curve that leads to it.
+
+    That curve is each step's last execution up to the checkpoint's step, among those logged
+    before it was (last) committed: steps trained after it, or replayed on another branch after
+    a rollback past it, are not its model's. Without a checkpoint: the whole surviving curve.
+    """
+    from resilient_training.run import checkpoint_format as cf
+
+    try:
+        checkpoint = cf.read_latest(layout.checkpoints_dir(run_dir))
+    except cf.CheckpointError:
+        checkpoint = None  # the record then names no checkpoint, and promotion refuses
+    step = cf.parse_step_dirname(checkpoint.name) if checkpoint is not None else None
+    if step is None:
+        return checkpoint, None, [(s, r.loss) for s, r in metrics.surviving(runs).items()]
+    commits = [e.ts for e in events if e.event == "ckpt_committed" and e.step == step and e.get("tier") != "local"]
+    until = max(commits, default=math.inf)
+    history = metrics.surviving(r for r in runs if r.ts <= until)
+    return checkpoint, step, [(s, r.loss) for s, r in history.items() if s <= step]
 
 
 def _finite(runs: list[metrics.StepRun], curve: list[tuple[int, float]]) -> Check:
@@ -165,39 +232,86 @@ def _completed(events: list[Any]) -> Check:
                  {"status": status, "reason": reason})
 
 
-def _learning(run_dir: Path, curve: list[tuple[int, float]], config: ConvergenceConfig) -> list[Check]:
+def _learning(run_dir: Path, curve: list[tuple[int, float]], config: ConvergenceConfig,
+              judged_step: int | None) -> tuple[list[Check], str | None]:
+    """final_loss and improvement over ``curve`` (ending at the judged checkpoint), and where the threshold came from."""
     window = min(config.window, max(1, len(curve) // 2))
     first = [v for _, v in curve[:window]]
     final = [v for _, v in curve[-window:]]
     first_mean = statistics.fmean(first) if first else math.nan
     final_mean = statistics.fmean(final) if final else math.nan
-    threshold = config.max_final_loss if config.max_final_loss is not None else _default_threshold(run_dir)
-    values = {"window": window, "first_mean": first_mean, "final_mean": final_mean, "threshold": threshold}
+    if config.max_final_loss is not None:
+        threshold, threshold_from = config.max_final_loss, "given"
+    else:
+        threshold, threshold_from = _default_threshold(run_dir)
+    values = {"window": window, "first_mean": first_mean, "final_mean": final_mean, "threshold": threshold,
+              "first_steps": [curve[0][0], curve[window - 1][0]] if curve else None,
+              "final_steps": [curve[-window][0], curve[-1][0]] if curve else None, "judged_step": judged_step}
     if threshold is None:
-        final_check = Check("final_loss", True, "skipped: no --max-final-loss and no manifest to derive one from",
-                            values, skipped=True)
+        final_check = Check("final_loss", True, f"skipped: {threshold_from}", values, skipped=True)
+        threshold_from = None
     elif not math.isfinite(final_mean):
         final_check = Check("final_loss", False, f"final-window mean is {final_mean}", values)
     else:
         ok = final_mean < threshold
-        final_check = Check("final_loss", ok, f"final-window mean {final_mean:.4f} {'<' if ok else '>='} "
-                            f"threshold {threshold:.4f}", values)
+        final_check = Check("final_loss", ok, f"final-window mean {final_mean:.4f} (steps {values['final_steps'][0]}"
+                            f"-{values['final_steps'][1]}) {'<' if ok else '>='} threshold {threshold:.4f}", values)
     improvement = (first_mean - final_mean) / abs(first_mean) if first_mean and math.isfinite(first_mean) \
         and math.isfinite(final_mean) else math.nan
     ivalues = {**values, "improvement": improvement, "min_improvement": config.min_improvement}
     if len(curve) < 2:
-        imp = Check("improvement", False, f"only {len(curve)} step logged: cannot show learning", ivalues)
+        upto = f" up to the judged checkpoint (step {judged_step})" if judged_step is not None else ""
+        imp = Check("improvement", False, f"only {len(curve)} step logged{upto}: cannot show learning", ivalues)
     elif not math.isfinite(improvement):
         imp = Check("improvement", False, f"improvement is {improvement} (non-finite losses)", ivalues)
     else:
         ok = improvement >= config.min_improvement
         imp = Check("improvement", ok, f"loss fell {improvement:.1%} from first window {first_mean:.4f} to final "
                     f"{final_mean:.4f} ({'>=' if ok else '<'} {config.min_improvement:.1%} required)", ivalues)
-    return [final_check, imp]
+    return [final_check, imp], threshold_from
+
+
+def _unlogged_restores(events: list[Any]) -> list[tuple[float, dict[str, Any]]]:
+    """(time, entry) for every stretch of a rank's steps that no ``load_done`` precedes in its segment.
+
+    A segment is one process (from its ``start``; a process ends at its ``end``) and one
+    in-process restart iteration (a new attempt or iteration). The trainer logs ``load_done``
+    before its first step in every segment (step 0 on a fresh start), so a segment without one
+    had its restore removed from the log. Only a rank's very first steps, from step 1, need
+    none: nothing was restored there (logs written by tests and older trainers omit it).
+    """
+    out: list[tuple[float, dict[str, Any]]] = []
+    segments: dict[int, dict[str, Any]] = {}  # rank -> its current segment
+    trained: set[int] = set()
+    for e in events:
+        if e.rank < 0:
+            continue
+        seg = segments.get(e.rank)
+        if seg is None or e.event == "start" or seg["ended"] or (e.attempt, e.iteration) != seg["key"]:
+            seg = segments[e.rank] = {"key": (e.attempt, e.iteration), "loaded": False, "stepped": False,
+                                      "ended": False}
+        if e.event == "load_done":
+            seg["loaded"] = True
+        elif e.event == "end":
+            seg["ended"] = True
+        elif e.event == "step" and not seg["stepped"]:
+            seg["stepped"] = True
+            fresh = e.rank not in trained and e.step == 1
+            if not seg["loaded"] and not fresh:
+                out.append((e.ts, {
+                    "rank": e.rank, "attempt": e.attempt, "iteration": e.iteration, "restored_step": None,
+                    "first_step": e.step, "loss": e.get("loss"), "basis": "missing", "expected": None,
+                    "deviation": None, "passed": False,
+                    "reason": f"rank {e.rank} attempt {e.attempt} iteration {e.iteration}: the steps from step "
+                              f"{e.step} on follow no load_done: its restore is not in the event log: it cannot be "
+                              "checked"}))
+        if e.event == "step":
+            trained.add(e.rank)
+    return out
 
 
 def _continuity(events: list[Any], config: ConvergenceConfig) -> tuple[Check, list[dict[str, Any]]]:
-    recoveries: list[dict[str, Any]] = []
+    timed: list[tuple[float, dict[str, Any]]] = _unlogged_restores(events)
     for load in metrics.restores(events):
         rank = load.rank
         before = [e for e in events if e.event == "step" and e.rank == rank and e.ts < load.ts]
@@ -205,7 +319,7 @@ def _continuity(events: list[Any], config: ConvergenceConfig) -> tuple[Check, li
         entry: dict[str, Any] = {"rank": rank, "attempt": load.attempt, "iteration": load.iteration,
                                  "restored_step": load.step, "first_step": None, "loss": None, "basis": None,
                                  "expected": None, "deviation": None, "passed": True, "reason": ""}
-        recoveries.append(entry)
+        timed.append((load.ts, entry))
         if after is None:
             entry["reason"] = "no step after this restore (the run ended or failed again first)"
             entry["basis"] = "none"
@@ -242,12 +356,16 @@ def _continuity(events: list[Any], config: ConvergenceConfig) -> tuple[Check, li
         entry["reason"] = (f"rank {rank} step {after.step}: loss {loss:.6g} vs {expected:.6g} before the fault "
                            f"({entry['basis']}), relative deviation {entry['deviation']:.3g} "
                            f"{'within' if ok else 'exceeds'} {tol}")
+    recoveries = [entry for _, entry in sorted(timed, key=lambda t: t[0])]
     failed = [r for r in recoveries if not r["passed"]]
-    checked = [r for r in recoveries if r["basis"] not in (None, "none")]
+    checked = [r for r in recoveries if r["basis"] not in (None, "none", "missing")]
+    unlogged = sum(1 for r in recoveries if r["basis"] == "missing")
     values = {"restores": len(recoveries), "checked": len(checked), "failed": len(failed),
-              "max_deviation": max((r["deviation"] for r in checked if r["deviation"] is not None), default=None)}
+              "max_deviation": max((r["deviation"] for r in checked if r["deviation"] is not None), default=None),
+              "not_logged": unlogged}
     if failed:
-        return Check("continuity", False, f"{len(failed)} of {len(recoveries)} restores broke the loss curve; first: "
+        what = "failed the check" if unlogged else "broke the loss curve"
+        return Check("continuity", False, f"{len(failed)} of {len(recoveries)} restores {what}; first: "
                      f"{failed[0]['reason']}", values), recoveries
     if not recoveries:
         return Check("continuity", True, "no restore in this run: nothing to compare", values, skipped=True), recoveries
@@ -274,16 +392,21 @@ def _reference(curve: list[tuple[int, float]], reference_dir: Path, config: Conv
 
 
 def write_convergence_record(run_dir: str | os.PathLike[str], verdict: Verdict) -> Path:
-    """Record the verdict in ``RUN/gates/convergence.json``, naming the run's latest checkpoint."""
+    """Record the verdict in ``RUN/gates/convergence.json``: the checks (a skipped one says so:
+    ``"skipped": true``; it fails nothing), the thresholds applied, and the checkpoint judged.
+    """
     from resilient_training.run import checkpoint_format as cf
     from resilient_training.run import gate_records
 
-    record: dict[str, Any] = {"passed": verdict.passed,
-                              "checks": {c.name: {"passed": c.passed, "reason": c.reason} for c in verdict.checks}}
-    try:
-        latest = cf.read_latest(layout.checkpoints_dir(run_dir))
-    except cf.CheckpointError:
-        latest = None
-    if latest is not None:
-        record.update(gate_records.checkpoint_identity(run_dir, latest))
+    record: dict[str, Any] = {
+        "passed": verdict.passed,
+        "checks": {c.name: {"passed": c.passed, "skipped": c.skipped, "reason": c.reason} for c in verdict.checks},
+        "thresholds": verdict.thresholds,
+    }
+    # The checkpoint the verdict judged, not whatever `latest` names now: its window ended there.
+    if verdict.checkpoint is not None:
+        try:
+            record.update(gate_records.checkpoint_identity(run_dir, verdict.checkpoint))
+        except cf.CheckpointError:
+            pass  # deleted since: the record names none, and promotion refuses
     return gate_records.write_record(run_dir, gate_records.CONVERGENCE, record)

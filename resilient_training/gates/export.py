@@ -32,7 +32,7 @@ from typing import Any
 from resilient_training.gates import promote
 from resilient_training.run import checkpoint_format as cf
 from resilient_training.run import layout
-from resilient_training.run.paths import check_writable
+from resilient_training.run.paths import check_writable, probe_writable
 
 FORMATS = ("dcp", "torch", "safetensors", "hf")
 RECORD_NAME = "export.json"
@@ -89,8 +89,10 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
         raise ExportUsageError(str(exc)) from None
     out = Path(out)
     ckpt_dir = resolve(run, step)
-    if out.resolve().is_relative_to(ckpt_dir.parent.resolve()):
-        raise ExportUsageError(f"{out} lies inside the run's {layout.CHECKPOINTS_DIRNAME}/: export elsewhere")
+    _refuse_inside_run(out, ckpt_dir.parent.parent)
+    parent = out.absolute().parent
+    if not parent.exists():  # export makes no directories (OUT appears by one rename, whole or not at all)
+        raise ExportUsageError(f"-o {out}: {parent} does not exist: create it first")
     try:
         record = promote.check_validated(ckpt_dir)
     except promote.PromotionRefused as exc:
@@ -101,16 +103,13 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
              or name in ("", ".", "..")]
     if names:  # a manifest naming paths outside its own directory (forged along with its record)
         raise ExportRefused(f"{ckpt_dir / cf.MANIFEST_NAME} lists files outside the checkpoint: {names[:3]}")
-    checkpoints = layout.checkpoints_dir(record["source"]["run_dir"]).resolve()
-    if out.resolve().is_relative_to(checkpoints):
-        raise ExportUsageError(f"{out} lies inside the run's {layout.CHECKPOINTS_DIRNAME}/: export elsewhere")
+    _refuse_inside_run(out, Path(record["source"]["run_dir"]))  # the run that validated it, if moved since
     if _already_exported(out, fmt, record):
         return _outcome(out, fmt, record, already=True)
-    parent = out.absolute().parent
-    if not parent.is_dir():
-        raise ExportUsageError(f"{parent} is not a directory")
-    if not os.access(parent, os.W_OK):
-        raise ExportUsageError(f"cannot write to {parent}: permission denied")
+    try:  # check_writable's access() says yes to root on /proc, where the staging file cannot be made
+        probe_writable(out, "-o")
+    except ValueError as exc:
+        raise ExportUsageError(str(exc)) from None
     _verify_files(ckpt_dir, record)
     for stale in parent.glob(f"{STAGING_PREFIX}{out.name}-*"):
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
@@ -130,6 +129,17 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
         shutil.rmtree(staging, ignore_errors=True) if staging.is_dir() else staging.unlink(missing_ok=True)
         raise
     return _outcome(out, fmt, record, already=False)
+
+
+def _refuse_inside_run(out: Path, run_dir: Path) -> None:
+    """The run's checkpoints/, gates/ and events/ are the gates' evidence: no export lands there
+    (symlinks resolved: a link to one of them, or one of them a link, is no way in).
+    """
+    target = out.resolve()
+    for evidence in (layout.checkpoints_dir(run_dir), layout.gates_dir(run_dir), layout.events_dir(run_dir)):
+        if target.is_relative_to(evidence.resolve()):
+            raise ExportUsageError(f"{out} lies inside the run's {evidence.name}/ (the gates' evidence): "
+                                   "export elsewhere")
 
 
 def _outcome(out: Path, fmt: str, record: dict[str, Any], *, already: bool) -> dict[str, Any]:

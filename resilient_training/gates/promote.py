@@ -146,10 +146,16 @@ def check_gates(ckpt_dir: Path) -> dict[str, Any]:
         raise PromotionRefused(str(exc)) from None
     if convergence is None:
         raise PromotionRefused(f"the convergence gate never ran in {run_dir} (run check-convergence first)")
-    if not convergence.get("passed"):
-        failed = [f"{n}: {c['reason']}" for n, c in convergence.get("checks", {}).items() if not c.get("passed")]
-        raise PromotionRefused(f"the convergence gate failed: {'; '.join(failed)}")
+    if not isinstance(convergence, dict) or convergence.get("passed") is not True:  # "false", 1, [...]: not a pass
+        checks = convergence.get("checks") if isinstance(convergence, dict) else None
+        failed = [f"{n}: {c.get('reason')}" for n, c in checks.items() if isinstance(c, dict)
+                  and c.get("passed") is not True and not c.get("skipped")] if isinstance(checks, dict) else []
+        raise PromotionRefused("the convergence gate failed: " + ("; ".join(failed) or "its record does not say it "
+                               f"passed (passed: {convergence.get('passed') if isinstance(convergence, dict) else None!r})"))
     if convergence.get("manifest_checksum") != digest:
+        if convergence.get("checkpoint") == rel:
+            raise PromotionRefused(f"{rel} changed since the convergence gate judged it (manifest digest {digest}, "
+                                   f"judged {convergence.get('manifest_checksum')}): run check-convergence again")
         raise PromotionRefused(f"the convergence gate judged {convergence.get('checkpoint')} "
                                f"(step {convergence.get('step')}), not {rel}")
     return {
@@ -195,6 +201,9 @@ def promote(checkpoint: str | os.PathLike[str], dest: str, *, s3_client: Any = N
 
 def _local_dest(dest: str, run_dir: Path) -> Path:
     """DEST as an absolute real path, refused (usage) inside or around the source run or where it cannot be made."""
+    if Path(dest).is_symlink() and not Path(dest).exists():  # resolve() would follow it to wherever it points
+        raise PromotionUsageError(f"DEST {dest} is a dangling symbolic link (to {os.readlink(dest)}): promote to a "
+                                  "directory, or a link to an existing one")
     path = Path(dest).resolve()  # symlinks and '..' resolved: the inside-the-run check sees the real place
     if not path.name:
         raise PromotionUsageError(f"DEST {dest} is the file system root")

@@ -324,26 +324,30 @@ def read_dcp_metadata(path: Path) -> Any:
     return metadata
 
 
-def recorded_world_size(run_dir: Path, step: int) -> tuple[int | None, str]:
-    """The world size the run's event log records for the commit of ``step`` (and where it says so).
+def recorded_commit(run_dir: Path, step: int) -> tuple[Any, int | None, str]:
+    """Rank 0's last ``ckpt_committed`` of ``step`` (persistent tier) in the run's event log, the
+    world size it records, and where that world size comes from (or why there is none).
 
-    Rank 0's ``ckpt_committed`` of the persistent tier carries it; failing that (an older log),
-    the last ``start`` of rank 0 before that commit.
+    The world size is the event's; failing that (an older log), the last ``start`` of rank 0
+    before that commit.
     """
     from resilient_training.run import events as ev
 
-    events = ev.read_events(run_dir)
+    try:
+        events = ev.read_events(run_dir)
+    except ev.EventLogError as exc:  # a forged or damaged log witnesses nothing
+        return None, None, f"the run's event log cannot be read ({exc})"
     commits = [e for e in events if e.event == "ckpt_committed" and e.step == step and e.rank == 0
                and e.get("tier", "persistent") == "persistent"]
     if not commits:
-        return None, f"the run's event log records no commit of step {step}"
+        return None, None, f"the run's event log records no commit of step {step}"
     commit = commits[-1]
     if isinstance(commit.get("world_size"), int):
-        return commit["world_size"], "its ckpt_committed event"
+        return commit, commit["world_size"], "its ckpt_committed event"
     starts = [e for e in events if e.event == "start" and e.rank == 0 and e.ts <= commit.ts]
     if starts and isinstance(starts[-1].get("world_size"), int):
-        return starts[-1]["world_size"], "the start event of the workers that committed it"
-    return None, f"the run's event log records no world size for the commit of step {step}"
+        return commit, starts[-1]["world_size"], "the start event of the workers that committed it"
+    return commit, None, f"the run's event log records no world size for the commit of step {step}"
 
 
 class _Checker:
@@ -370,7 +374,7 @@ class _Checker:
             return
         self.check_files()
         self.check_bytes()
-        self.check_world_size()
+        self.check_commit()
         if not self.check_metadata():
             return
         covered = self.check_coverage()
@@ -388,6 +392,10 @@ class _Checker:
         path = self.dir / name
         if not path.is_file():
             self.find("manifest_missing", name, "no manifest: the checkpoint was never committed")
+            return False
+        if path.is_symlink():
+            self.find("not_a_regular_file", name, f"the manifest is a symbolic link (to {os.readlink(path)}): "
+                      "a committed checkpoint holds its own files")
             return False
         try:
             manifest = json.loads(path.read_bytes())
@@ -466,7 +474,11 @@ class _Checker:
             if entry.get("rank") != rank:
                 self.find("rank_mismatch", cf.MANIFEST_NAME, f"lists {name} as rank {entry.get('rank')!r}")
                 ok = False
-            if not (self.dir / name).is_file():
+            if (self.dir / name).is_symlink():  # its bytes live elsewhere and can change after the gates ran
+                self.find("not_a_regular_file", name, f"rank {rank}'s file is a symbolic link (to "
+                          f"{os.readlink(self.dir / name)}): a committed checkpoint holds its own files")
+                ok = False
+            elif not (self.dir / name).is_file():
                 self.find("shard_missing", name, f"rank {rank}'s file is missing")
                 ok = False
         for name in sorted(set(files) - set(self.expected_files)):
@@ -485,7 +497,7 @@ class _Checker:
     # 2. bytes ----------------------------------------------------------------------------
     def check_bytes(self) -> None:
         names = [n for n in self.expected_files if isinstance(self.manifest["files"].get(n), dict)
-                 and (self.dir / n).is_file()]
+                 and (self.dir / n).is_file() and not (self.dir / n).is_symlink()]
         paths = [self.dir / n for n in names]
         start = time.perf_counter()
         hashed = hash_files(paths, self.threads) if paths else {}
@@ -509,11 +521,13 @@ class _Checker:
         if len(self.whole) == len(self.expected_files):
             self.result.checks.append(f"sizes and checksums of {self.result.bytes} bytes match the manifest")
 
-    def check_world_size(self) -> None:
-        """The checkpoint's world size is the one the run trained at when it committed this step.
+    def check_commit(self) -> None:
+        """The checkpoint is the one the run committed at this step, with the ranks it trained with.
 
-        A checkpoint whose manifest was rewritten for fewer ranks (one rank's files deleted) is
-        otherwise self-consistent; the run's own event log is the independent witness.
+        The run's own event log is the independent witness: rank 0 logs each commit with the
+        world size and the digest of the manifest it wrote. A checkpoint copied in from another
+        run, or rewritten since with every checksum re-recorded, is otherwise self-consistent;
+        so is a manifest rewritten for fewer ranks (one rank's files deleted).
         """
         if self.manifest.get("ranks") is not None:
             return  # a node-local tier checkpoint: its tier is never validated through a run
@@ -524,16 +538,32 @@ class _Checker:
             self.find("world_size_unverified", cf.MANIFEST_NAME, "the checkpoint lies outside a run directory: "
                       "no event log to prove it holds every rank the run trained with")
             return
-        recorded, source = recorded_world_size(run_dir, self.manifest["step"])
+        step = self.manifest["step"]
+        commit, recorded, source = recorded_commit(run_dir, step)
         if recorded is None:
             self.find("world_size_unverified", cf.MANIFEST_NAME,
                       f"{source}: cannot prove the checkpoint holds every rank the run trained with")
         elif recorded != self.manifest["world_size"]:
             self.find("world_size_mismatch", cf.MANIFEST_NAME,
-                      f"world size {self.manifest['world_size']}, but the run committed step {self.manifest['step']} "
+                      f"world size {self.manifest['world_size']}, but the run committed step {step} "
                       f"with {recorded} ranks ({source}): ranks are missing")
         else:
             self.result.checks.append(f"world size {recorded} is the one the run committed this step with ({source})")
+        if commit is None:
+            return  # said above: no commit of this step in the log
+        logged = commit.get("manifest_checksum")
+        if not isinstance(logged, str):
+            self.find("commit_unverified", cf.MANIFEST_NAME,
+                      f"the run's event log records the commit of step {step} without its manifest digest "
+                      "(written by an older version): cannot prove this is the checkpoint the run committed")
+        elif logged != self.result.manifest_checksum:
+            self.find("not_committed_by_run", cf.MANIFEST_NAME,
+                      f"manifest digest {self.result.manifest_checksum}, but the run committed step {step} with "
+                      f"manifest digest {logged}: this is not the checkpoint the run saved (copied from another "
+                      "run, or rewritten after its commit)")
+        else:
+            self.result.checks.append(f"the manifest is the one the run committed at step {step} (its digest is "
+                                      "in the run's event log)")
 
     # 3. contents -------------------------------------------------------------------------
     def check_metadata(self) -> bool:

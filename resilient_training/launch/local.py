@@ -61,6 +61,7 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
         run_dir = paths.check_writable(config.run_dir, "run directory", directory=True)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
+    check_same_task(config, run_dir)
     try:
         latest = fmt.read_latest(layout.checkpoints_dir(run_dir))
         if latest is not None:
@@ -71,6 +72,66 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
         raise LaunchError(str(exc)) from None
     check_task(config, world_size=world_size)
     return schedule
+
+
+def check_same_task(config: cfg.TrainConfig, run_dir: Path) -> None:
+    """A run directory that already holds a run (its config.json) is resumed only with the task and task
+    arguments it was made with. The checkpoint check covers the built-in model's flags only: a task
+    argument that changes a shape (``--task-arg d=32`` on a ``d=64`` run) passed it, and every rank
+    then failed all its in-process restarts on a size mismatch. Other settings (``--nproc``,
+    ``--steps``, fault schedules) may change between the runs of one directory.
+    """
+    import json
+
+    try:
+        recorded = json.loads(layout.config_path(run_dir).read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):  # unreadable: the checkpoint's own compatibility check still applies
+        return
+    if not isinstance(recorded, dict):
+        return
+    differ = []
+    task = recorded.get("task", cfg.DEFAULT_TASK)  # a config.json from before tasks: the built-in one
+    if isinstance(task, str) and cfg.absolute_task(task) != cfg.absolute_task(config.task):
+        differ.append(f"task {task!r} (now {config.task!r})")
+    args = recorded.get("task_args") or {}
+    if isinstance(args, dict):
+        for key in sorted(set(args) | set(config.task_args)):
+            was, now = args.get(key), config.task_args.get(key)
+            if was != now:
+                differ.append(f"task arg {key}: {'unset' if was is None else repr(was)} "
+                              f"(now {'unset' if now is None else repr(now)})")
+    if differ:
+        raise LaunchError(f"{config.run_dir} holds a run made with other task settings: {'; '.join(differ)}. "
+                          "Resume it with its own settings, or use a new --run-dir")
+
+
+def prepare_run_dir(config: cfg.TrainConfig) -> Path:
+    """Create the run directory (with logs/) and write its config.json, after :func:`preflight`.
+
+    check_writable's access() test says yes to root on /proc, where nothing can be created: a file
+    is made there (and removed) first, and a failure is a LaunchError with the directories this
+    call made removed again, so bad input still leaves nothing behind.
+    """
+    import tempfile
+
+    run_dir = Path(config.run_dir)
+    made = [p for p in (layout.logs_dir(run_dir), run_dir, *run_dir.absolute().parents) if not p.exists()]
+    try:
+        layout.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as exc:
+        for path in made:  # deepest first
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+        raise LaunchError(f"run directory {config.run_dir} cannot be created or written: "
+                          f"{exc.strerror or exc}") from None
+    layout.config_path(run_dir).write_text(cfg.dumps(config))
+    return run_dir
 
 
 def check_task(config: cfg.TrainConfig, *, world_size: int) -> None:
@@ -100,9 +161,7 @@ def run_local(
 ) -> LaunchResult:
     """Run the workers on this machine under ft_launcher until done; never raises on failure."""
     preflight(config, world_size=nproc)
-    run_dir = Path(config.run_dir)
-    layout.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    layout.config_path(run_dir).write_text(cfg.dumps(config))
+    run_dir = prepare_run_dir(config)
     from resilient_training.runtime import nvrx_adapter
     command = nvrx_adapter.worker_command(
         config, cfg.to_argv(config), python=sys.executable, standalone=True, nnodes="1",
@@ -177,6 +236,7 @@ class ProgressPrinter(threading.Thread):
         self._run_dir, self._steps, self._since, self._emit = run_dir, steps, since, emit
         self._done = threading.Event()
         self._seen = 0
+        self._loaded = False  # rank 0 has loaded (its next load is a restart's)
 
     def run(self) -> None:
         while not self._done.wait(0.5):
@@ -190,16 +250,21 @@ class ProgressPrinter(threading.Thread):
     def _flush(self) -> None:
         if self._emit is None:
             return
-        events = [e for e in ev.read_events(self._run_dir) if e.ts >= self._since]
+        try:
+            events = [e for e in ev.read_events(self._run_dir) if e.ts >= self._since]
+        except ev.EventLogError:  # the workers stop on it with one clear line: no progress lines, no traceback
+            self._emit = None
+            return
         for event in events[self._seen:]:
-            line = describe(event, self._steps)
+            line = describe(event, self._steps, restarted=self._loaded)
             if line:
                 self._emit(line)
+            self._loaded |= event.event == "load_done" and event.rank == 0
         self._seen = len(events)
 
 
-def describe(event: ev.Event, steps: int) -> str | None:
-    """One progress line for an event worth showing, else None."""
+def describe(event: ev.Event, steps: int, *, restarted: bool = False) -> str | None:
+    """One progress line for an event worth showing, else None (``restarted``: rank 0 has loaded before)."""
     who = f"rank {event.rank}"
     if event.event == "step" and event.rank == 0 and (event.step % 5 == 0 or event.step == steps):
         return f"step {event.step:>5}/{steps}  loss {event['loss']:.4f}  ({event['seconds'] * 1000:.0f} ms)"
@@ -214,7 +279,14 @@ def describe(event: ev.Event, steps: int) -> str | None:
     if event.event == "restart_done" and event.rank == 0:
         return f"  ↻ restarted ({event['layer']} layer, attempt {event.attempt}, iteration {event.iteration})"
     if event.event == "load_done" and event.rank == 0:
-        return f"  ⤓ restored step {event.step}" if event.step else None
+        if event.step:
+            return f"  ⤓ restored step {event.step}"
+        # A restart with nothing to restore (a fault before the first commit) loses every step so far:
+        # say so, rather than show nothing as the first start does. A replaced pod counts its attempts
+        # from 0 again: ``restarted`` (rank 0 loaded before) tells its start from the first one.
+        if restarted or event.attempt or event.iteration:
+            return "  ⤓ no checkpoint yet: starting again from step 1"
+        return None
     if event.event == "ckpt_committed":
         tier = " (node-local)" if event.get("tier") == "local" else ""
         return (f"  ✓ checkpoint step {event.step} committed{tier} "

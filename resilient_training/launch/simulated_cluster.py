@@ -519,9 +519,7 @@ def run_cluster(
 ) -> launcher.LaunchResult:
     """Run the job on simulated nodes until it succeeds or fails; never raises on failure."""
     launcher.preflight(config, world_size=spec.nodes * spec.nproc_per_node, nodes=spec.nodes)
-    run_dir = Path(config.run_dir)
-    layout.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    layout.config_path(run_dir).write_text(cfg.dumps(config))
+    run_dir = launcher.prepare_run_dir(config)
     started = time.time()
     cluster = SimulatedCluster(config, spec, env=env, progress=progress)
     watcher = launcher.ProgressPrinter(run_dir, config.steps, since=started, emit=progress)

@@ -185,7 +185,12 @@ def task_args_from(data: Any) -> dict[str, str]:
     for key, value in pairs:
         if not isinstance(key, str) or not key.strip():
             raise ValueError(f"task argument name {key!r} must be a non-empty string")
-        out[key] = _task_arg_value(key, value)
+        text = _task_arg_value(key, value)
+        if any(ord(ch) < 32 or ch == "\x7f" for ch in key + text):  # as every string setting (_coerce)
+            raise ValueError(f"task argument {key!r}={text!r} contains a control character (a newline?): remove it")
+        if key in out:  # a repeated flag: the last one silently winning hides a typo or a stale script line
+            raise ValueError(f"task argument {key} is given twice ({key}={out[key]!r}, {key}={text!r}): give it once")
+        out[key] = text
     return out
 
 

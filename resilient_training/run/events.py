@@ -17,12 +17,20 @@ Every process appends JSON lines to ``RUN/events/<writer>.jsonl``. A line is one
 Each writer owns its file and writes each line with a single ``write()`` on an
 ``O_APPEND`` descriptor, so a SIGKILL can lose at most the line being written, never
 corrupt earlier ones. Readers merge all files and order by ``ts``.
+
+Reading is strict: every complete line must be a JSON object with ``ts`` a finite number,
+``rank``/``attempt``/``iteration`` integers, ``event`` a string and ``step`` an integer or
+null; a ``step`` event carries an integer ``step`` and a JSON number ``loss`` (NaN and
+Infinity included: the gates report them as not finite). Anything else raises
+:class:`EventLogError` naming the file and line; only a torn final line (no newline: its
+writer was killed mid-write) is skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -43,7 +51,9 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "ckpt_begin": ("mode", "tier", "retry"),  # tier: persistent | local; retry: the final step written again
     "ckpt_staged": ("seconds",),  # training blocked this long (staging or the whole sync save)
     # world_size: ranks whose chunks the checkpoint holds (what validation proves coverage against).
-    "ckpt_committed": ("bytes", "seconds", "path", "tier", "world_size"),  # seconds: ckpt_begin -> commit
+    # manifest_checksum: xxh3_128 of the committed manifest.json (validation's witness that the
+    # checkpoint in the directory is the one this run committed).
+    "ckpt_committed": ("bytes", "seconds", "path", "tier", "world_size", "manifest_checksum"),  # seconds: begin -> commit
     "ckpt_deferred": ("reason",),  # a save skipped because the previous one is still writing
     "ckpt_failed": ("reason",),
     # A save lost with a dead writer: every rank logs it at the same step; never committed.
@@ -75,6 +85,30 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 RESTART_LAYERS = ("inprocess", "launcher", "pod")
+
+
+class EventLogError(ValueError):
+    """A line of the event log is not an event; the message names the file, the line and what is wrong."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no rank or step
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float that converts to a float (NaN and infinities included), not a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        float(value)  # an int of 400 digits is JSON, but no loss or time
+    except OverflowError:
+        return False
+    return True
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)  # repr: a newline in a value stays on the message's one line
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,10 +143,38 @@ class Event:
 
     @classmethod
     def from_json(cls, line: str) -> Event:
-        record = json.loads(line)
-        base = {k: record.pop(k) for k in ("ts", "rank", "attempt", "event", "step")}
-        iteration = record.pop("iteration", 0)
-        return cls(fields=record, iteration=iteration, **base)
+        """One line parsed and checked (see the module docstring); EventLogError saying what is wrong."""
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise EventLogError(f"not JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise EventLogError(f"not a JSON object but {type(record).__name__}")
+        missing = [k for k in ("ts", "rank", "attempt", "event", "step") if k not in record]
+        if missing:
+            raise EventLogError(f"no {', '.join(missing)}")
+        record.setdefault("iteration", 0)  # logs written before in-process restarts were counted
+        ts = record["ts"]
+        if not _is_number(ts) or not math.isfinite(ts):  # a NaN time would scramble the order of the log
+            raise EventLogError(f"ts must be a finite number, got {_shown(ts)}")
+        for key in ("rank", "attempt", "iteration"):
+            if not _is_int(record[key]):
+                raise EventLogError(f"{key} must be an integer, got {_shown(record[key])}")
+        if not isinstance(record["event"], str):
+            raise EventLogError(f"event must be a string, got {_shown(record['event'])}")
+        step = record["step"]
+        if step is not None and not _is_int(step):
+            raise EventLogError(f"step must be an integer or null, got {_shown(step)}")
+        if record["event"] == "step":
+            # The gates judge these: a loss that is "0.01" or true must not pass for a number.
+            if step is None:
+                raise EventLogError("a step event must name its step, got null")
+            if not _is_number(record.get("loss")):
+                raise EventLogError(f"a step event's loss must be a JSON number, got {_shown(record.get('loss'))}")
+            if record.get("seconds") is not None and not _is_number(record["seconds"]):
+                raise EventLogError(f"a step event's seconds must be a JSON number, got {_shown(record['seconds'])}")
+        base = {k: record.pop(k) for k in ("ts", "rank", "attempt", "iteration", "event", "step")}
+        return cls(fields=record, **base)
 
 
 class EventLog:
@@ -171,16 +233,21 @@ def iter_event_files(run_dir: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
-    """All events of a run, ordered by time. A torn last line (killed writer) is skipped."""
+    """All events of a run, ordered by time. A torn last line (killed writer) is skipped;
+    any other line that is not an event raises EventLogError (``FILE:LINE: what is wrong``).
+    """
     events: list[Event] = []
     for path in iter_event_files(run_dir):
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                if not line.endswith("\n"):
+        with open(path, "rb") as handle:  # bytes: a line that is not UTF-8 is named like any other bad line
+            for number, raw in enumerate(handle, start=1):
+                if not raw.endswith(b"\n"):
                     break  # torn final line of a writer killed mid-write
-                line = line.strip()
-                if line:
-                    events.append(Event.from_json(line))
+                try:
+                    line = raw.decode("utf-8").strip()
+                    if line:
+                        events.append(Event.from_json(line))
+                except (EventLogError, UnicodeDecodeError) as exc:
+                    raise EventLogError(f"{path}:{number}: not an event: {exc}") from None
     events.sort(key=lambda e: e.ts)
     return events
 

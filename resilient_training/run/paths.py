@@ -47,3 +47,23 @@ def check_writable(path: str | os.PathLike[str], what: str, *, directory: bool) 
     if not os.access(into, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {text}: {into} is not writable")
     return target
+
+
+def probe_writable(path: str | os.PathLike[str], what: str) -> None:
+    """``ValueError`` unless a file can be made where ``path`` (a file) will be written, found out by making
+    one: an anonymous temporary file in its directory, or in the deepest directory that exists.
+
+    For the last check before writing, after every check that writes nothing (the probe is gone at
+    once, but may touch the directory's times): :func:`check_writable`'s ``access()`` test says yes
+    to root on /proc, where no file can be created.
+    """
+    import tempfile
+
+    into = Path(os.path.abspath(os.fspath(path))).parent
+    while not into.is_dir():
+        into = into.parent
+    try:
+        with tempfile.TemporaryFile(dir=into):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{what} {os.fspath(path)}: cannot create a file in {into} ({exc.strerror or exc})") from None

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from resilient_training.run import checkpoint_format as fmt
-from resilient_training.run import layout
+from resilient_training.run import gate_records, layout
 from resilient_training.run.config import DEFAULT_TASK, TrainConfig
 from resilient_training.runtime.nvrx_adapter import CheckpointWriterDied
 
@@ -1417,8 +1417,10 @@ class Checkpointer:
             if not local:
                 fmt.write_iteration_file(self.config.run_dir, in_flight.step)
             if self.rank == 0:
+                # The manifest's digest: validation proves the checkpoint it reads is the one this run
+                # committed (not one copied in from another run, or rewritten consistently since).
                 self._emit("ckpt_committed", in_flight.step, bytes=size * (self.world_size if local else 1),
-                           world_size=self.world_size,
+                           world_size=self.world_size, manifest_checksum=gate_records.manifest_digest(path),
                            seconds=time.time() - in_flight.begin_ts, path=str(path), tier=in_flight.tier)
 
         self.committer.submit(in_flight.step, commit, self._commit_timeout())

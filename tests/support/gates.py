@@ -97,12 +97,16 @@ def rank_jobs(state: Mapping[str, Any], *, world_size: int, step: int, data_stat
 
 
 def log_commit(run_dir: str | os.PathLike[str], step: int, world_size: int) -> None:
-    """Rank 0's ``ckpt_committed`` for ``step``, as the trainer logs it (validation reads its world size)."""
+    """Rank 0's ``ckpt_committed`` for ``step``, as the trainer logs it (validation reads its world
+    size and the digest of the manifest now in ``checkpoints/step_N``).
+    """
+    from resilient_training.run import gate_records
     from resilient_training.run.events import EventLog
 
     log = EventLog(run_dir, rank=0, attempt=0)
     log.emit("ckpt_committed", step, bytes=0, seconds=0.0, path=f"checkpoints/step_{step}", tier="persistent",
-             world_size=world_size)
+             world_size=world_size,
+             manifest_checksum=gate_records.manifest_digest(Path(run_dir) / "checkpoints" / f"step_{step}"))
     log.close()
 
 
@@ -152,6 +156,25 @@ def write_checkpoint(
     )
     log_commit(run_dir, step, world_size)
     return path
+
+
+def forge_commit_record(ckpt_dir: str | os.PathLike[str]) -> None:
+    """Rewrite the run's event log as well, as an attacker who keeps everything consistent would:
+    rank 0's commit of the checkpoint's step is logged again, with the digest of the manifest now
+    in the directory (and the world size last logged for that step). Each deeper check of
+    validation must hold on its own against such an attacker. Nothing is logged while the
+    manifest does not parse.
+    """
+    from resilient_training.gates.validate import recorded_commit
+
+    ckpt_dir = Path(ckpt_dir)
+    run_dir = ckpt_dir.parent.parent
+    try:
+        step = cf.read_manifest(ckpt_dir)["step"]
+    except (cf.CheckpointError, OSError, KeyError, TypeError):
+        return
+    _, world_size, _ = recorded_commit(run_dir, step)
+    log_commit(run_dir, step, world_size or 0)
 
 
 def rewrite_manifest(ckpt_dir: str | os.PathLike[str], edit: Callable[[dict[str, Any]], None]) -> None:
@@ -398,11 +421,13 @@ def run_trainers(runs: Mapping[str, tuple[Path, list[str]]], *, parallel: int = 
     return codes
 
 
-def tamper_with_initial_weights(ckpt_dir: str | os.PathLike[str]) -> None:
-    """Replace a checkpoint's model weights by the initial ones, re-recording every checksum.
+def tamper_with_initial_weights(ckpt_dir: str | os.PathLike[str], *, forge_log: bool = True) -> None:
+    """Replace a checkpoint's model weights by the initial ones, re-recording every checksum,
+    and (``forge_log``) the run's record of its commit.
 
-    The result is internally consistent (validation passes): only the loss after a restore
-    from it shows that it is not the state the run saved.
+    With the log forged too the result is consistent (validation passes): only the loss after a
+    restore from it shows that it is not the state the run saved. Without, validation finds the
+    manifest is not the one the run committed.
     """
     import torch
 
@@ -420,6 +445,8 @@ def tamper_with_initial_weights(ckpt_dir: str | os.PathLike[str]) -> None:
                 stored.copy_(region)
 
             rewrite_chunk(ckpt_dir, f"model.{fqn}", chunk["rank"], edit)
+    if forge_log:
+        forge_commit_record(ckpt_dir)
 
 
 def build_trainer_runs(root: Path) -> None:

@@ -37,7 +37,7 @@ def test_clean_faulted_run_passes(tmp_path: Path) -> None:
     verdict = check_convergence(tmp_path, GATE)
     assert verdict.passed, verdict.format()
     c = verdict.check("continuity")
-    assert c.values == {"restores": 2, "checked": 2, "failed": 0, "max_deviation": 0.0}  # one per rank
+    assert c.values == {"restores": 2, "checked": 2, "failed": 0, "max_deviation": 0.0, "not_logged": 0}  # one per rank
     assert {r["basis"] for r in verdict.recoveries} == {"replayed step"}
     assert verdict.check("improvement").values["improvement"] > 0.5
 
@@ -135,7 +135,7 @@ def test_reference_curve(tmp_path: Path) -> None:
 
 
 def test_default_threshold_comes_from_the_manifest(tmp_path: Path) -> None:
-    write_checkpoint(tmp_path, step=1)  # vocab 64: threshold 0.8 ln 64
+    write_checkpoint(tmp_path, step=30, train_steps=1)  # vocab 64: threshold 0.8 ln 64
     log = ScriptedLog(tmp_path)
     log.steps(1, 30)
     log.end()
@@ -144,8 +144,8 @@ def test_default_threshold_comes_from_the_manifest(tmp_path: Path) -> None:
     assert verdict.check("final_loss").values["threshold"] == pytest.approx(0.8 * math.log(64))
     write_convergence_record(tmp_path, verdict)
     record = gate_records.read_record(tmp_path, gate_records.CONVERGENCE)
-    assert record["passed"] is True and record["step"] == 1 and record["checkpoint"] == "checkpoints/step_1"
-    assert record["manifest_checksum"] == gate_records.manifest_digest(tmp_path / "checkpoints/step_1")
+    assert record["passed"] is True and record["step"] == 30 and record["checkpoint"] == "checkpoints/step_30"
+    assert record["manifest_checksum"] == gate_records.manifest_digest(tmp_path / "checkpoints/step_30")
 
 
 @pytest.mark.parametrize("make", ["missing", "no-events", "no-steps"])

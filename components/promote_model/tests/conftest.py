@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from resilient_training.gates.convergence import check_convergence, write_convergence_record
+from resilient_training.gates.convergence import ConvergenceConfig, check_convergence, write_convergence_record
 from resilient_training.gates.validate import validate, write_validation_record
 from resilient_training.run.config import ModelConfig
 from tests.support.gates import ScriptedLog, build_once, build_trainer_runs, copy_run, write_checkpoint
@@ -15,7 +15,9 @@ def _gated(path: Path, *, run_id: str = "test-run", cfg: ModelConfig | None = No
     log.end()
     log.close()
     write_validation_record(path, validate(path))
-    write_convergence_record(path, check_convergence(path))
+    # The gate judges the losses up to the checkpoint's step: a loose final-loss threshold lets an
+    # early checkpoint of this scripted curve pass (improvement is still required).
+    write_convergence_record(path, check_convergence(path, ConvergenceConfig(max_final_loss=10.0)))
 
 
 @pytest.fixture(scope="session")
@@ -45,4 +47,4 @@ def other_gated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def big_gated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A gated run with ~70 MB shards: copying it takes long enough to be caught midway; read-only."""
     big = ModelConfig(vocab_size=8192, d_model=512, n_layers=1, n_heads=8, seq_len=16)
-    return build_once(tmp_path_factory.getbasetemp(), "big-gated-run", lambda p: _gated(p, cfg=big, step=1))
+    return build_once(tmp_path_factory.getbasetemp(), "big-gated-run", lambda p: _gated(p, cfg=big, step=4))

@@ -81,6 +81,34 @@ def test_refuses_a_failed_or_missing_convergence_gate(gated_run: Path, tmp_path:
     assert not (tmp_path / "dest").exists()
 
 
+@pytest.mark.parametrize("passed", ["false", "true", 1, [False], {"x": 0}, None], ids=repr)
+def test_a_convergence_record_whose_passed_is_not_the_json_true_is_refused(gated_run: Path, tmp_path: Path,
+                                                                          passed: object) -> None:
+    path = gated_run / "gates/convergence.json"
+    record = json.loads(path.read_text())
+    record["passed"] = passed
+    path.write_text(json.dumps(record))
+    with pytest.raises(PromotionRefused, match="the convergence gate failed"):
+        promote(gated_run / CKPT, str(tmp_path / "dest"))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_a_checkpoint_changed_after_the_convergence_gate_says_so(gated_run: Path, tmp_path: Path) -> None:
+    path = gated_run / "gates/convergence.json"
+    record = json.loads(path.read_text())
+    record["manifest_checksum"] = "0" * 32
+    path.write_text(json.dumps(record))
+    with pytest.raises(PromotionRefused, match=f"{CKPT} changed since the convergence gate judged it"):
+        promote(gated_run / CKPT, str(tmp_path / "dest"))
+
+
+def test_a_dangling_symlink_as_dest_is_refused_and_its_target_not_created(gated_run: Path, tmp_path: Path) -> None:
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(PromotionUsageError, match="dangling symbolic link"):
+        promote(gated_run / CKPT, str(tmp_path / "link"))
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_refuses_a_checkpoint_changed_after_validation(gated_run: Path, tmp_path: Path) -> None:
     manifest = gated_run / CKPT / "manifest.json"
     manifest.write_text(manifest.read_text().replace('"run_id": "test-run"', '"run_id": "other"'))
@@ -132,7 +160,7 @@ def test_a_crash_midway_leaves_nothing_that_looks_promoted(big_gated_run: Path, 
     assert "promotion.json" not in os.listdir(staging)
     assert not dest.exists() and read_promotion(str(dest)) is None
     assert promote(big_gated_run, str(dest))["already_promoted"] is False  # a retry completes and cleans up
-    assert read_promotion(str(dest))["source"]["step"] == 1
+    assert read_promotion(str(dest))["source"]["step"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
 
 

@@ -15,6 +15,7 @@ from resilient_training.run import gate_records
 from tests.support.gates import (
     chunk_entry,
     copy_run,
+    forge_commit_record,
     record_file,
     rewrite_chunk,
     rewrite_manifest,
@@ -298,6 +299,7 @@ def test_corruption_is_caught_with_the_right_finding(name: str, target: Target) 
     corrupt, expected = GALLERY[name]
     assert validate(target.run).valid, "fixture must start healthy"
     corrupt(target)
+    forge_commit_record(target.ckpt)  # each check below the commit record holds on its own
     report = validate(target.run)
     assert not report.valid
     got = sorted((f.code, f.file, f.tensor) for f in report.all_findings)
@@ -309,6 +311,7 @@ def test_a_metadata_pickle_that_runs_a_command_is_refused_not_run(run_copy: Path
     marker = Path("/tmp/rt-validate-pwned")
     marker.unlink(missing_ok=True)
     evil_metadata(Target(run_copy, run_copy / STEP4, run_copy / "checkpoints/step_2"))
+    forge_commit_record(run_copy / STEP4)
     report = validate(run_copy)
     assert [f.code for f in report.all_findings] == ["metadata_invalid"]
     assert "posix.system is not part of DCP metadata" in report.all_findings[0].message
@@ -327,6 +330,7 @@ def test_metadata_naming_a_dcp_class_that_is_no_metadata_is_refused(run_copy: Pa
 
     (run_copy / STEP4 / cf.METADATA_NAME).write_bytes(pickle.dumps({"x": _Reader()}))
     record_file(run_copy / STEP4, cf.METADATA_NAME)
+    forge_commit_record(run_copy / STEP4)
     report = validate(run_copy)
     assert [f.code for f in report.all_findings] == ["metadata_invalid"]
     assert "FileSystemReader is not part of DCP metadata" in report.all_findings[0].message
@@ -334,17 +338,74 @@ def test_metadata_naming_a_dcp_class_that_is_no_metadata_is_refused(run_copy: Pa
 
 def test_a_task_that_cannot_be_imported_here_is_a_finding_not_a_skip(run_copy: Path) -> None:
     rewrite_manifest(run_copy / STEP4, lambda m: m.update(task="team_a.not_installed_here:task"))
+    forge_commit_record(run_copy / STEP4)
     report = validate(run_copy)
     assert [f.code for f in report.all_findings] == ["load_failed"]
     assert "the run's task builds no model here: task module team_a.not_installed_here failed to import" in \
         report.all_findings[0].message
 
 
+def test_a_checkpoint_swapped_in_from_another_run_is_not_the_one_this_run_committed(
+        synthetic_run: Path, tmp_path: Path) -> None:
+    """Every byte and checksum of the other run's checkpoint is right: only this run's event log
+    says it is not the checkpoint this run committed at that step.
+    """
+    from tests.support.gates import TINY, write_checkpoint
+
+    other = tmp_path / "other"
+    write_checkpoint(other, cfg=TINY, step=4, seed=999, world_size=2)
+    assert validate(other).valid
+    run = copy_run(synthetic_run, tmp_path / "run")
+    shutil.rmtree(run / STEP4)
+    shutil.copytree(other / STEP4, run / STEP4)
+    report = validate(run)
+    assert [(f.code, f.file) for f in report.all_findings] == [("not_committed_by_run", "checkpoints/step_4/manifest.json")]
+    assert "this is not the checkpoint the run saved" in report.all_findings[0].message
+
+
+def test_values_rewritten_with_every_checksum_re_recorded_are_not_the_committed_checkpoint(run_copy: Path) -> None:
+    rewrite_chunk(run_copy / STEP4, "model.head.weight", 1, set_value(0.5), rerecord="all")
+    report = validate(run_copy)
+    assert [(f.code, f.file) for f in report.all_findings] == [("not_committed_by_run", "checkpoints/step_4/manifest.json")]
+
+
+def test_a_commit_logged_without_its_manifest_digest_is_a_finding_not_a_pass(run_copy: Path) -> None:
+    import re
+
+    log = run_copy / "events" / "rank0.jsonl"
+    log.write_text(re.sub(r',"manifest_checksum":"[0-9a-f]+"', "", log.read_text()))
+    report = validate(run_copy)
+    assert [f.code for f in report.all_findings] == ["commit_unverified"]
+
+
+def test_a_file_replaced_by_a_symlink_to_identical_bytes_outside_the_run_is_refused(run_copy: Path,
+                                                                                     tmp_path: Path) -> None:
+    outside = tmp_path / "outside.distcp"
+    shutil.copy(run_copy / STEP4 / R1, outside)
+    (run_copy / STEP4 / R1).unlink()
+    (run_copy / STEP4 / R1).symlink_to(outside)
+    report = validate(run_copy)
+    assert [(f.code, f.file) for f in report.all_findings] == [("not_a_regular_file", f"checkpoints/step_4/{R1}")]
+    (run_copy / STEP4 / R1).unlink()
+    shutil.copy(outside, run_copy / STEP4 / R1)
+    shutil.move(run_copy / STEP4 / "manifest.json", tmp_path / "manifest.json")
+    (run_copy / STEP4 / "manifest.json").symlink_to(tmp_path / "manifest.json")
+    assert [f.code for f in validate(run_copy).all_findings] == ["not_a_regular_file"]
+
+
+def test_an_event_log_with_a_line_that_is_no_event_witnesses_nothing(run_copy: Path) -> None:
+    with open(run_copy / "events" / "rank0.jsonl", "a") as log:
+        log.write('{"ts": 1, "rank": 0, "attempt": 0, "event": "step", "step": 3, "loss": [0.1]}\n')
+    report = validate(run_copy)
+    assert [f.code for f in report.all_findings] == ["world_size_unverified"]
+    assert "rank0.jsonl:" in report.all_findings[0].message
+
+
 def test_healthy_run_has_no_findings(synthetic_run: Path) -> None:
     report = validate(synthetic_run, all_checkpoints=True)
     assert report.valid, [str(f) for f in report.all_findings]
     assert [c.step for c in report.checkpoints] == [2, 4]
-    assert all(len(c.checks) == 10 for c in report.checkpoints)
+    assert all(len(c.checks) == 11 for c in report.checkpoints)
     assert report.checkpoints[-1].bytes == sum(
         e["bytes"] for e in cf.read_manifest(synthetic_run / STEP4)["files"].values())
 

@@ -15,7 +15,7 @@ def test_every_committed_checkpoint_of_a_healthy_run_is_valid(trainer_runs: Path
     assert report.valid, [str(f) for f in report.all_findings]
     assert len(report.checkpoints) == 3  # keep_last
     for ckpt in report.checkpoints:
-        assert len(ckpt.checks) == 10 and ckpt.bytes > 1_000_000
+        assert len(ckpt.checks) == 11 and ckpt.bytes > 1_000_000
 
 
 def test_a_run_killed_mid_save_leaves_only_ignored_leftovers(trainer_runs: Path) -> None:
@@ -27,8 +27,22 @@ def test_a_run_killed_mid_save_leaves_only_ignored_leftovers(trainer_runs: Path)
 
 
 def test_a_tampered_but_consistent_checkpoint_passes_validation(trainer_runs: Path) -> None:
-    # Validation proves integrity, not history: the convergence gate catches this restore.
+    # Checkpoint and event log rewritten alike: validation proves integrity, not history; the
+    # convergence gate catches the restore from it.
     assert validate(trainer_runs / "tampered-restore" / "checkpoints" / "step_30").valid
+
+
+def test_a_final_checkpoint_rewritten_consistently_is_refused_by_the_run_s_own_log(
+        trainer_runs: Path, tmp_path: Path) -> None:
+    """The stranger's attack: the last checkpoint (which no restore ever reads) rewritten with
+    every checksum re-recorded; the event log untouched.
+    """
+    from tests.support.gates import copy_run, tamper_with_initial_weights
+
+    run = copy_run(trainer_runs / "faulted", tmp_path / "run")
+    tamper_with_initial_weights(run / "checkpoints" / "step_30", forge_log=False)
+    report = validate(run)
+    assert [(f.code, f.file) for f in report.all_findings] == [("not_committed_by_run", "checkpoints/step_30/manifest.json")]
 
 
 def test_nan_weights_written_by_the_trainer_are_caught(trainer_runs: Path) -> None:

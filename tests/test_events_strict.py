@@ -1,0 +1,153 @@
+"""Reading the event log is strict: a line that is not an event is named (file, line, what is wrong),
+never taken for one; only a torn final line (a writer killed mid-write) is skipped.
+"""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from resilient_training.cli.main import main
+from resilient_training.run import faults as flt
+from resilient_training.run import layout
+from resilient_training.run.events import EventLog, EventLogError, read_events
+from tests.support.gates import ScriptedLog
+
+GOOD = {"ts": 1.5, "rank": 0, "attempt": 0, "iteration": 0, "event": "step", "step": 3, "loss": 2.5, "seconds": 0.1}
+
+
+def log_with(run: Path, line: str) -> Path:
+    """rank0.jsonl holding a good line, then ``line``, then a good line; its path."""
+    path = layout.events_dir(run) / "rank0.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(GOOD) + "\n" + line + "\n" + json.dumps({**GOOD, "ts": 2.0, "step": 4}) + "\n")
+    return path
+
+
+def edited(**changes: object) -> str:
+    record = {**GOOD, **changes}
+    return json.dumps({k: v for k, v in record.items() if v is not DROP})
+
+
+DROP = object()
+
+BAD_LINES = [
+    ("loss-string", edited(loss="0.01"), "a step event's loss must be a JSON number, got '0.01'"),
+    ("loss-true", edited(loss=True), "a step event's loss must be a JSON number, got True"),
+    ("loss-newline", edited(loss="0.5\n"), r"got '0.5\n'"),
+    ("loss-list", edited(loss=[1.0]), "a step event's loss must be a JSON number, got [1.0]"),
+    ("loss-abc", edited(loss="abc"), "got 'abc'"),
+    ("loss-null", edited(loss=None), "a step event's loss must be a JSON number, got None"),
+    ("loss-missing", edited(loss=DROP), "a step event's loss must be a JSON number"),
+    ("loss-huge-int", edited(loss=10**400), "a step event's loss must be a JSON number"),
+    ("seconds-string", edited(seconds="0.1"), "a step event's seconds must be a JSON number"),
+    ("ts-string", edited(ts="1.5"), "ts must be a finite number, got '1.5'"),
+    ("ts-nan", edited(ts=math.nan), "ts must be a finite number, got nan"),
+    ("ts-missing", edited(ts=DROP), "no ts"),
+    ("rank-bool", edited(rank=True), "rank must be an integer, got True"),
+    ("rank-string", edited(rank="0"), "rank must be an integer, got '0'"),
+    ("attempt-float", edited(attempt=1.0), "attempt must be an integer, got 1.0"),
+    ("iteration-string", edited(iteration="0"), "iteration must be an integer, got '0'"),
+    ("event-number", edited(event=5), "event must be a string, got 5"),
+    ("step-string", edited(step="3"), "step must be an integer or null, got '3'"),
+    ("step-float", edited(step=3.0), "step must be an integer or null, got 3.0"),
+    ("step-bool", edited(step=False), "step must be an integer or null, got False"),
+    ("step-event-without-step", edited(step=None), "a step event must name its step"),
+    ("not-json", "{this is not json", "not JSON"),
+    ("list", "[1, 2]", "not a JSON object but list"),
+    ("number", "12", "not a JSON object but int"),
+]
+
+
+@pytest.mark.parametrize(("line", "says"), [(line, says) for _, line, says in BAD_LINES],
+                         ids=[name for name, _, _ in BAD_LINES])
+def test_malformed_line_names_file_line_and_problem(tmp_path: Path, line: str, says: str) -> None:
+    path = log_with(tmp_path, line)
+    with pytest.raises(EventLogError) as exc:
+        read_events(tmp_path)
+    message = str(exc.value)
+    assert message.startswith(f"{path}:2: not an event: ") and says in message and "\n" not in message
+    assert isinstance(exc.value, ValueError)
+
+
+def test_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = log_with(tmp_path, "")
+    path.write_bytes(path.read_bytes().replace(b"\n\n", b"\n\xff\xfe\n"))
+    with pytest.raises(EventLogError, match=rf"^{re.escape(str(path))}:2: not an event: 'utf-8' codec"):
+        read_events(tmp_path)
+
+
+@pytest.mark.parametrize("loss", [math.nan, math.inf, -math.inf, 3, 0.25])
+def test_json_numbers_are_losses(tmp_path: Path, loss: float) -> None:
+    log_with(tmp_path, edited(ts=1.7, loss=loss))
+    (event,) = [e for e in read_events(tmp_path) if e.ts == 1.7]
+    assert isinstance(event["loss"], (int, float)) and (event["loss"] == loss or math.isnan(loss))
+
+
+def test_other_events_need_no_loss_and_may_carry_a_null_step(tmp_path: Path) -> None:
+    log_with(tmp_path, edited(event="end", step=None, loss=DROP, status="completed"))
+    assert [e.event for e in read_events(tmp_path)] == ["step", "end", "step"]
+
+
+def test_torn_final_line_is_skipped_silently(tmp_path: Path) -> None:
+    path = log_with(tmp_path, json.dumps(GOOD))
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write('{"ts": 3.0, "rank": 0, "attempt": 0, "iteration": 0, "event": "step", "step": 5, "lo')
+    assert [e.step for e in read_events(tmp_path)] == [3, 3, 4]
+
+
+def test_what_the_writer_writes_reads_back(tmp_path: Path) -> None:
+    with EventLog(tmp_path, rank=1, attempt=2) as log:
+        log.emit("step", 7, loss=math.nan, seconds=0.2)
+        log.emit("load_done", 0, path=None, source=None, seconds=0.1, phases={})
+    step, load = read_events(tmp_path)
+    assert (step.rank, step.attempt, step.step, math.isnan(step["loss"])) == (1, 2, 7, True)
+    assert load.event == "load_done" and load["path"] is None
+
+
+def test_the_trainers_own_reading_raises_the_same_error(tmp_path: Path) -> None:
+    # The trainer counts the faults already injected from the log when each iteration starts.
+    log_with(tmp_path, edited(loss="0.01"))
+    with pytest.raises(EventLogError, match=r"rank0\.jsonl:2: not an event"):
+        flt.injected_counts(read_events(tmp_path), 0)
+
+
+def failing_run(run: Path) -> Path:
+    """A run the gate fails (the loss never fell below 4); its rank 0 log."""
+    log = ScriptedLog(run)
+    log.steps(1, 30, loss=lambda s: 5.0 - 0.01 * s)
+    log.end()
+    log.close()
+    return layout.events_dir(run) / "rank0.jsonl"
+
+
+@pytest.mark.parametrize("loss", ['"0.01"', "true", '"0.5\\n"', "[0.01]", '"abc"'])
+def test_gate_cli_exits_2_on_a_forged_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str], loss: str) -> None:
+    path = failing_run(tmp_path)
+    assert main(["check-convergence", str(tmp_path), "--max-final-loss", "1.0", "--no-record"]) == 1
+    capsys.readouterr()
+    lines = path.read_text().splitlines()
+    number = next(i for i, line in enumerate(lines, start=1) if json.loads(line)["event"] == "step")
+    lines[number - 1] = json.dumps({**json.loads(lines[number - 1]), "loss": json.loads(loss)})
+    path.write_text("\n".join(lines) + "\n")
+    # Every step's loss forged in turn would pass the gate; one is enough to refuse the log.
+    assert main(["check-convergence", str(tmp_path), "--max-final-loss", "1.0"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {path}:{number}: not an event: a step event's loss must be a JSON number, got " \
+        f"{json.loads(loss)!r}\n"
+    assert not layout.gates_dir(tmp_path).exists()
+
+
+def test_forged_string_losses_no_longer_pass_the_gate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = failing_run(tmp_path)
+    forged = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record["event"] == "step":
+            record["loss"] = "0.01"
+        forged.append(json.dumps(record))
+    path.write_text("\n".join(forged) + "\n")
+    assert main(["check-convergence", str(tmp_path), "--max-final-loss", "1.0", "--min-improvement", "0"]) == 2
+    assert "a step event's loss must be a JSON number, got '0.01'" in capsys.readouterr().err
