@@ -14,7 +14,7 @@ import torch
 from resilient_training.gates.validate import validate_checkpoint_dir
 from resilient_training.run import checkpoint_format as cf
 from resilient_training.runtime.checkpointing import state_dict
-from tests.support.gates import TINY, rank_jobs, rewrite_manifest, train_state, write_checkpoint
+from tests.support.gates import TINY, forge_commit_record, rank_jobs, rewrite_manifest, train_state, write_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +173,7 @@ def test_a_manifest_rewritten_to_another_model_size_is_a_finding_not_a_crash(thr
     run = Path(shutil.copytree(three_files.parent.parent, tmp_path / "run"))  # with its event log
     ckpt = run / "checkpoints" / three_files.name
     rewrite_manifest(ckpt, lambda m: m["task_args"].update(d_model=str(int(m["task_args"]["d_model"]) * 2)))
+    forge_commit_record(ckpt)  # the run's log rewritten too: the load must catch it on its own
     result = validate_checkpoint_dir(ckpt, display_base=ckpt, load=True)
     assert not result.valid
     assert any(f.code == "load_failed" and "Size mismatch" in f.message for f in result.findings), result.findings
