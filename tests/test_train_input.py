@@ -39,9 +39,10 @@ def test_run_dir_with_another_models_checkpoints_is_refused(tmp_path):
     assert sum(p.stat().st_size for p in (tmp_path / "run" / "events").iterdir()) == size_before
 
 
-def test_run_dir_made_with_other_task_args_is_refused_and_resumes_with_its_own(tmp_path):
+def test_run_dir_made_with_other_task_args_is_refused(tmp_path):
     """Found by a stranger trial: ``--task-arg d_model=32`` on a ``d_model=64`` run passed the checkpoint
     check (it compares the ``--model-*`` flags), then every rank failed its restarts on a size mismatch.
+    (Resuming with the same task arguments, at another world size: test_task.py.)
     """
     run_dir = tmp_path / "run"
     args = ["--checkpoint-every", "2", "--no-inprocess"]
@@ -56,10 +57,6 @@ def test_run_dir_made_with_other_task_args_is_refused_and_resumes_with_its_own(t
     assert "task arg d_model: '64' (now '32')" in second.output and "use a new --run-dir" in second.output
     assert {p.name: p.read_bytes() for p in (run_dir / "events").iterdir()} == events_before
     assert (run_dir / "config.json").read_bytes() == config_before
-    # The same task settings resume it, at another world size.
-    third = train(run_dir, "--nproc", "2", "--steps", "4", *args, "--task-arg", "d_model=64")
-    assert third.returncode == 0, third.output[-2000:]
-    assert "restored step 2" in third.output
 
 
 def test_sigterm_stops_the_workers_too(tmp_path):
