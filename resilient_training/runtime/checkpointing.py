@@ -315,9 +315,10 @@ def _read_into(path: Path, targets: list[tuple[torch.Tensor, int]], *, chunk: in
     A contiguous CPU target is read into directly. Any other goes through two staging buffers
     (page-locked when a target is on a GPU) in turn: the copy to the device of one overlaps the
     read into the other. On one H200 host, mapping the file and copying from the mapping took
-    1.3-1.9 s for 3.2 GB (a first touch of each page, then pageable copies); on a 2-core CPU
-    these reads take 0.29 s for 1.6 GB where the mapping took 2.1-2.6 s
-    (``benchmarks/host_snapshot_read.py``). ``stage`` forces the staging path (tests).
+    1.3-1.9 s for 3.2 GB (a first touch of each page, then one pageable copy per tensor). On an
+    idle CPU both ways read 1.6 GB in ~0.37 s; on a loaded one the mapping took up to 3.2 s and
+    these reads at most 0.64 s (``benchmarks/host_snapshot_read.py``). ``stage`` forces the
+    staging path (tests).
     """
     on_gpu = any(t.is_cuda for t, _ in targets)
     buffers: list[torch.Tensor] = []
