@@ -106,7 +106,9 @@ def _plain_path(value: str, name: str) -> str | None:
     """The one-line error for a path argument holding a control character (a pasted newline would
     split the error that names it over two lines), else None.
     """
-    if any(ord(ch) < 32 or ch == "\x7f" for ch in value):
+    from resilient_training.run.paths import has_control
+
+    if has_control(value):
         return f"{name} {value!r} contains a control character (a newline?): give the path without it"
     return None
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_training.cli import runner_log
+from resilient_training.run.paths import has_control
 
 DEFAULT_OUTPUT = "local_outputs"
 # `run` exit codes: 0 promoted, 1 a step failed, 2 bad input, 3 the gates refused promotion.
@@ -195,7 +196,7 @@ def _promotion_dest(given: str | None, default: Path) -> str:
     if not given.strip():
         raise UsageError("--promote-to is empty: name a directory or s3://bucket/prefix, or leave the flag out "
                          "(OUTPUT/promoted/<time>)")
-    if any(ord(ch) < 32 or ch == "\x7f" for ch in given):
+    if has_control(given):
         raise UsageError(f"--promote-to {given!r} contains a control character (a newline?): remove it")
     if given != given.strip():
         raise UsageError(f"--promote-to {given!r} has leading or trailing whitespace: remove it")

@@ -114,22 +114,19 @@ def prepare_run_dir(config: cfg.TrainConfig) -> Path:
     is made there (and removed) first, and a failure is a LaunchError with the directories this
     call made removed again, so bad input still leaves nothing behind.
     """
-    import tempfile
-
     run_dir = Path(config.run_dir)
     made = [p for p in (layout.logs_dir(run_dir), run_dir, *run_dir.absolute().parents) if not p.exists()]
     try:
         layout.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=run_dir):
-            pass
-    except OSError as exc:
+        paths.probe_writable(layout.config_path(run_dir), "run directory")
+    except (OSError, ValueError) as exc:
         for path in made:  # deepest first
             try:
                 path.rmdir()
             except OSError:
                 pass
         raise LaunchError(f"run directory {config.run_dir} cannot be created or written: "
-                          f"{exc.strerror or exc}") from None
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
     layout.config_path(run_dir).write_text(cfg.dumps(config))
     return run_dir
 

@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from resilient_training.run.paths import has_control
+
 
 def _f(default: Any, help_text: str, flag: str = "") -> Any:
     return field(default=default, metadata={"help": help_text, "flag": flag})
@@ -186,7 +188,7 @@ def task_args_from(data: Any) -> dict[str, str]:
         if not isinstance(key, str) or not key.strip():
             raise ValueError(f"task argument name {key!r} must be a non-empty string")
         text = _task_arg_value(key, value)
-        if any(ord(ch) < 32 or ch == "\x7f" for ch in key + text):  # as every string setting (_coerce)
+        if has_control(key + text):  # as every string setting (_coerce)
             raise ValueError(f"task argument {key!r}={text!r} contains a control character (a newline?): remove it")
         if key in out:  # a repeated flag: the last one silently winning hides a typo or a stale script line
             raise ValueError(f"task argument {key} is given twice ({key}={out[key]!r}, {key}={text!r}): give it once")
@@ -367,7 +369,7 @@ def _coerce(f: dataclasses.Field[Any], value: Any, name: str, where: str = "") -
         return value
     if not isinstance(value, str):
         raise ValueError(f"{name} must be a string, got {value!r}")
-    if any(ord(ch) < 32 or ch == "\x7f" for ch in value):  # paths and specs: a newline is a mistake, not data
+    if has_control(value):  # paths and specs: a newline is a mistake, not data
         raise ValueError(f"{name} {value!r} contains a control character (a newline?)")
     return value
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_CONTROL = {chr(c) for c in range(32)} | {"\x7f"}
+_CONTROL = frozenset({chr(c) for c in range(32)} | {"\x7f"})
+
+
+def has_control(text: str) -> bool:
+    """A control character (a pasted newline, a tab): a mistake in a path, name or setting, never data."""
+    return any(ch in _CONTROL for ch in text)
 
 
 def check_writable(path: str | os.PathLike[str], what: str, *, directory: bool) -> Path:
@@ -21,7 +26,7 @@ def check_writable(path: str | os.PathLike[str], what: str, *, directory: bool) 
     text = os.fspath(path)
     if not text.strip():
         raise ValueError(f"{what} is empty")
-    if any(ch in _CONTROL for ch in text):
+    if has_control(text):
         raise ValueError(f"{what} {text!r} contains a control character (a newline?)")
     target = Path(os.path.abspath(text))
     ancestor = target
