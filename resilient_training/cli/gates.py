@@ -189,19 +189,11 @@ def promote_main(args: argparse.Namespace) -> int:
 
 def _refuse_inside_run(run_dir: str, outputs: list[str]) -> None:
     """A report written over the run's own evidence (event log, checkpoints, gate records, config) would destroy it."""
-    from pathlib import Path
-
     from resilient_training.run import layout
 
-    run = Path(run_dir).resolve()
-    records = (layout.events_dir(run), layout.checkpoints_dir(run), layout.gates_dir(run), layout.config_path(run))
     for output in outputs:
-        path = Path(output).resolve()
-        for record in records:
-            where = record.resolve()  # a run whose events/ (say) is a symlink keeps its records at the target
-            if path == where or where in path.parents:
-                raise ValueError(f"{output} lies in the run's own records ({Path(record.name, path.relative_to(where))})"
-                                 ": write the report elsewhere")
+        if inside := layout.evidence_holding(run_dir, output):
+            raise ValueError(f"{output} lies in the run's own records ({inside}): write the report elsewhere")
 
 
 def export_main(args: argparse.Namespace) -> int:

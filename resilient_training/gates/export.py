@@ -132,14 +132,9 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
 
 
 def _refuse_inside_run(out: Path, run_dir: Path) -> None:
-    """The run's checkpoints/, gates/ and events/ are the gates' evidence: no export lands there
-    (symlinks resolved: a link to one of them, or one of them a link, is no way in).
-    """
-    target = out.resolve()
-    for evidence in (layout.checkpoints_dir(run_dir), layout.gates_dir(run_dir), layout.events_dir(run_dir)):
-        if target.is_relative_to(evidence.resolve()):
-            raise ExportUsageError(f"{out} lies inside the run's {evidence.name}/ (the gates' evidence): "
-                                   "export elsewhere")
+    """The run's records are the gates' evidence: no export lands there."""
+    if inside := layout.evidence_holding(run_dir, out):
+        raise ExportUsageError(f"{out} lies inside the run's {inside} (the gates' evidence): export elsewhere")
 
 
 def _outcome(out: Path, fmt: str, record: dict[str, Any], *, already: bool) -> dict[str, Any]:

@@ -42,3 +42,16 @@ def gates_dir(run_dir: PathLike) -> Path:
 
 def logs_dir(run_dir: PathLike) -> Path:
     return Path(run_dir) / LOGS_DIRNAME
+
+
+def evidence_holding(run_dir: PathLike, path: PathLike) -> str | None:
+    """Which of the run's records (``events/``, ``checkpoints/``, ``gates/``, ``config.json``: the
+    gates' evidence) ``path`` is or lies in, as ``name/rest`` (symlinks resolved on both sides: a
+    link to one of them, or one of them a link, is no way in); None when it is in none.
+    """
+    target = Path(path).resolve()
+    for record in (events_dir(run_dir), checkpoints_dir(run_dir), gates_dir(run_dir), config_path(run_dir)):
+        where = record.resolve()
+        if target == where or where in target.parents:
+            return str(Path(record.name, target.relative_to(where)))
+    return None
