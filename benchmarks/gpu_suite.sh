@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
 #   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | goodput-product | recovery+efficiency | all
-#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call9 (what fits one 10-minute device call each;
+#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call11 (what fits one 10-minute device call each;
 #            call4 wants OLD_TREE=.old holding the previous commit's tree)
 #          | fault-matrix | spare (a killed rank through ft_launcher: cold workers, then warm spares)
 #          | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
@@ -199,6 +199,17 @@ case $suite in
     # through page-locked buffers; 3.2 GB like the 268M model's), then call8
     python3 benchmarks/host_snapshot_read.py --device cuda --gb 3.2 --repeat 3 2>&1 | tee "$out/host-snapshot-read.txt"
     "$0" call8 "$out"
+    ;;
+  call10)  # one device call: page-locking beside training (back to back against paused), the host
+    # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
+    python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"
+    python3 benchmarks/host_snapshot_read.py --device cuda --gb 3.2 --repeat 3 2>&1 | tee "$out/host-snapshot-read.txt" || true
+    "$0" call8 "$out"
+    ;;
+  call11)  # one device call: the reference goodput schedule with spares (the product's defaults), then
+    # the short efficiency set (no checkpoints, async every 50, async every 20)
+    SPARE=1 "$0" goodput-product "$out"
+    EFF_SHORT=1 "$0" efficiency "$out"
     ;;
   call7)  # one device call: the reference goodput schedule with spares twice: node-local every 25 (4 write
     # threads), then every 10 with 8 threads (a launcher restart rolls back to the newest node-local step)

@@ -8,8 +8,10 @@ optimizer, as a process started by the launcher does, two ways:
 
 - ``mapped``: the slot's file mapped (``torch.from_file``) and each tensor copied from the
   mapping (the code before ``_read_into``; on a GPU, pageable host-to-device copies);
-- ``read``: ``HostSnapshot.restore`` (``_read_into``: ``os.preadv`` into each CPU tensor, or on a
-  GPU into two page-locked buffers in turn).
+- ``read``: ``_read_into`` on one thread: ``os.preadv`` into each CPU tensor, or on a GPU into two
+  page-locked buffers in turn;
+- ``read x4``: ``HostSnapshot.restore`` (``_read_into`` on four threads, each with its own
+  buffers and CUDA stream).
 
 Prints one table of seconds and GB/s (the page cache is warm: the file is in shared memory).
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from resilient_training.runtime.checkpointing import HostSnapshot, MemorySnapshot, _live_state, state_dict
+from resilient_training.runtime.checkpointing import HostSnapshot, MemorySnapshot, _live_state, _read_into, state_dict
 
 
 def build(gb: float, seed: int, device: str) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -53,6 +55,16 @@ def mapped_restore(host: HostSnapshot, slot: str, model: nn.Module, optimizer: t
             target.copy_(data[offsets[key]:offsets[key] + n].view(target.dtype).view(target.shape))
 
 
+def one_thread_restore(host: HostSnapshot, slot: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    meta = torch.load(host._meta_path(slot), weights_only=True)
+    state_dict(model, optimizer)
+    live = _live_state(model, optimizer)
+    offsets = {key: offset for key, offset, _, _ in meta["layout"]}
+    with torch.no_grad():
+        _read_into(host._data_path(slot), sorted(((t, offsets[k]) for k, t in live.items()), key=lambda p: p[1]),
+                   threads=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=1.6)
@@ -75,15 +87,19 @@ def main() -> None:
         ((slot, _),) = host.held((0, 1)).values()
         nbytes = sum(t.numel() * t.element_size() for t in _live_state(model, optimizer).values())
         tensors = len(_live_state(model, optimizer))
+        host.close()  # page-unlocked before its mappings go (see checkpointing.page_unlock)
         del snapshot, host
 
         fresh, fresh_optimizer = build(args.gb, seed=2, device=args.device)
         rows = []
         for i in range(args.repeat):
-            for name in (("mapped", "read") if i % 2 else ("read", "mapped")):
+            ways = ("mapped", "read", "read x4")
+            for name in (ways if i % 2 else ways[::-1]):
                 start = time.perf_counter()
                 if name == "mapped":
                     mapped_restore(HostSnapshot(root), slot, fresh, fresh_optimizer)
+                elif name == "read":
+                    one_thread_restore(HostSnapshot(root), slot, fresh, fresh_optimizer)
                 else:
                     HostSnapshot(root).restore(slot, fresh, fresh_optimizer, None)
                 if args.device != "cpu":
@@ -94,7 +110,7 @@ def main() -> None:
         print(f"state: {nbytes / 1e9:.2f} GB in {tensors} tensors on {args.device}, slot file in {args.dir}")
         print("| way | seconds (each run) | GB/s (best) |")
         print("|---|---|---|")
-        for name in ("mapped", "read"):
+        for name in ("mapped", "read", "read x4"):
             times = [t for n, t in rows if n == name]
             print(f"| {name} | {', '.join(f'{t:.3f}' for t in times)} | {nbytes / 1e9 / min(times):.1f} |")
     finally:

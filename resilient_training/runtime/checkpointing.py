@@ -41,6 +41,30 @@ from resilient_training.run.config import DEFAULT_TASK, TrainConfig
 from resilient_training.runtime.nvrx_adapter import CheckpointWriterDied
 
 
+def page_lock(ptr: int, nbytes: int, *, pause: bool = False) -> bool:
+    """Page-lock host memory in place (``cudaHostRegister``); False when CUDA refused it (the
+    copies to and from it then still work, only slower and synchronously).
+
+    ``pause``: then sleep as long as the call took. Called back to back from a background
+    thread, the registrations kept the training thread's CUDA calls waiting: on one H200,
+    page-locking 6.4 GB in 64 MB calls held one step for more than 3 s, which the progress guard
+    took for a hang (``benchmarks/pin_contention.py`` measures both ways).
+    """
+    start = time.perf_counter()
+    ok = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)) == 0
+    if pause:
+        time.sleep(min(0.1, time.perf_counter() - start))
+    return ok
+
+
+def page_unlock(ptr: int) -> None:
+    """Undo :func:`page_lock` before the memory is unmapped or freed: a range left registered
+    after its mapping is gone makes a later registration or allocation at that address fail
+    ("resource already mapped").
+    """
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
 def write_rank_job(tmp_dir: str, rank: int, job: dict[str, Any], torn_write: bool) -> None:
     """Runs in the background writer process (module-level so it pickles). A failed write leaves
     its reason beside the shard (the process then dies, and only its exit code reaches the trainer).
@@ -140,6 +164,7 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        self._pinned: set[int] = set()  # data pointers of the buffers page-locked (see page_unlock)
         self.objects: dict[str, Any] = {}  # the non-tensor values of the staged step (deep copies)
         self.data_state: Any = None  # the data loader's state at the staged step
         self._preparing: threading.Thread | None = None
@@ -156,13 +181,18 @@ class StagingBuffers:
     def prepared(self) -> bool:
         return bool(self._buffers) or self._preparing is not None
 
-    @staticmethod
-    def _allocate(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    def _allocate(self, shape: torch.Size, dtype: torch.dtype, pin: bool, *, pause: bool = False) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=dtype).share_memory_()
-        if pin and buffer.numel():
-            # Page-lock in place; on failure the copy still works, only slower.
-            torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel() * buffer.element_size(), 0)
+        if pin and buffer.numel() and page_lock(buffer.data_ptr(), buffer.numel() * buffer.element_size(), pause=pause):
+            self._pinned.add(buffer.data_ptr())
         return buffer
+
+    def _replace(self, name: str, buffer: torch.Tensor) -> None:
+        old = self._buffers.get(name)
+        if old is not None and old.data_ptr() in self._pinned:
+            self._pinned.discard(old.data_ptr())
+            page_unlock(old.data_ptr())
+        self._buffers[name] = buffer
 
     def prepare(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Allocate (and page-lock) buffers for these tensors in a background thread.
@@ -176,7 +206,7 @@ class StagingBuffers:
 
         def allocate() -> None:
             for name, shape, dtype, pin in specs:
-                self._buffers[name] = self._allocate(shape, dtype, pin)
+                self._replace(name, self._allocate(shape, dtype, pin, pause=True))
 
         self._preparing = threading.Thread(target=allocate, name="staging-prepare", daemon=True)
         self._preparing.start()
@@ -208,7 +238,8 @@ class StagingBuffers:
         for name, source in sources:
             buffer = self._buffers.get(name)
             if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
-                buffer = self._buffers[name] = self._allocate(source.shape, source.dtype, source.is_cuda)
+                buffer = self._allocate(source.shape, source.dtype, source.is_cuda)
+                self._replace(name, buffer)
             out[name] = buffer
             pairs.append((buffer, source))
             self._reads_live = self._reads_live or (live and source.is_cuda)
@@ -297,6 +328,9 @@ def _copy(pairs: _Pairs, *, non_blocking: bool = False) -> None:
 
 # Host-to-device read-back goes through two page-locked buffers of this size (see _read_into).
 _READ_CHUNK = 64 << 20
+# Threads reading a host snapshot back onto GPUs. On the CPU one: on 2 cores four threads read
+# 0.4 GB at 1.2 GB/s against 1.8 GB/s for one (benchmarks/host_snapshot_read.py).
+_READ_THREADS = 4
 
 
 def _pread_exact(fd: int, buffer: memoryview, offset: int, path: Path) -> None:
@@ -309,23 +343,55 @@ def _pread_exact(fd: int, buffer: memoryview, offset: int, path: Path) -> None:
 
 
 def _read_into(path: Path, targets: list[tuple[torch.Tensor, int]], *, chunk: int = _READ_CHUNK,
-               stage: bool | None = None) -> None:
+               stage: bool | None = None, threads: int = 1) -> None:
     """Fill each ``(target, offset)`` with the target's byte size read from ``path`` at ``offset``.
 
-    A contiguous CPU target is read into directly. Any other goes through two staging buffers
-    (page-locked when a target is on a GPU) in turn: the copy to the device of one overlaps the
-    read into the other. On one H200 host, mapping the file and copying from the mapping took
-    1.3-1.9 s for 3.2 GB (a first touch of each page, then one pageable copy per tensor). On an
-    idle CPU both ways read 1.6 GB in ~0.37 s; on a loaded one the mapping took up to 3.2 s and
-    these reads at most 0.64 s (``benchmarks/host_snapshot_read.py``). ``stage`` forces the
-    staging path (tests).
+    ``targets`` (in file order) are split into up to ``threads`` runs of about equal bytes, read
+    at once (``os.preadv`` lets go of the GIL). A contiguous CPU target is read into directly. Any
+    other goes through two staging buffers of the reading thread (page-locked when a target is on
+    a GPU) in turn, each thread on a CUDA stream of its own: the copy to the device of one buffer
+    overlaps the read into the other. On one H200, one thread read 3.2 GB back in 0.94-1.57 s,
+    slower than copying from the mapped file (0.75-1.03 s; ``benchmarks/host_snapshot_read.py``).
+    ``stage`` forces the staging path (tests).
     """
-    on_gpu = any(t.is_cuda for t, _ in targets)
-    buffers: list[torch.Tensor] = []
-    events: list[Any] = [None, None]
-    current, used = 0, 0
+    total = sum(t.numel() * t.element_size() for t, _ in targets)
+    groups: list[list[tuple[torch.Tensor, int]]] = [[]]
+    share, held = total / max(1, threads), 0
+    for target, offset in targets:
+        if held >= share * len(groups) and len(groups) < threads and groups[-1]:
+            groups.append([])
+        groups[-1].append((target, offset))
+        held += target.numel() * target.element_size()
+    # The side streams' copies come after whatever the caller queued (the targets' initialization).
+    after = next((torch.cuda.current_stream(t.device) for t, _ in targets if t.is_cuda), None)
     fd = os.open(path, os.O_RDONLY)
     try:
+        if len(groups) == 1:
+            _read_group(fd, path, groups[0], chunk=chunk, stage=stage, after=after)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(groups), thread_name_prefix="host-snapshot-read") as pool:
+            futures = [pool.submit(_read_group, fd, path, group, chunk=chunk, stage=stage, after=after)
+                       for group in groups]
+            for future in futures:
+                future.result()  # the first failure, once every thread is done
+    finally:
+        os.close(fd)
+
+
+def _read_group(fd: int, path: Path, targets: list[tuple[torch.Tensor, int]], *, chunk: int,
+                stage: bool | None, after: Any) -> None:
+    device = next((t.device for t, _ in targets if t.is_cuda), None)
+    on_gpu = device is not None
+    stream = None
+    if device is not None:  # a new thread's current device is cuda:0: name the targets' own
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(after)
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        buffers: list[torch.Tensor] = []
+        events: list[Any] = [None, None]
+        current, used = 0, 0
         for target, offset in targets:
             nbytes = target.numel() * target.element_size()
             if not nbytes:
@@ -357,10 +423,8 @@ def _read_into(path: Path, targets: list[tuple[torch.Tensor, int]], *, chunk: in
                 flat[done:done + n].copy_(view, non_blocking=on_gpu)
                 used += n
                 done += n
-        if on_gpu:
-            torch.cuda.current_stream().synchronize()  # the buffers are reused or freed after this
-    finally:
-        os.close(fd)
+        if stream is not None:
+            stream.synchronize()  # the buffers are reused or freed after this
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
@@ -569,6 +633,7 @@ class HostSnapshot:
         self._pending: tuple[str, Any, dict[str, Any]] | None = None  # (slot, CUDA event, meta) until committed
         self._stream: Any = None
         self._preparing: threading.Thread | None = None
+        self._pinned: list[int] = []  # start of each page-locked run of the mapped slots
 
     def _data_path(self, slot: str) -> Path:
         return self.root / f"host-snapshot-{slot}.bin"
@@ -629,28 +694,49 @@ class HostSnapshot:
         if self._preparing is not None and self._preparing.is_alive():
             return
         self._layout = None
+        old, old_pinned = dict(self._data), self._pinned
         self._data.clear()
+        self._pinned = []
         self._slot_views.clear()
         self.root.mkdir(parents=True, exist_ok=True)
         for slot in self.SLOTS:
             self._meta_path(slot).unlink(missing_ok=True)
 
         def prepare() -> None:
-            data = {}
+            self._unpin(old_pinned)  # before the old mappings (held by ``old`` until then) go
+            old.clear()
+            data, pinned = {}, []
             for slot in self.SLOTS:
                 path = self._data_path(slot)
                 with open(path, "wb") as f:
                     f.truncate(size)
                 data[slot] = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
                 if pin and size:
-                    for start, length in self._pin_runs(layout, size):
-                        # On failure the copies still work, only slower (and synchronously).
-                        torch.cuda.cudart().cudaHostRegister(data[slot].data_ptr() + start, length, 0)
+                    pinned += [data[slot].data_ptr() + start for start, length in self._pin_runs(layout, size)
+                               if page_lock(data[slot].data_ptr() + start, length, pause=True)]
             self._data.update(data)
+            self._pinned = pinned
             self._layout = layout
 
         self._preparing = threading.Thread(target=prepare, name="host-snapshot-prepare", daemon=True)
         self._preparing.start()
+
+    @staticmethod
+    def _unpin(pointers: list[int]) -> None:
+        for pointer in pointers:
+            page_unlock(pointer)
+
+    def close(self) -> None:
+        """Let go of the slots' mappings (the files stay): page-unlocked first (see page_unlock)."""
+        self.wait()
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
+        self._slot_views.clear()
+        self._unpin(self._pinned)
+        self._pinned = []
+        self._data.clear()
+        self._layout = None
 
     @classmethod
     def _pin_runs(cls, layout: list[Any], size: int) -> list[tuple[int, int]]:
@@ -759,7 +845,8 @@ class HostSnapshot:
                        for k, t in live.items()])
             else:  # a new process: read, not map (see _read_into), in file order
                 _read_into(self._data_path(slot), sorted(((t, layout[k][0]) for k, t in live.items()),
-                                                         key=lambda pair: pair[1]))
+                                                         key=lambda pair: pair[1]),
+                           threads=_READ_THREADS if any(t.is_cuda for t in live.values()) else 1)
         for group, held in zip(optimizer.param_groups, meta["param_groups"], strict=True):
             group.update(copy.deepcopy(held))
         if scheduler is not None and meta["scheduler"] is not None:

@@ -1,0 +1,109 @@
+"""Page-locked host memory is page-unlocked before it goes.
+
+On GPUs the host snapshot's slot files and the save's staging buffers are page-locked
+(``cudaHostRegister``). A range left registered after its mapping was gone made a later
+allocation on one H200 fail with "CUDA error: resource already mapped"
+(``benchmarks/host_snapshot_read.py``, call9). This machine has no GPU, so the two CUDA calls are
+replaced by recorders: what is tested is which ranges are unlocked, and when.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from resilient_training.runtime import checkpointing
+from resilient_training.runtime.checkpointing import HostSnapshot, StagingBuffers
+
+
+class Driver:
+    """Stands in for cudaHostRegister / cudaHostUnregister: which ranges are locked now."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.locked: dict[int, int] = {}
+        self.pauses: list[bool] = []
+        self.log: list[tuple[str, int]] = []
+        monkeypatch.setattr(checkpointing, "page_lock", self.lock)
+        monkeypatch.setattr(checkpointing, "page_unlock", self.unlock)
+
+    def lock(self, ptr: int, nbytes: int, *, pause: bool = False) -> bool:
+        assert ptr not in self.locked, "registered twice (CUDA: resource already mapped)"
+        self.locked[ptr] = nbytes
+        self.log.append(("lock", ptr))
+        self.pauses.append(pause)
+        return True
+
+    def unlock(self, ptr: int) -> None:
+        assert ptr in self.locked, "unregistering a range never registered"
+        del self.locked[ptr]
+        self.log.append(("unlock", ptr))
+
+
+def _prepare(host: HostSnapshot, layout: list, size: int) -> None:
+    host._prepare(layout, size, pin=True)
+    assert host._preparing is not None
+    host._preparing.join(30)
+
+
+def _layout(n: int, numel: int) -> tuple[list, int]:
+    layout, offset = [], 0
+    for i in range(n):
+        layout.append((f"t{i}", offset, (numel,), torch.float32))
+        offset += -(-numel * 4 // HostSnapshot._ALIGN) * HostSnapshot._ALIGN
+    return layout, offset
+
+
+def test_host_snapshot_slots_are_unlocked_when_remade_and_on_close(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = Driver(monkeypatch)
+    host = HostSnapshot(tmp_path)
+    monkeypatch.setattr(HostSnapshot, "_PIN_RUN", 1 << 20)
+    layout, size = _layout(6, 100_000)  # 6 x 400 kB: several runs per slot
+    _prepare(host, layout, size)
+    first = dict(driver.locked)
+    assert len(first) > 2 and all(driver.pauses)  # from the background thread, paused
+    mapped = {slot: (t.data_ptr(), t.numel()) for slot, t in host._data.items()}
+    for ptr in first:  # every locked range lies in this process's slot mappings
+        assert any(start <= ptr < start + n for start, n in mapped.values())
+
+    bigger, bigger_size = _layout(8, 100_000)  # the model changed: the slots are made again
+    before = len(driver.log)
+    _prepare(host, bigger, bigger_size)
+    remade = driver.log[before:]
+    # Every old range unlocked before any new one is locked (the new mappings may reuse the addresses).
+    assert sorted(remade[:len(first)]) == sorted(("unlock", ptr) for ptr in first)
+    assert {what for what, _ in remade[len(first):]} == {"lock"} and len(driver.locked) > len(first)
+
+    host.close()
+    assert driver.locked == {}
+    assert host._data == {}
+
+
+def test_staging_buffer_replaced_for_a_new_shape_is_unlocked(monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = Driver(monkeypatch)
+    staging = StagingBuffers()
+    a = staging._allocate(torch.Size([1000]), torch.float32, True, pause=True)
+    staging._replace("w", a)
+    assert list(driver.locked) == [a.data_ptr()]
+    b = staging._allocate(torch.Size([2000]), torch.float32, True)
+    staging._replace("w", b)
+    assert list(driver.locked) == [b.data_ptr()]
+    assert driver.pauses == [True, False]  # the training thread (a new shape at a save) does not pause
+
+
+def test_page_lock_pauses_as_long_as_the_call_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Cudart:
+        def cudaHostRegister(self, ptr: int, n: int, flags: int) -> int:  # noqa: N802 (CUDA's name)
+            time.sleep(0.05)
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
+    start = time.perf_counter()
+    assert checkpointing.page_lock(1, 1, pause=False)
+    plain = time.perf_counter() - start
+    start = time.perf_counter()
+    assert checkpointing.page_lock(1, 1, pause=True)
+    paused = time.perf_counter() - start
+    assert plain < 0.09 and paused >= 0.1
