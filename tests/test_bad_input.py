@@ -216,6 +216,11 @@ CASES: list[tuple[str, list[str], str]] = [
      "lies inside the run's gates/"),
     ("export-out-in-events", ["export", "{run}", "--format", "torch", "-o", "{run}/events/m.pt"],
      "lies inside the run's events/"),
+    # found by a stranger trial: with a checkpoint not yet validated, this was "refused" (exit 1)
+    ("export-out-in-proc", ["export", "{run}", "--format", "torch", "-o", "/proc/rt-m.pt"],
+     "cannot create a file in /proc"),
+    ("export-dcp-out-in-proc", ["export", "{run}", "--format", "dcp", "-o", "/proc/rt-m"],
+     "cannot create a file in /proc"),
     ("promote-s3-dotdot", ["promote", "{run}", "s3://models/x/../y"], "'..' part"),
     ("promote-dest-in-run", ["promote", "{run}/checkpoints/step_4", "{run}/checkpoints/step_4/model"],
      "lies inside the source run"),

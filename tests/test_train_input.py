@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.runs import train
+from tests.support.runs import Run, train
+
+
+def train_here(run_dir, *args: str, capsys) -> Run:
+    """`train` refused in preflight, through the command's entry point in this process: its
+    checkpoint check imports torch, seconds in a new process (the process boundary is covered by
+    the other runs in this file).
+    """
+    from resilient_training.cli.main import main
+
+    capsys.readouterr()
+    code = main(["train", "--run-dir", str(run_dir), *args])
+    captured = capsys.readouterr()
+    return Run(code, captured.out + captured.err, run_dir)
 
 
 @pytest.mark.parametrize(
@@ -26,12 +39,14 @@ def test_bad_input_starts_nothing(tmp_path, args, message):
     assert not (tmp_path / "run" / "events").exists()
 
 
-def test_run_dir_with_another_models_checkpoints_is_refused(tmp_path):
-    first = train(tmp_path / "run", "--nproc", "1", "--steps", "2", "--checkpoint-every", "2", "--no-inprocess")
+def test_run_dir_with_another_models_checkpoints_is_refused(tmp_path, capsys):
+    # Synchronous saves: no writer process to start (a torch import); the checkpoint is all that is needed.
+    sync = "--no-async-checkpoint"
+    first = train(tmp_path / "run", "--nproc", "1", "--steps", "2", "--checkpoint-every", "2", "--no-inprocess", sync)
     assert first.returncode == 0, first.output[-2000:]
     events_before = sorted(p.name for p in (tmp_path / "run" / "events").iterdir())
     size_before = sum(p.stat().st_size for p in (tmp_path / "run" / "events").iterdir())
-    second = train(tmp_path / "run", "--nproc", "1", "--steps", "4", "--model-d-model", "32")
+    second = train_here(tmp_path / "run", "--nproc", "1", "--steps", "4", "--model-d-model", "32", capsys=capsys)
     assert second.returncode == 2
     assert "holds checkpoints of a different model" in second.output
     assert "Use a new --run-dir" in second.output
@@ -45,7 +60,7 @@ def test_run_dir_made_with_other_task_args_is_refused(tmp_path):
     (Resuming with the same task arguments, at another world size: test_task.py.)
     """
     run_dir = tmp_path / "run"
-    args = ["--checkpoint-every", "2", "--no-inprocess"]
+    args = ["--checkpoint-every", "2", "--no-inprocess", "--no-async-checkpoint"]  # no writer process to start
     first = train(run_dir, "--nproc", "1", "--steps", "2", *args, "--task-arg", "d_model=64")
     assert first.returncode == 0, first.output[-2000:]
     events_before = {p.name: p.read_bytes() for p in (run_dir / "events").iterdir()}
@@ -57,6 +72,26 @@ def test_run_dir_made_with_other_task_args_is_refused(tmp_path):
     assert "task arg d_model: '64' (now '32')" in second.output and "use a new --run-dir" in second.output
     assert {p.name: p.read_bytes() for p in (run_dir / "events").iterdir()} == events_before
     assert (run_dir / "config.json").read_bytes() == config_before
+
+
+def test_model_flags_changed_before_any_checkpoint_are_refused(tmp_path, capsys):
+    """Found by a stranger trial: a run stopped before its first checkpoint, resumed with another
+    ``--model-*`` flag, started over with the other model in the same event log (the checkpoint
+    check needs a checkpoint). Its config.json is what tells."""
+    from resilient_training.launch.local import prepare_run_dir
+    from resilient_training.run import config as cfg
+
+    run_dir = tmp_path / "run"
+    prepare_run_dir(cfg.TrainConfig(run_dir=str(run_dir), model=cfg.ModelConfig(d_model=64, n_heads=4)))
+    config_before = (run_dir / "config.json").read_bytes()
+    second = train_here(run_dir, "--nproc", "1", "--steps", "4", "--model-d-model", "32", capsys=capsys)
+    assert second.returncode == 2, second.output
+    assert "--model-d-model 64 (now 32)" in second.output and "use a new --run-dir" in second.output
+    assert (run_dir / "config.json").read_bytes() == config_before and not (run_dir / "events").exists()
+    # The same flags resume (here: nothing to resume, so preflight passes and training would start).
+    from resilient_training.launch.local import check_same_task
+
+    check_same_task(cfg.TrainConfig(run_dir=str(run_dir), model=cfg.ModelConfig(d_model=64, n_heads=4)), run_dir)
 
 
 def test_sigterm_stops_the_workers_too(tmp_path):

@@ -93,6 +93,8 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
     parent = out.absolute().parent
     if not parent.exists():  # export makes no directories (OUT appears by one rename, whole or not at all)
         raise ExportUsageError(f"-o {out}: {parent} does not exist: create it first")
+    if not out.exists() and not out.is_symlink():  # no earlier export to find there: bad input comes first
+        _probe(out)
     try:
         record = promote.check_validated(ckpt_dir)
     except promote.PromotionRefused as exc:
@@ -106,10 +108,7 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
     _refuse_inside_run(out, Path(record["source"]["run_dir"]))  # the run that validated it, if moved since
     if _already_exported(out, fmt, record):
         return _outcome(out, fmt, record, already=True)
-    try:  # check_writable's access() says yes to root on /proc, where the staging file cannot be made
-        probe_writable(out, "-o")
-    except ValueError as exc:
-        raise ExportUsageError(str(exc)) from None
+    _probe(out)
     _verify_files(ckpt_dir, record)
     for stale in parent.glob(f"{STAGING_PREFIX}{out.name}-*"):
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
@@ -129,6 +128,13 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
         shutil.rmtree(staging, ignore_errors=True) if staging.is_dir() else staging.unlink(missing_ok=True)
         raise
     return _outcome(out, fmt, record, already=False)
+
+
+def _probe(out: Path) -> None:
+    try:  # check_writable's access() says yes to root on /proc, where the staging file cannot be made
+        probe_writable(out, "-o")
+    except ValueError as exc:
+        raise ExportUsageError(str(exc)) from None
 
 
 def _refuse_inside_run(out: Path, run_dir: Path) -> None:

@@ -102,6 +102,14 @@ def check_same_task(config: cfg.TrainConfig, run_dir: Path) -> None:
             if was != now:
                 differ.append(f"task arg {key}: {'unset' if was is None else repr(was)} "
                               f"(now {'unset' if now is None else repr(now)})")
+    model = recorded.get("model")
+    if cfg.absolute_task(config.task) == cfg.absolute_task(cfg.DEFAULT_TASK) and isinstance(model, dict):
+        # The built-in model's shape flags, checked before any checkpoint exists too (the
+        # checkpoint's own check finds them only once one does).
+        for name in config.model.__slots__:
+            was, now = model.get(name), getattr(config.model, name)
+            if was is not None and was != now:
+                differ.append(f"--model-{name.replace('_', '-')} {was} (now {now})")
     if differ:
         raise LaunchError(f"{config.run_dir} holds a run made with other task settings: {'; '.join(differ)}. "
                           "Resume it with its own settings, or use a new --run-dir")
