@@ -17,7 +17,7 @@ import torch
 from resilient_training.cli.main import main
 from resilient_training.run import gate_records
 from resilient_training.runtime import task as tk
-from tests.support.runs import gated_llama_run, train
+from tests.support.runs import gated_llama_run, two_rank_gpt_run
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +30,12 @@ def llama_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = train(tmp_path_factory.mktemp("gpt") / "run", "--steps", "8", "--checkpoint-every", "4", "--nproc", "1")
-    assert run.returncode == 0, run.output[-3000:]
-    assert main(["validate-checkpoint", str(run.run_dir)]) == 0
-    return run.run_dir
+    """The session's shared 8-step GPT run (2 ranks), this module's validated copy."""
+    from tests.support.gates import copy_run
+
+    run_dir = copy_run(two_rank_gpt_run(tmp_path_factory.getbasetemp()), tmp_path_factory.mktemp("gpt") / "run")
+    assert main(["validate-checkpoint", str(run_dir)]) == 0
+    return run_dir
 
 
 @pytest.fixture

@@ -104,3 +104,17 @@ def gated_llama_run(cache_root: Path) -> Path:
         assert main(["check-convergence", str(path)]) == 0
 
     return build_once(cache_root, "gated-llama-run", build)
+
+
+def two_rank_gpt_run(cache_root: Path) -> Path:
+    """8 steps of the built-in GPT task on 2 ranks, synchronous saves at steps 4 and 8: a real,
+    short, clean run, built once per test session (pass ``tmp_path_factory.getbasetemp()``) for
+    the tests that only need one; read-only (take a copy with ``tests.support.gates.copy_run``).
+    """
+    from tests.support.gates import build_once
+
+    def build(path: Path) -> None:
+        run = train(path, "--nproc", "2", "--steps", "8", "--checkpoint-every", "4", "--no-async-checkpoint")
+        assert run.returncode == 0, run.output[-3000:]
+
+    return build_once(cache_root, "two-rank-gpt-run", build)
