@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from resilient_training.gates import metrics
+from resilient_training.run import events
 
 
 def training_span(run_dir: Path) -> float:
@@ -110,6 +111,14 @@ def main(paths: list[str]) -> None:
                   f"{fmt(ck['stall_seconds']['mean'])} | {ck['committed']}+{ck.get('committed_local_tier', 0)} local "
                   f"({ck['deferred']}) | {efficiency} | {fmt(ck['interval_steps'], '{:.0f}')} |")
         print_profiles([row for run in runs for row in restart_profiles(run)])
+        locked = [(run.name, e) for run in runs for e in events.read_events(run)
+                  if e.event == "host_memory_locked" and e.rank == 0]
+        if locked:  # memory CUDA refused to page-lock makes its copies synchronous
+            print("\nPage-locked host memory (rank 0)\n\n| run | attempt | what | GB locked | GB refused | seconds |")
+            print("|---|---|---|---|---|---|")
+            for name, e in locked:
+                print(f"| {name} | {e.attempt} | {e['what']} | {e['bytes'] / 1e9:.2f} | {e['failed_bytes'] / 1e9:.2f} "
+                      f"| {e['seconds']:.2f} |")
 
 
 if __name__ == "__main__":

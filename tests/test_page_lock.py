@@ -22,7 +22,9 @@ from resilient_training.runtime.checkpointing import HostSnapshot, StagingBuffer
 class Driver:
     """Stands in for cudaHostRegister / cudaHostUnregister: which ranges are locked now."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, refuse_every: int = 0) -> None:
+        self.refuse_every = refuse_every  # CUDA refuses every n-th call (0: none)
+        self.calls = 0
         self.locked: dict[int, int] = {}
         self.pauses: list[bool] = []
         self.log: list[tuple[str, int]] = []
@@ -31,6 +33,9 @@ class Driver:
 
     def lock(self, ptr: int, nbytes: int, *, pause: bool = False) -> bool:
         assert ptr not in self.locked, "registered twice (CUDA: resource already mapped)"
+        self.calls += 1
+        if self.refuse_every and self.calls % self.refuse_every == 0:
+            return False
         self.locked[ptr] = nbytes
         self.log.append(("lock", ptr))
         self.pauses.append(pause)
@@ -107,3 +112,41 @@ def test_page_lock_pauses_as_long_as_the_call_took(monkeypatch: pytest.MonkeyPat
     assert checkpointing.page_lock(1, 1, pause=True)
     paused = time.perf_counter() - start
     assert plain < 0.09 and paused >= 0.1
+
+
+def test_memory_cuda_refused_to_lock_is_reported_once_and_never_unlocked(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from resilient_training.run import events as ev
+    from resilient_training.runtime.trainer import Trainer
+
+    driver = Driver(monkeypatch, refuse_every=3)
+    monkeypatch.setattr(HostSnapshot, "_PIN_RUN", 1 << 20)
+    host = HostSnapshot(tmp_path / "tier")
+    layout, size = _layout(6, 100_000)
+    assert host.pin_report.take() is None  # nothing prepared yet
+    _prepare(host, layout, size)
+    report = host.pin_report.take()
+    runs = len(HostSnapshot._pin_runs(layout, size)) * len(HostSnapshot.SLOTS)
+    assert driver.calls == runs and len(driver.locked) == runs - runs // 3
+    assert report is not None and report["failed_bytes"] > 0
+    assert report["bytes"] + report["failed_bytes"] == size * len(HostSnapshot.SLOTS)
+    assert report["bytes"] == sum(driver.locked.values())
+    host.close()  # unlocks only what was locked (the driver refuses to unlock anything else)
+    assert driver.locked == {}
+
+    # The trainer logs each once, as an event of the strict schema.
+    staging = StagingBuffers()
+    for name in ("a", "b", "c"):
+        staging._replace(name, staging._allocate(torch.Size([1000]), torch.float32, True))
+    staging.pin_report.finish(0.5)
+    _prepare(host, layout, size)
+    log = ev.EventLog(tmp_path / "run", rank=0)
+    trainer = SimpleNamespace(staging=staging, host_snapshot=host, events=log)
+    Trainer._report_pinning(trainer, 7)
+    Trainer._report_pinning(trainer, 8)
+    logged = [e for e in ev.read_events(tmp_path / "run") if e.event == "host_memory_locked"]
+    assert [(e.step, e["what"]) for e in logged] == [(7, "staging"), (7, "host_snapshot")]
+    assert logged[0]["bytes"] == 8000 and logged[0]["failed_bytes"] == 4000 and logged[0]["seconds"] == 0.5
+    host.close()

@@ -144,3 +144,54 @@ def test_a_persistent_save_deferred_by_a_node_local_write_is_made_once_that_writ
     assert begun == [(3, "local"), (6, "persistent")]
     assert fmt.read_manifest(fmt.read_latest(tmp_path / "run" / "checkpoints"))["step"] == 6
     assert checkpointer.tier_for(7) == "local" and checkpointer.tier_for(8) == "persistent"
+
+
+def test_saves_wait_for_page_locked_staging_buffers_without_holding_training(tmp_path: Path, monkeypatch) -> None:
+    """Found on one H200 with --host-snapshot: a process's first save waited 2.2-3.0 s for its
+    staging buffers to be page-locked (paced, in the background), when a launcher restart resumed
+    5 steps before a save. A save is deferred instead (a persistent one is owed), the same step on
+    every rank: readiness travels in the step's done count like a commit.
+    """
+    import threading
+    from types import SimpleNamespace
+
+    from resilient_training.runtime import checkpointing
+
+    release = threading.Event()
+
+    def slow_page_lock(ptr: int, nbytes: int, *, pause: bool = False) -> bool:
+        release.wait(30)  # the driver, still locking
+        return False  # (refused: nothing to unlock afterwards)
+
+    monkeypatch.setattr(checkpointing, "page_lock", slow_page_lock)
+    events: list[tuple[str, int, dict]] = []
+    config = cfg.from_argv(["--run-dir", str(tmp_path / "run"), "--steps", "20", "--checkpoint-every", "4"])
+    staging = StagingBuffers()
+    checkpointer = Checkpointer(config, rank=0, world_size=1, tag="t", writer=_InlineWriter(), staging=staging,
+                                emit=lambda event, step, **kw: events.append((event, step, kw)))
+    model, optimizer, data = train_state(TINY, seed=1234, steps=1)
+    staging.prepare([("w", SimpleNamespace(shape=torch.Size([8]), dtype=torch.float32, is_cuda=True))])
+    assert staging.locking
+
+    def step(n: int) -> None:
+        checkpointer.maybe_commit(checkpointer.local_done())
+        if checkpointer.tier_for(n):
+            checkpointer.save(n, state_dict(model, optimizer), data.state_dict(), {})
+
+    step(4)  # persistent, but the buffers are still being locked: deferred, owed, training not held
+    step(5)  # still locking: nothing (no deferral logged at every step)
+    assert [(e, s) for e, s, _ in events] == [("ckpt_deferred", 4)]
+    assert events[0][2]["reason"] == "staging buffers still being page-locked; owed: made once that is done"
+    release.set()
+    staging._preparing.join(30)
+    assert not staging.locking
+    step(6)  # ready everywhere: the owed persistent save is made now, not at step 8
+    assert [(s, kw["tier"]) for e, s, kw in events if e == "ckpt_begin"] == [(6, "persistent")]
+
+    # Two ranks: one still locking (its part of the count is 0) defers the save on both.
+    other = Checkpointer(config, rank=0, world_size=2, tag="u", writer=_InlineWriter(), staging=StagingBuffers(),
+                         emit=lambda *a, **k: None)
+    other.maybe_commit(1.0)
+    assert other.will_defer(8) and not other.will_defer(20)  # the final step always saves (and waits)
+    other.maybe_commit(2.0)
+    assert not other.will_defer(8)

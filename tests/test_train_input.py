@@ -46,6 +46,9 @@ def test_run_dir_with_another_models_checkpoints_is_refused(tmp_path, capsys):
     assert first.returncode == 0, first.output[-2000:]
     events_before = sorted(p.name for p in (tmp_path / "run" / "events").iterdir())
     size_before = sum(p.stat().st_size for p in (tmp_path / "run" / "events").iterdir())
+    # Without its config.json (a directory copied without it): the checkpoint's own check. With it,
+    # config.json's check comes first (test_model_flags_changed_before_any_checkpoint_are_refused).
+    (tmp_path / "run" / "config.json").unlink()
     second = train_here(tmp_path / "run", "--nproc", "1", "--steps", "4", "--model-d-model", "32", capsys=capsys)
     assert second.returncode == 2
     assert "holds checkpoints of a different model" in second.output

@@ -54,7 +54,7 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # manifest_checksum: xxh3_128 of the committed manifest.json (validation's witness that the
     # checkpoint in the directory is the one this run committed).
     "ckpt_committed": ("bytes", "seconds", "path", "tier", "world_size", "manifest_checksum"),  # seconds: begin -> commit
-    "ckpt_deferred": ("reason",),  # a save skipped because the previous one is still writing
+    "ckpt_deferred": ("reason",),  # a save skipped: the previous one still writing, or buffers still being page-locked
     "ckpt_failed": ("reason",),
     # A save lost with a dead writer: every rank logs it at the same step; never committed.
     "ckpt_abandoned": ("reason", "tier"),
@@ -80,6 +80,9 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "load_done": ("path", "source", "seconds", "phases"),
     # --memory-snapshot-every was turned off for the run (reason: no memory for the second copy).
     "memory_snapshot_off": ("reason",),
+    # GPUs: a background page-locking is over (what: staging | host_snapshot). failed_bytes: memory
+    # CUDA refused to lock, whose copies are then synchronous (the training thread waits for them).
+    "host_memory_locked": ("what", "bytes", "failed_bytes", "seconds"),
     "calibrated": ("timeouts",),
     "end": ("status", "reason"),  # status: completed | failed
 }

@@ -57,6 +57,33 @@ def page_lock(ptr: int, nbytes: int, *, pause: bool = False) -> bool:
     return ok
 
 
+class PinReport:
+    """What a background page-locking did: bytes locked, bytes CUDA refused (their copies are
+    synchronous: the training thread waits for them), seconds. Taken once (:meth:`take`).
+    """
+
+    def __init__(self) -> None:
+        self.bytes = self.failed_bytes = 0
+        self.seconds = 0.0
+        self._done = self._taken = False
+
+    def add(self, nbytes: int, ok: bool) -> None:
+        if ok:
+            self.bytes += nbytes
+        else:
+            self.failed_bytes += nbytes
+
+    def finish(self, seconds: float) -> None:
+        self.seconds, self._done = seconds, True
+
+    def take(self) -> dict[str, Any] | None:
+        """The figures once, when the page-locking is over and locked anything; else None."""
+        if not self._done or self._taken or not (self.bytes or self.failed_bytes):
+            return None
+        self._taken = True
+        return {"bytes": self.bytes, "failed_bytes": self.failed_bytes, "seconds": round(self.seconds, 3)}
+
+
 def page_unlock(ptr: int) -> None:
     """Undo :func:`page_lock` before the memory is unmapped or freed: a range left registered
     after its mapping is gone makes a later registration or allocation at that address fail
@@ -165,6 +192,8 @@ class StagingBuffers:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._pinned: set[int] = set()  # data pointers of the buffers page-locked (see page_unlock)
+        self.pin_report = PinReport()  # of the buffers' first allocation (prepare)
+        self._locking = False  # the preparation page-locks (see locking)
         self.objects: dict[str, Any] = {}  # the non-tensor values of the staged step (deep copies)
         self.data_state: Any = None  # the data loader's state at the staged step
         self._preparing: threading.Thread | None = None
@@ -181,10 +210,21 @@ class StagingBuffers:
     def prepared(self) -> bool:
         return bool(self._buffers) or self._preparing is not None
 
+    @property
+    def locking(self) -> bool:
+        """Still page-locking the buffers in the background (GPUs: seconds for gigabytes, paced so
+        training runs meanwhile). A save now would wait for it (:meth:`begin`).
+        """
+        return self._locking and self._preparing is not None and self._preparing.is_alive()
+
     def _allocate(self, shape: torch.Size, dtype: torch.dtype, pin: bool, *, pause: bool = False) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=dtype).share_memory_()
-        if pin and buffer.numel() and page_lock(buffer.data_ptr(), buffer.numel() * buffer.element_size(), pause=pause):
-            self._pinned.add(buffer.data_ptr())
+        if pin and buffer.numel():
+            nbytes = buffer.numel() * buffer.element_size()
+            ok = page_lock(buffer.data_ptr(), nbytes, pause=pause)
+            self.pin_report.add(nbytes, ok)
+            if ok:
+                self._pinned.add(buffer.data_ptr())
         return buffer
 
     def _replace(self, name: str, buffer: torch.Tensor) -> None:
@@ -203,10 +243,13 @@ class StagingBuffers:
         if self.prepared:
             return
         specs = [(name, t.shape, t.dtype, t.is_cuda) for name, t in tensors]
+        self._locking = any(pin for *_, pin in specs)
 
         def allocate() -> None:
+            start = time.perf_counter()
             for name, shape, dtype, pin in specs:
                 self._replace(name, self._allocate(shape, dtype, pin, pause=True))
+            self.pin_report.finish(time.perf_counter() - start)
 
         self._preparing = threading.Thread(target=allocate, name="staging-prepare", daemon=True)
         self._preparing.start()
@@ -634,6 +677,7 @@ class HostSnapshot:
         self._stream: Any = None
         self._preparing: threading.Thread | None = None
         self._pinned: list[int] = []  # start of each page-locked run of the mapped slots
+        self.pin_report = PinReport()  # of the slots' latest preparation
 
     def _data_path(self, slot: str) -> Path:
         return self.root / f"host-snapshot-{slot}.bin"
@@ -702,7 +746,10 @@ class HostSnapshot:
         for slot in self.SLOTS:
             self._meta_path(slot).unlink(missing_ok=True)
 
+        report = self.pin_report = PinReport()
+
         def prepare() -> None:
+            began = time.perf_counter()
             self._unpin(old_pinned)  # before the old mappings (held by ``old`` until then) go
             old.clear()
             data, pinned = {}, []
@@ -711,12 +758,15 @@ class HostSnapshot:
                 with open(path, "wb") as f:
                     f.truncate(size)
                 data[slot] = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
-                if pin and size:
-                    pinned += [data[slot].data_ptr() + start for start, length in self._pin_runs(layout, size)
-                               if page_lock(data[slot].data_ptr() + start, length, pause=True)]
+                for start, length in self._pin_runs(layout, size) if pin and size else []:
+                    ok = page_lock(data[slot].data_ptr() + start, length, pause=True)
+                    report.add(length, ok)
+                    if ok:
+                        pinned.append(data[slot].data_ptr() + start)
             self._data.update(data)
             self._pinned = pinned
             self._layout = layout
+            report.finish(time.perf_counter() - began)
 
         self._preparing = threading.Thread(target=prepare, name="host-snapshot-prepare", daemon=True)
         self._preparing.start()
@@ -1055,6 +1105,10 @@ class Checkpointer:
         self.committer = committer or Committer()  # likewise: a commit may still be running
         self._plan_cache: tuple[tuple[Any, ...], dict[str, list[Any]]] | None = None  # see _write_plan
         self._owed: int | None = None  # a persistent save's step deferred by a node-local write (see tier_for)
+        # Every rank's staging buffers are page-locked (see local_done): saves wait for it, agreed
+        # like commits, because the first save of a process used to wait for the page-locking:
+        # 2.2-3.0 s on one H200 when a launcher restart resumed 5 steps before a save.
+        self._staging_agreed = True
         self._host = host  # the memory snapshot in host shared memory (--host-snapshot)
         self._host_slot: str | None = None  # the slot find_restorable chose
         self.lineage = lineage if lineage is not None else Lineage()  # kept across in-process restarts
@@ -1335,15 +1389,17 @@ class Checkpointer:
         """
         if step % self.config.checkpoint.every == 0 or step == self.config.steps:
             return PERSISTENT
-        if self._owed is not None and self._in_flight is None:
+        if self._owed is not None and self._in_flight is None and self._staging_agreed:
             return PERSISTENT
         if self.local_root is not None and step % self.config.checkpoint.local_every == 0:
             return LOCAL
         return None
 
     def will_defer(self, step: int) -> bool:
-        """A save at ``step`` would be skipped: the previous one is still being written."""
-        return self._in_flight is not None and step != self.config.steps
+        """A save at ``step`` would be skipped: the previous one is still being written, or a
+        rank's staging buffers are still being page-locked (agreed through the step's done count).
+        """
+        return (self._in_flight is not None or not self._staging_agreed) and step != self.config.steps
 
     def save(self, step: int, state: dict[str, Any], data_state: Any,
              manifest_fields: dict[str, Any], *, torn_write: bool = False,
@@ -1356,9 +1412,13 @@ class Checkpointer:
         (``ckpt_deferred``), except for the final step, which waits.
         """
         if self.will_defer(step):
-            owed = self.tier_for(step) == PERSISTENT and self._in_flight.tier == LOCAL
-            self._emit("ckpt_deferred", step, reason=f"step {self._in_flight.step} still writing"
-                       + ("; owed: made once that node-local write is done" if owed else ""))
+            if self._in_flight is not None:
+                owed = self.tier_for(step) == PERSISTENT and self._in_flight.tier == LOCAL
+                reason = f"step {self._in_flight.step} still writing"
+            else:
+                owed = self.tier_for(step) == PERSISTENT
+                reason = "staging buffers still being page-locked"
+            self._emit("ckpt_deferred", step, reason=reason + ("; owed: made once that is done" if owed else ""))
             if owed:  # a node-local save never costs a persistent one (found on one H200, local every 10)
                 self._owed = step
             return
@@ -1402,6 +1462,7 @@ class Checkpointer:
     def local_done(self) -> float:
         """The rank's part of the step's done count: 1.0 when it has no write in flight (or it is
         durable), 0.0 while one is being written, :data:`ABANDONED` when the writer died with it.
+        With nothing in flight, 0.0 while its staging buffers are still being page-locked.
 
         Also replaces a writer found dead (its watch thread saw it exit), in flight or idle;
         raises :class:`CheckpointWriterDied` when writers keep dying.
@@ -1418,7 +1479,7 @@ class Checkpointer:
         if self._writer.death is not None:
             self._writer.replace()
         if in_flight is None:
-            return 1.0
+            return 0.0 if self._staging.locking else 1.0
         if in_flight.abandoned:
             if in_flight.job is not None:  # never handed over: nothing to wait for once staged
                 if not self._staging.ready():
@@ -1447,6 +1508,8 @@ class Checkpointer:
         """
         in_flight = self._in_flight
         if in_flight is None:
+            # Nothing in flight: the count says whether every rank's staging buffers are ready.
+            self._staging_agreed = round(done_count) == self.world_size
             return
         if done_count < 0 and not in_flight.abandoned:
             in_flight.abandoned = True

@@ -233,6 +233,7 @@ class Trainer:
             self.heartbeats.cover(0)
             if self.host_snapshot is not None:
                 self.host_snapshot.poll()  # commits a copy to host memory once it is done
+            self._report_pinning(step)
             # Always called: a negative count abandons a save lost with a dead writer.
             committing = checkpointer.will_commit(done_count)
             if committing:  # reading a checkpoint back costs about what writing it did: the first load's budget
@@ -255,12 +256,20 @@ class Trainer:
                     timeouts = self.heartbeats.calibrate(floor=self._heartbeat_floor()) or {}
                 self.events.emit("calibrated", step, timeouts={**timeouts, "progress": self.guard.calibrated()})
 
+    def _report_pinning(self, step: int) -> None:
+        """Log each background page-locking once it is over (GPUs only): memory CUDA refused to
+        lock makes its copies synchronous, which a save's stall would show.
+        """
+        for what, holder in (("staging", self.staging), ("host_snapshot", self.host_snapshot)):
+            report = holder.pin_report.take() if holder is not None else None
+            if report is not None:
+                self.events.emit("host_memory_locked", step, what=what, **report)
+
     def _take_snapshot(self, step: int, model: Any, optimizer: Any, scheduler: Any, data: Any, *,
                        host: bool = True) -> None:
         """``host``: also copy it to host memory (--host-snapshot). Not when a save stages from
-        it at the same step: both copy the whole state to the host, ~800 copies each, and with
-        both queued a save held training 0.148 s instead of 0.019 s on one H200 (the cause is
-        not established; this avoids the overlap).
+        it at the same step: both would copy the whole state to the host, and the save already
+        holds that step.
         """
         self.snapshot.take(step, model, optimizer, scheduler, data.state_dict(), world=(self.rank, self.world_size))
         if self.snapshot.disabled:
