@@ -172,6 +172,9 @@ def test_saves_wait_for_page_locked_staging_buffers_without_holding_training(tmp
     model, optimizer, data = train_state(TINY, seed=1234, steps=1)
     staging.prepare([("w", SimpleNamespace(shape=torch.Size([8]), dtype=torch.float32, is_cuda=True))])
     assert staging.locking
+    monkeypatch.setattr(StagingBuffers, "DEFER_SECONDS", 0.0)  # locking that never ends: saves wait after all
+    assert not staging.locking and checkpointer.local_done() == 1.0
+    monkeypatch.setattr(StagingBuffers, "DEFER_SECONDS", 120.0)
 
     def step(n: int) -> None:
         checkpointer.maybe_commit(checkpointer.local_done())

@@ -194,6 +194,7 @@ class StagingBuffers:
         self._pinned: set[int] = set()  # data pointers of the buffers page-locked (see page_unlock)
         self.pin_report = PinReport()  # of the buffers' first allocation (prepare)
         self._locking = False  # the preparation page-locks (see locking)
+        self._lock_started = 0.0
         self.objects: dict[str, Any] = {}  # the non-tensor values of the staged step (deep copies)
         self.data_state: Any = None  # the data loader's state at the staged step
         self._preparing: threading.Thread | None = None
@@ -210,12 +211,18 @@ class StagingBuffers:
     def prepared(self) -> bool:
         return bool(self._buffers) or self._preparing is not None
 
+    # Saves are deferred for the page-locking at most this long; then a save waits for it, inside
+    # the save phase that the progress guard times (a driver call that never returns is a hang).
+    DEFER_SECONDS = 120.0
+
     @property
     def locking(self) -> bool:
         """Still page-locking the buffers in the background (GPUs: seconds for gigabytes, paced so
-        training runs meanwhile). A save now would wait for it (:meth:`begin`).
+        training runs meanwhile), for less than :attr:`DEFER_SECONDS`. A save now would wait for
+        it (:meth:`begin`).
         """
-        return self._locking and self._preparing is not None and self._preparing.is_alive()
+        return (self._locking and self._preparing is not None and self._preparing.is_alive()
+                and time.monotonic() - self._lock_started < self.DEFER_SECONDS)
 
     def _allocate(self, shape: torch.Size, dtype: torch.dtype, pin: bool, *, pause: bool = False) -> torch.Tensor:
         buffer = torch.empty(shape, dtype=dtype).share_memory_()
@@ -244,6 +251,7 @@ class StagingBuffers:
             return
         specs = [(name, t.shape, t.dtype, t.is_cuda) for name, t in tensors]
         self._locking = any(pin for *_, pin in specs)
+        self._lock_started = time.monotonic()
 
         def allocate() -> None:
             start = time.perf_counter()
