@@ -159,7 +159,7 @@ def test_saves_wait_for_page_locked_staging_buffers_without_holding_training(tmp
 
     release = threading.Event()
 
-    def slow_page_lock(ptr: int, nbytes: int, *, pause: bool = False) -> bool:
+    def slow_page_lock(ptr: int, nbytes: int, *, device: torch.device | None = None, pause: bool = False) -> bool:
         release.wait(30)  # the driver, still locking
         return False  # (refused: nothing to unlock afterwards)
 
@@ -170,7 +170,8 @@ def test_saves_wait_for_page_locked_staging_buffers_without_holding_training(tmp
     checkpointer = Checkpointer(config, rank=0, world_size=1, tag="t", writer=_InlineWriter(), staging=staging,
                                 emit=lambda event, step, **kw: events.append((event, step, kw)))
     model, optimizer, data = train_state(TINY, seed=1234, steps=1)
-    staging.prepare([("w", SimpleNamespace(shape=torch.Size([8]), dtype=torch.float32, is_cuda=True))])
+    staging.prepare([("w", SimpleNamespace(shape=torch.Size([8]), dtype=torch.float32, is_cuda=True,
+                                                   device=torch.device("cuda", 0)))])
     assert staging.locking
     monkeypatch.setattr(StagingBuffers, "DEFER_SECONDS", 0.0)  # locking that never ends: saves wait after all
     assert not staging.locking and checkpointer.local_done() == 1.0

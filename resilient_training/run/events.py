@@ -83,6 +83,8 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # GPUs: a background page-locking is over (what: staging | host_snapshot). failed_bytes: memory
     # CUDA refused to lock, whose copies are then synchronous (the training thread waits for them).
     "host_memory_locked": ("what", "bytes", "failed_bytes", "seconds"),
+    # --host-snapshot was turned off for the run: its slots could not be made (reason: the error).
+    "host_snapshot_off": ("reason",),
     "calibrated": ("timeouts",),
     "end": ("status", "reason"),  # status: completed | failed
 }

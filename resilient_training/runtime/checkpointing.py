@@ -40,10 +40,33 @@ from resilient_training.run import gate_records, layout
 from resilient_training.run.config import DEFAULT_TASK, TrainConfig
 from resilient_training.runtime.nvrx_adapter import CheckpointWriterDied
 
+_PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every CUDA context of the process
 
-def page_lock(ptr: int, nbytes: int, *, pause: bool = False) -> bool:
-    """Page-lock host memory in place (``cudaHostRegister``); False when CUDA refused it (the
-    copies to and from it then still work, only slower and synchronously).
+
+def _cuda_call(device: torch.device | None, call: Callable[[], Any]) -> int:
+    """Run one CUDA runtime call on a thread of its own, with ``device`` current, and return its
+    error code. A refused call leaves its error pending on the thread that made it, where the next
+    kernel launch's check would raise it as its own: not on the training thread, then. A new
+    thread's current device is cuda:0, where a call would create a context on a rank's
+    neighbour's GPU.
+    """
+    result: list[int] = []
+
+    def run() -> None:
+        if device is not None:
+            torch.cuda.set_device(device)
+        result.append(int(call()))
+
+    thread = threading.Thread(target=run, name="cuda-host-register", daemon=True)
+    thread.start()
+    thread.join()
+    return result[0] if result else -1
+
+
+def page_lock(ptr: int, nbytes: int, *, device: torch.device | None = None, pause: bool = False) -> bool:
+    """Page-lock host memory in place (``cudaHostRegister``, portable) with ``device`` current;
+    False when CUDA refused it (the copies to and from it then still work, only slower and
+    synchronously).
 
     ``pause``: then sleep as long as the call took. Called back to back from a background
     thread, the registrations kept the training thread's CUDA calls waiting: on one H200,
@@ -51,7 +74,7 @@ def page_lock(ptr: int, nbytes: int, *, pause: bool = False) -> bool:
     took for a hang (``benchmarks/pin_contention.py`` measures both ways).
     """
     start = time.perf_counter()
-    ok = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)) == 0
+    ok = _cuda_call(device, lambda: torch.cuda.cudart().cudaHostRegister(ptr, nbytes, _PORTABLE)) == 0
     if pause:
         time.sleep(min(0.1, time.perf_counter() - start))
     return ok
@@ -84,12 +107,12 @@ class PinReport:
         return {"bytes": self.bytes, "failed_bytes": self.failed_bytes, "seconds": round(self.seconds, 3)}
 
 
-def page_unlock(ptr: int) -> None:
+def page_unlock(ptr: int, *, device: torch.device | None = None) -> bool:
     """Undo :func:`page_lock` before the memory is unmapped or freed: a range left registered
     after its mapping is gone makes a later registration or allocation at that address fail
-    ("resource already mapped").
+    ("resource already mapped"). False when CUDA refused it.
     """
-    torch.cuda.cudart().cudaHostUnregister(ptr)
+    return _cuda_call(device, lambda: torch.cuda.cudart().cudaHostUnregister(ptr)) == 0
 
 
 def write_rank_job(tmp_dir: str, rank: int, job: dict[str, Any], torn_write: bool) -> None:
@@ -191,7 +214,7 @@ class StagingBuffers:
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
-        self._pinned: set[int] = set()  # data pointers of the buffers page-locked (see page_unlock)
+        self._pinned: dict[int, torch.device] = {}  # data pointer -> GPU, of the buffers page-locked
         self.pin_report = PinReport()  # of the buffers' first allocation (prepare)
         self._locking = False  # the preparation page-locks (see locking)
         self._lock_started = 0.0
@@ -224,21 +247,22 @@ class StagingBuffers:
         return (self._locking and self._preparing is not None and self._preparing.is_alive()
                 and time.monotonic() - self._lock_started < self.DEFER_SECONDS)
 
-    def _allocate(self, shape: torch.Size, dtype: torch.dtype, pin: bool, *, pause: bool = False) -> torch.Tensor:
+    def _allocate(self, shape: torch.Size, dtype: torch.dtype, device: torch.device | None, *,
+                  pause: bool = False) -> torch.Tensor:
+        """A shared-memory buffer, page-locked for copies from ``device`` (None: not locked)."""
         buffer = torch.empty(shape, dtype=dtype).share_memory_()
-        if pin and buffer.numel():
+        if device is not None and buffer.numel():
             nbytes = buffer.numel() * buffer.element_size()
-            ok = page_lock(buffer.data_ptr(), nbytes, pause=pause)
+            ok = page_lock(buffer.data_ptr(), nbytes, device=device, pause=pause)
             self.pin_report.add(nbytes, ok)
             if ok:
-                self._pinned.add(buffer.data_ptr())
+                self._pinned[buffer.data_ptr()] = device
         return buffer
 
     def _replace(self, name: str, buffer: torch.Tensor) -> None:
         old = self._buffers.get(name)
         if old is not None and old.data_ptr() in self._pinned:
-            self._pinned.discard(old.data_ptr())
-            page_unlock(old.data_ptr())
+            page_unlock(old.data_ptr(), device=self._pinned.pop(old.data_ptr()))
         self._buffers[name] = buffer
 
     def prepare(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
@@ -249,14 +273,14 @@ class StagingBuffers:
         """
         if self.prepared:
             return
-        specs = [(name, t.shape, t.dtype, t.is_cuda) for name, t in tensors]
-        self._locking = any(pin for *_, pin in specs)
+        specs = [(name, t.shape, t.dtype, t.device if t.is_cuda else None) for name, t in tensors]
+        self._locking = any(device is not None for *_, device in specs)
         self._lock_started = time.monotonic()
 
         def allocate() -> None:
             start = time.perf_counter()
-            for name, shape, dtype, pin in specs:
-                self._replace(name, self._allocate(shape, dtype, pin, pause=True))
+            for name, shape, dtype, device in specs:
+                self._replace(name, self._allocate(shape, dtype, device, pause=True))
             self.pin_report.finish(time.perf_counter() - start)
 
         self._preparing = threading.Thread(target=allocate, name="staging-prepare", daemon=True)
@@ -289,7 +313,7 @@ class StagingBuffers:
         for name, source in sources:
             buffer = self._buffers.get(name)
             if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
-                buffer = self._allocate(source.shape, source.dtype, source.is_cuda)
+                buffer = self._allocate(source.shape, source.dtype, source.device if source.is_cuda else None)
                 self._replace(name, buffer)
             out[name] = buffer
             pairs.append((buffer, source))
@@ -401,9 +425,9 @@ def _read_into(path: Path, targets: list[tuple[torch.Tensor, int]], *, chunk: in
     at once (``os.preadv`` lets go of the GIL). A contiguous CPU target is read into directly. Any
     other goes through two staging buffers of the reading thread (page-locked when a target is on
     a GPU) in turn, each thread on a CUDA stream of its own: the copy to the device of one buffer
-    overlaps the read into the other. On one H200, one thread read 3.2 GB back in 0.94-1.57 s,
-    slower than copying from the mapped file (0.75-1.03 s; ``benchmarks/host_snapshot_read.py``).
-    ``stage`` forces the staging path (tests).
+    overlaps the read into the other. On one H200, 3.2 GB came back in 0.39-0.43 s on four
+    threads after their first use (0.90 s), 0.87-1.57 s on one, and 0.70-1.03 s copied from the
+    mapped file (``benchmarks/host_snapshot_read.py``). ``stage`` forces the staging path (tests).
     """
     total = sum(t.numel() * t.element_size() for t, _ in targets)
     groups: list[list[tuple[torch.Tensor, int]]] = [[]]
@@ -436,9 +460,21 @@ def _read_group(fd: int, path: Path, targets: list[tuple[torch.Tensor, int]], *,
     device = next((t.device for t, _ in targets if t.is_cuda), None)
     on_gpu = device is not None
     stream = None
-    if device is not None:  # a new thread's current device is cuda:0: name the targets' own
+    if device is not None:
+        # A new thread's current device is cuda:0, where a CUDA call would make a context on a
+        # neighbour's GPU (leaving the stream context below switches back to the current device).
+        torch.cuda.set_device(device)
         stream = torch.cuda.Stream(device=device)
         stream.wait_stream(after)
+    try:
+        _read_on(fd, path, targets, chunk=chunk, stage=stage, stream=stream, on_gpu=on_gpu)
+    finally:
+        if stream is not None:
+            stream.synchronize()  # the buffers are reused or freed after this, failed or not
+
+
+def _read_on(fd: int, path: Path, targets: list[tuple[torch.Tensor, int]], *, chunk: int, stage: bool | None,
+             stream: Any, on_gpu: bool) -> None:
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         buffers: list[torch.Tensor] = []
         events: list[Any] = [None, None]
@@ -474,8 +510,6 @@ def _read_group(fd: int, path: Path, targets: list[tuple[torch.Tensor, int]], *,
                 flat[done:done + n].copy_(view, non_blocking=on_gpu)
                 used += n
                 done += n
-        if stream is not None:
-            stream.synchronize()  # the buffers are reused or freed after this
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
@@ -684,7 +718,8 @@ class HostSnapshot:
         self._pending: tuple[str, Any, dict[str, Any]] | None = None  # (slot, CUDA event, meta) until committed
         self._stream: Any = None
         self._preparing: threading.Thread | None = None
-        self._pinned: list[int] = []  # start of each page-locked run of the mapped slots
+        self._pinned: list[tuple[int, torch.device]] = []  # (start, GPU) of each page-locked run of the slots
+        self.failed: str | None = None  # why the slots could not be made: no more host snapshots
         self.pin_report = PinReport()  # of the slots' latest preparation
 
     def _data_path(self, slot: str) -> Path:
@@ -700,7 +735,8 @@ class HostSnapshot:
         Skipped while the previous copy is still running or the files are still being prepared.
         """
         self.poll()
-        if self._pending is not None or step not in (snapshot._pending, snapshot.step) or snapshot.disabled:
+        if self._pending is not None or step not in (snapshot._pending, snapshot.step) or snapshot.disabled \
+                or self.failed:
             return
         buffers = sorted(snapshot._buffers.items(), key=lambda kv: str(kv[0]))
         layout, offset = [], 0
@@ -708,7 +744,7 @@ class HostSnapshot:
             layout.append((key, offset, tuple(buffer.shape), buffer.dtype))
             offset += -(-buffer.numel() * buffer.element_size() // self._ALIGN) * self._ALIGN
         if layout != self._layout:
-            self._prepare(layout, offset, pin=any(b.is_cuda for _, b in buffers))
+            self._prepare(layout, offset, device=next((b.device for _, b in buffers if b.is_cuda), None))
             return
         if self._preparing is not None:
             if self._preparing.is_alive():
@@ -739,9 +775,10 @@ class HostSnapshot:
         self._pending = (slot, event, meta)
         self.poll()
 
-    def _prepare(self, layout: list[Any], size: int, *, pin: bool) -> None:
-        """(Re)create both slots' files at ``size`` bytes, mapped and, on GPUs, page-locked, in a
-        background thread (seconds for gigabytes); the snapshots meanwhile are not copied.
+    def _prepare(self, layout: list[Any], size: int, *, device: torch.device | None) -> None:
+        """(Re)create both slots' files at ``size`` bytes, mapped and, on GPUs, page-locked for
+        ``device``, in a background thread (seconds for gigabytes); the snapshots meanwhile are not
+        copied. A failure turns the host snapshot off (:attr:`failed`), nothing left locked.
         """
         if self._preparing is not None and self._preparing.is_alive():
             return
@@ -760,17 +797,24 @@ class HostSnapshot:
             began = time.perf_counter()
             self._unpin(old_pinned)  # before the old mappings (held by ``old`` until then) go
             old.clear()
-            data, pinned = {}, []
-            for slot in self.SLOTS:
-                path = self._data_path(slot)
-                with open(path, "wb") as f:
-                    f.truncate(size)
-                data[slot] = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
-                for start, length in self._pin_runs(layout, size) if pin and size else []:
-                    ok = page_lock(data[slot].data_ptr() + start, length, pause=True)
-                    report.add(length, ok)
-                    if ok:
-                        pinned.append(data[slot].data_ptr() + start)
+            data: dict[str, torch.Tensor] = {}
+            pinned: list[tuple[int, torch.device]] = []
+            try:
+                for slot in self.SLOTS:
+                    path = self._data_path(slot)
+                    with open(path, "wb") as f:
+                        f.truncate(size)
+                    data[slot] = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+                    for start, length in self._pin_runs(layout, size) if device is not None and size else []:
+                        ok = page_lock(data[slot].data_ptr() + start, length, device=device, pause=True)
+                        report.add(length, ok)
+                        if ok:
+                            pinned.append((data[slot].data_ptr() + start, device))
+            except BaseException as exc:  # a full /dev/shm, say: unlocked before the mappings go
+                self._unpin(pinned)
+                data.clear()
+                self.failed = f"{type(exc).__name__}: {exc}"[:300]
+                return
             self._data.update(data)
             self._pinned = pinned
             self._layout = layout
@@ -780,9 +824,9 @@ class HostSnapshot:
         self._preparing.start()
 
     @staticmethod
-    def _unpin(pointers: list[int]) -> None:
-        for pointer in pointers:
-            page_unlock(pointer)
+    def _unpin(pinned: list[tuple[int, torch.device]]) -> None:
+        for pointer, device in pinned:
+            page_unlock(pointer, device=device)
 
     def close(self) -> None:
         """Let go of the slots' mappings (the files stay): page-unlocked first (see page_unlock)."""

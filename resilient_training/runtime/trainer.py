@@ -81,6 +81,7 @@ class Trainer:
         # ... and in host shared memory (--host-snapshot), for a process the launcher restarts
         self.host_snapshot = HostSnapshot(local_tier_root(config, self.rank)) if config.checkpoint.host_snapshot else None
         self.lineage = Lineage()  # which history the state belongs to (set by each restore; see Lineage)
+        self._host_snapshot_off = False  # logged (see _report_pinning)
         self.faults = flt.parse(config.faults)
         self.task = tk.task_from_config(config)
         self.task_args = tk.effective_args(config)
@@ -264,6 +265,10 @@ class Trainer:
             report = holder.pin_report.take() if holder is not None else None
             if report is not None:
                 self.events.emit("host_memory_locked", step, what=what, **report)
+        host = self.host_snapshot
+        if host is not None and host.failed and not self._host_snapshot_off:
+            self._host_snapshot_off = True
+            self.events.emit("host_snapshot_off", step, reason=host.failed)
 
     def _take_snapshot(self, step: int, model: Any, optimizer: Any, scheduler: Any, data: Any, *,
                        host: bool = True) -> None:
