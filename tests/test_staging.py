@@ -199,3 +199,26 @@ def test_saves_wait_for_page_locked_staging_buffers_without_holding_training(tmp
     assert other.will_defer(8) and not other.will_defer(20)  # the final step always saves (and waits)
     other.maybe_commit(2.0)
     assert not other.will_defer(8)
+
+
+def test_a_persistent_save_owed_at_an_inprocess_restart_is_made_after_it(tmp_path: Path) -> None:
+    """Found in review: the owed step lived in the iteration's Checkpointer, so an in-process
+    restart whose restore landed past it forgot it (the persistent interval doubled once)."""
+    config = cfg.from_argv(["--run-dir", str(tmp_path / "run"), "--steps", "20", "--checkpoint-every", "4"])
+
+    def fresh() -> Checkpointer:  # what the trainer builds at each iteration
+        return Checkpointer(config, rank=0, world_size=2, tag="t", writer=_InlineWriter(), staging=StagingBuffers(),
+                            emit=lambda *a, **k: None)
+
+    before = fresh()
+    before.maybe_commit(1.0)  # a peer still page-locking: the save at step 4 is deferred and owed
+    before.save(4, {}, None, {})
+    assert before.owed == 4
+    after = fresh()
+    after.carry_owed(before.owed, restored=5)  # restored past step 4: owed still, made at once
+    after.maybe_commit(2.0)
+    assert after.tier_for(6) == "persistent"
+    again = fresh()
+    again.carry_owed(before.owed, restored=3)  # restored before it: step 4 comes again, on schedule
+    again.maybe_commit(2.0)
+    assert again.owed is None and again.tier_for(3) is None and again.tier_for(4) == "persistent"

@@ -1447,6 +1447,18 @@ class Checkpointer:
             return LOCAL
         return None
 
+    @property
+    def owed(self) -> int | None:
+        """The step of a deferred persistent save still owed (see :meth:`tier_for`)."""
+        return self._owed
+
+    def carry_owed(self, owed: int | None, restored: int) -> None:
+        """Take over the persistent save the iteration before an in-process restart still owed:
+        owed still when the restore landed at or past its step (every rank restores the same
+        step); else that step comes again and is saved on schedule.
+        """
+        self._owed = owed if owed is not None and restored >= owed else None
+
     def will_defer(self, step: int) -> bool:
         """A save at ``step`` would be skipped: the previous one is still being written, or a
         rank's staging buffers are still being page-locked (agreed through the step's done count).

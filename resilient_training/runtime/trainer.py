@@ -82,6 +82,7 @@ class Trainer:
         self.host_snapshot = HostSnapshot(local_tier_root(config, self.rank)) if config.checkpoint.host_snapshot else None
         self.lineage = Lineage()  # which history the state belongs to (set by each restore; see Lineage)
         self._host_snapshot_off = False  # logged (see _report_pinning)
+        self._owed: int | None = None  # a persistent save owed when the last iteration ended
         self.faults = flt.parse(config.faults)
         self.task = tk.task_from_config(config)
         self.task_args = tk.effective_args(config)
@@ -123,6 +124,7 @@ class Trainer:
         self.snapshot.release()  # the last iteration's model and optimizer are gone
         self.guard.arm(ping=call_wrapper.ping if call_wrapper is not None else None, on_expire=self._on_hang)
         start_phase = self.guard.begin_phase("start")
+        checkpointer: Checkpointer | None = None
         try:
             self._drop_stale_write()
             if call_wrapper is not None and self._store is None:
@@ -156,6 +158,7 @@ class Trainer:
             data = tk.build_data(self.task, self.rank, self.world_size, self.config.seed)
             self.guard.end_phase(start_phase, warm_up=True)
             self._restore(checkpointer, path, manifest, model, optimizer, scheduler, data, started, laps)
+            checkpointer.carry_owed(self._owed, self.step)
             self._train(model, optimizer, scheduler, data, checkpointer, call_wrapper)
             checkpointer.finish()
             self.remover.wait()
@@ -168,6 +171,8 @@ class Trainer:
             raise
         finally:
             self.guard.disarm()
+            if checkpointer is not None:  # a persistent save still owed (see Checkpointer.carry_owed)
+                self._owed = checkpointer.owed
             # In `finally`: the in-process wrapper may interrupt the handler above with an
             # exception of its own, and a group left behind fails the next iteration's init.
             if self.completed:
