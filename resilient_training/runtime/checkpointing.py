@@ -80,6 +80,14 @@ def page_lock(ptr: int, nbytes: int, *, device: torch.device | None = None, paus
     return ok
 
 
+def page_unlock(ptr: int, *, device: torch.device | None = None) -> bool:
+    """Undo :func:`page_lock` before the memory is unmapped or freed: a range left registered
+    after its mapping is gone makes a later registration or allocation at that address fail
+    ("resource already mapped"). False when CUDA refused it.
+    """
+    return _cuda_call(device, lambda: torch.cuda.cudart().cudaHostUnregister(ptr)) == 0
+
+
 class PinReport:
     """What a background page-locking did: bytes locked, bytes CUDA refused (their copies are
     synchronous: the training thread waits for them), seconds. Taken once (:meth:`take`).
@@ -105,14 +113,6 @@ class PinReport:
             return None
         self._taken = True
         return {"bytes": self.bytes, "failed_bytes": self.failed_bytes, "seconds": round(self.seconds, 3)}
-
-
-def page_unlock(ptr: int, *, device: torch.device | None = None) -> bool:
-    """Undo :func:`page_lock` before the memory is unmapped or freed: a range left registered
-    after its mapping is gone makes a later registration or allocation at that address fail
-    ("resource already mapped"). False when CUDA refused it.
-    """
-    return _cuda_call(device, lambda: torch.cuda.cudart().cudaHostUnregister(ptr)) == 0
 
 
 def write_rank_job(tmp_dir: str, rank: int, job: dict[str, Any], torn_write: bool) -> None:
