@@ -147,6 +147,13 @@ case $suite in
     run matrix --steps "${FM_STEPS:-450}" --checkpoint-every 50 --local-checkpoint-every 25 ${SPARE:+--warm-spare} \
         --faults "exception@60:0,sigkill@110:1,oom@160:1,nan@210:0,ckpt-kill@250:1,hang@300:1,writer-kill@350:0,ckpt-hang@400:1,exception@420:0,load-hang@401:1"
     ;;
+  restart-profile)  # short: where each layer's restart time goes (NVRx's phases, the agent's phases),
+    # with the product's defaults: two killed ranks (launcher, warm spare) around an exception; then
+    # how long a killed process with GPU and page-locked memory takes to be gone
+    python3 benchmarks/exit_teardown.py 2>&1 | tee "$out/exit-teardown.txt" || true
+    run restart_profile --steps 400 --checkpoint-every 200 --local-checkpoint-every 25 --memory-snapshot-every 5 \
+        --warm-spare --faults "sigkill@150:0,exception@250:0,sigkill@350:0"
+    ;;
   spare)  # the launcher path for a killed rank, twice: workers started cold, then taken from warm spares
     run spare_off --steps 200 --checkpoint-every 100 --local-checkpoint-every 20 --no-inprocess \
         --faults "sigkill@150:0"

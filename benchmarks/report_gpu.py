@@ -48,6 +48,7 @@ def restart_profiles(run_dir: Path) -> list[dict[str, object]]:
         if start is not None and start.get("process_seconds") is not None:
             process_start = start.ts - start["process_seconds"]
             row["to new process"] = process_start - fault.ts
+            row.update(agent_phases(every, fault.ts, process_start))
             row["imports"] = start["process_seconds"]
             row["spare"] = "yes" if start.get("spare") else "no"
             setup_begin = start.ts
@@ -59,10 +60,34 @@ def restart_profiles(run_dir: Path) -> list[dict[str, object]]:
     return rows
 
 
+# ft_launcher's own restart profile (NVRx 0.6+, event launcher_phase): column -> the phase that ends it.
+AGENT_PHASES = {"agent: detect": "failure_detected", "agent: stop workers": "workers_gone",
+                "agent: GPU memory wait": "worker_terminated",
+                "agent: rendezvous": "rendezvous_completed", "agent: start workers": "worker_start_completed"}
+
+
+def agent_phases(every: list[events.Event], since: float, until: float) -> dict[str, float]:
+    """Seconds between the fault and each phase of the first agent that logged them (the
+    launcher's detection, teardown with its GPU memory wait, rendezvous, worker start).
+    """
+    phases = [e for e in every if e.event == "launcher_phase" and since < e.ts <= until + 1.0]
+    if not phases:
+        return {}
+    at: dict[str, float] = {}
+    for e in phases:  # one agent on one node (the benchmarks' case)
+        at.setdefault(str(e.get("phase")), e.ts)
+    row, mark = {}, since
+    for column, phase in AGENT_PHASES.items():
+        if phase in at:
+            row[column] = at[phase] - mark
+            mark = at[phase]
+    return row
+
+
 def print_profiles(rows: list[dict[str, object]]) -> None:
     if not rows:
         return
-    columns = ["run", "fault", "layer", "spare", "to new process", "imports", "set-up"]
+    columns = ["run", "fault", "layer", "spare", "to new process", *AGENT_PHASES, "imports", "set-up"]
     for row in rows:
         columns += [k for k in row if k not in columns and k not in ("first step", "total")]
     columns += ["first step", "total"]

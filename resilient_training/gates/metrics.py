@@ -2,7 +2,8 @@
 
 Definitions (reference: the NVRx/ML Goodput benchmarks):
 
-- **wall**: first event to last event of the run (every process, every attempt).
+- **wall**: first event to last event of the run (every worker and writer, every attempt; the
+  agents' own `launcher_phase` profile is not counted).
 - **steps completed**: distinct steps the surviving trajectory holds; a step executed again
   after a rollback counts once, its earlier executions are *replayed* work.
 - **training goodput** = productive step time / wall, where productive step time is the
@@ -120,6 +121,10 @@ class Episode:
         if self.restored_step is None or self.last_step_before is None:
             return None
         return max(0, self.last_step_before - self.restored_step)
+
+
+# Events about the launcher, not the training: they do not stretch the run's wall time.
+AGENT_DIAGNOSTICS = frozenset({"launcher_phase"})
 
 
 def load_events(run_dir: str | os.PathLike[str]) -> list[ev.Event]:
@@ -439,7 +444,10 @@ def segments(events: list[ev.Event]) -> list[dict[str, Any]]:
 def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | None = None) -> dict[str, Any]:
     """Every number of the resilience report, as plain JSON-able values."""
     events = load_events(run_dir) if events is None else events
-    t0, t1 = events[0].ts, events[-1].ts
+    # The run spans its workers' events: an agent logs its own profile from before the first
+    # worker started (interpreter and imports), which earlier rounds' figures never counted.
+    spanning = [e for e in events if e.event not in AGENT_DIAGNOSTICS] or events
+    t0, t1 = spanning[0].ts, spanning[-1].ts
     wall = t1 - t0
     ref = reference_rank(events)
     runs = step_runs(events, ref)

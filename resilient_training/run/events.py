@@ -86,6 +86,10 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # --host-snapshot was turned off for the run: its slots could not be made (reason: the error).
     "host_snapshot_off": ("reason",),
     "calibrated": ("timeouts",),
+    # ft_launcher (NVRx 0.6+, written by the agent, rank -1): one of NVRx's own restart profiling
+    # events (failure_detected, worker_terminated, rendezvous_started/_completed,
+    # worker_start_started/_completed, ...), at the moment the agent recorded it.
+    "launcher_phase": ("phase", "cycle", "node"),
     "end": ("status", "reason"),  # status: completed | failed
 }
 

@@ -40,10 +40,35 @@ def _die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _run_dir(argv: list[str]) -> str | None:
+    """The workers' ``--run-dir`` (their flags follow the launcher's on this command line)."""
+    for i, arg in enumerate(argv):
+        if arg == "--run-dir" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--run-dir="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _trace_phases(argv: list[str]) -> None:
+    """NVRx's restart profile of this agent into the run's event log (``launcher_phase``)."""
+    run_dir = _run_dir(argv)
+    if not run_dir:
+        return
+    from resilient_training.run import events as ev
+
+    try:
+        log = ev.EventLog(run_dir, rank=-1, writer=f"agent-{os.uname().nodename}-{os.getpid()}")
+    except OSError:  # the workers will name the problem with the run directory
+        return
+    nvrx_adapter.trace_launcher_phases(log.emit)
+
+
 def main() -> None:
     _die_with_parent()
     nvrx_adapter.quicken_rendezvous()
     nvrx_adapter.quicken_teardown()
+    _trace_phases(sys.argv[1:])
     sys.argv[0] = "ft_launcher"
     runpy.run_module(LAUNCHER, run_name="__main__", alter_sys=True)
 

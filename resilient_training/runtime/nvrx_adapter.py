@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import importlib.metadata
 import os
 import re
@@ -158,6 +159,45 @@ def quicken_rendezvous(poll: float = RENDEZVOUS_POLL_SECONDS) -> bool:
     return True
 
 
+def trace_launcher_phases(emit: Callable[..., Any]) -> bool:
+    """Also send each of NVRx's restart profiling events (0.6+: ``record_profiling_event``, which
+    the agent logs at INFO) to ``emit("launcher_phase", None, phase=, cycle=, node=)``, in this
+    (the launcher's) process; returns whether there was a profiler to follow.
+
+    Where the launcher's part of a restart goes (detection, stopping the workers, the GPU memory
+    wait, rendezvous, starting workers) is otherwise invisible in the event log.
+    """
+    try:
+        from nvidia_resiliency_ext.shared_utils import profiling
+    except ImportError:
+        return False
+    profiler = getattr(profiling, "FaultToleranceProfiler", None)
+    record = getattr(profiler, "record_event", None)
+    if record is None:
+        return False
+    if getattr(record, "traced", False):
+        return True
+
+    def traced(self: Any, event: Any, node_id: Any = None, rank: int | None = None) -> Any:
+        result = record(self, event, node_id, rank)
+        try:
+            emit("launcher_phase", None, phase=str(getattr(event, "value", event)),
+                 cycle=getattr(self, "_current_cycle", None), node=None if node_id is None else str(node_id))
+        except Exception:  # the profile must never stop a launcher
+            pass
+        return result
+
+    traced.traced = True  # type: ignore[attr-defined]
+    profiler.record_event = traced
+    global _launcher_emit
+    _launcher_emit = emit
+    return True
+
+
+# Set by trace_launcher_phases in a launcher process: where our own teardown reports its end.
+_launcher_emit: Callable[..., Any] | None = None
+
+
 def _groups_with_live_members(pgids: set[int]) -> set[int]:
     """Which of these process groups still hold a process that is not a zombie (from /proc: a
     zombie keeps its group until reaped, which a container's init may never do).
@@ -214,6 +254,11 @@ def terminate_process_groups(allowed_pgids: Any, grace: float = 1.0, poll: float
         try:
             os.killpg(pgid, signal.SIGKILL)
         except OSError:
+            pass
+    if _launcher_emit is not None:  # splits NVRx's worker_terminated: our teardown, then its GPU memory wait
+        try:
+            _launcher_emit("launcher_phase", None, phase="workers_gone", cycle=None, node=None)
+        except Exception:
             pass
 
 
@@ -422,6 +467,94 @@ class Heartbeats:
 # --------------------------------------------------------------------------- in-process restart
 
 
+class RestartTimeline:
+    """Where an in-process restart's time goes inside NVRx, between this rank's failure and the
+    wrapped function's next entry. NVRx logs none of it, so our hooks mark it: the abort (run by
+    NVRx's monitor thread), the post-fault health check (0.7.0 adds GPU, NVLink and NIC checks),
+    ``initialize`` and the pre-iteration health check; the garbage collections NVRx runs between
+    iterations (``while gc.collect()``) are timed through ``gc.callbacks``.
+
+    :meth:`enter` returns the phases, in order, as seconds; each is named after the mark that
+    ends it (``nvrx_wait``: failure to abort, ``nvrx_unwind``: abort to the post-fault check,
+    ``nvrx_barrier``: that check to ``initialize``, less ``nvrx_gc``).
+    """
+
+    LABELS: typing.ClassVar[dict[str, str]] = {
+        "failed": "fn_unwind", "abort_begin": "nvrx_wait", "backends_aborted": "nvrx_abort_nccl",
+        "abort_end": "nvrx_abort",
+        "check_begin": "nvrx_unwind", "check_end": "nvrx_restart_check", "init_begin": "nvrx_barrier",
+        "init_end": "nvrx_initialize", "ready_begin": "nvrx_initialize", "ready_end": "nvrx_health_check",
+        "enter": "nvrx_health_check",
+    }
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._marks: list[tuple[str, float]] = []
+        self._gc: dict[int, float] = {}  # seconds of garbage collection within segment i
+        self._gc_began: float | None = None
+
+    def mark(self, name: str) -> None:
+        with self._lock:
+            self._marks.append((name, self._clock()))
+
+    @property
+    def restarting(self) -> bool:
+        """Whether a failure was marked and ``initialize`` has not run yet (0.4.1 calls the same
+        health check after the fault and before the next iteration).
+        """
+        names = [n for n, _ in self._marks]
+        return bool(names) and "init_begin" not in names
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:  # a gc.callbacks entry
+        if phase == "start":
+            self._gc_began = self._clock()
+        elif self._gc_began is not None:
+            with self._lock:
+                if self._marks:  # only between a failure and the next entry
+                    segment = len(self._marks)
+                    self._gc[segment] = self._gc.get(segment, 0.0) + self._clock() - self._gc_began
+            self._gc_began = None
+
+    def enter(self) -> dict[str, float]:
+        """The phases of the restart that ends now (empty on the first entry), and a fresh start."""
+        self.mark("enter")
+        with self._lock:
+            marks, gcs = self._marks, self._gc
+            self._marks, self._gc = [], {}
+        phases: dict[str, float] = {}
+        for i in range(1, len(marks)):
+            label = self.LABELS.get(marks[i][0], marks[i][0])
+            seconds = marks[i][1] - marks[i - 1][1] - gcs.get(i, 0.0)
+            phases[label] = round(phases.get(label, 0.0) + seconds, 3)
+        if sum(gcs.values()):
+            phases["nvrx_gc"] = round(sum(gcs.values()), 3)
+        # The first entry (and one after a failure NVRx never saw) has nothing to report.
+        return phases if {"failed", "abort_begin"} & {n for n, _ in marks} else {}
+
+
+class _Timed:
+    """Calls ``inner`` between two marks of a :class:`RestartTimeline` (an NVRx hook: abort,
+    health check or initialize, all called with the frozen state and returning it).
+    """
+
+    def __init__(self, inner: Any, timeline: RestartTimeline, name: str | Callable[[], str]) -> None:
+        self.inner, self.timeline, self.name = inner, timeline, name
+
+    def __call__(self, state: Any) -> Any:
+        name = self.name() if callable(self.name) else self.name
+        self.timeline.mark(f"{name}_begin")
+        try:
+            return self.inner(state)
+        finally:
+            self.timeline.mark(f"{name}_end")
+
+
+def restart_phases(call_wrapper: Any) -> dict[str, float]:
+    """The NVRx phases of the in-process restart that led to this call (see :class:`RestartTimeline`)."""
+    return dict(getattr(call_wrapper, "restart_phases", None) or {})
+
+
 def inprocess_wrap(
     fn: Callable[..., Any],
     *,
@@ -449,22 +582,46 @@ def inprocess_wrap(
         """
 
         def __call__(self, state: Any) -> Any:
-            if on_gpu:
-                return inprocess.abort.AbortTorchDistributed()(state)
+            if not on_gpu:
+                return state
+            nvrx_abort = inprocess.abort.AbortTorchDistributed()
+            shutdown = getattr(nvrx_abort, "shutdown_all_process_group_backends", None)
+            import torch
+
+            if shutdown is None or not torch.distributed.is_initialized():
+                return nvrx_abort(state)
+            # NVRx's steps, with a mark between NCCL's aborts and the groups' destruction
+            # (where an abort's time goes). Flight recorder traces: only where NVRx collects them.
+            nvrx_abort.collect_fr_trace(state)
+            shutdown()
+            timeline.mark("backends_aborted")
+            torch.distributed.destroy_process_group()
             return state
 
+    timeline = RestartTimeline()
     checks: list[Any] = [_HealthCheck()]
     if on_gpu:
         checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=seconds(seconds=10)))
     health = inprocess.Compose(*checks) if len(checks) > 1 else checks[0]
+    # NVRx checks each hook's type: the timed hooks are of the kinds they wrap.
+    class _TimedInitialize(_Timed, inprocess.initialize.Initialize):
+        pass
+
+    class _TimedAbort(_Timed, inprocess.abort.Abort):
+        pass
+
+    class _TimedHealthCheck(_Timed, inprocess.health_check.HealthCheck):
+        pass
+
     wrapper = inprocess.Wrapper(
         store_kwargs={"port": store_port, "timeout": seconds(seconds=60)},
-        initialize=inprocess.initialize.RetryController(
+        initialize=_TimedInitialize(inprocess.initialize.RetryController(
             max_iterations=config.restart.max_inprocess_restarts + 1,
             min_world_size=min_world_size,
-        ),
-        abort=_AbortDistributed(),
-        health_check=health,
+        ), timeline, "init"),
+        abort=_TimedAbort(_AbortDistributed(), timeline, "abort"),
+        # 0.4.1 runs this check after the fault too (0.7.0 runs restart_health_check there).
+        health_check=_TimedHealthCheck(health, timeline, lambda: "check" if timeline.restarting else "ready"),
         monitor_thread_interval=seconds(seconds=0.2),
         monitor_process_interval=seconds(seconds=0.2),
         heartbeat_interval=seconds(seconds=0.5),
@@ -474,21 +631,41 @@ def inprocess_wrap(
         heartbeat_timeout=seconds(seconds=max(3.0, config.timeouts.pg + 1.0)),
         barrier_timeout=seconds(seconds=config.timeouts.hard + 30.0),
         completion_timeout=seconds(seconds=config.timeouts.hard + 30.0),
-        last_call_wait=seconds(seconds=0.2),
+        # How long the monitor thread waits, after the first failure report, for peers' reports
+        # before it aborts: a fixed part of every in-process restart (`nvrx_wait`). Root causes
+        # come from our event log, not from NVRx's interruption records.
+        last_call_wait=seconds(seconds=0.05),
         termination_grace_time=seconds(seconds=2),
     )
     # 0.7.0 composes GPU/NVLink/NIC checks into the post-fault check when LOCAL_RANK is set;
     # on CPU they fail (no NVML). Ours already covers what applies.
     if hasattr(wrapper, "restart_health_check") and not on_gpu:
         wrapper.restart_health_check = health
+    if getattr(wrapper, "restart_health_check", None) is not None:
+        wrapper.restart_health_check = _TimedHealthCheck(wrapper.restart_health_check, timeline, "check")
 
     def entry(call_wrapper: Any = None) -> Any:
-        return fn(call_wrapper)
+        if call_wrapper is not None:  # read by restart_phases
+            call_wrapper.restart_phases = timeline.enter()
+        try:
+            return fn(call_wrapper)
+        except BaseException:
+            timeline.mark("failed")
+            raise
 
     # The wrapper injects itself only into a parameter annotated Optional[CallWrapper]; this
     # module uses postponed (string) annotations, so set the real one explicitly.
     entry.__annotations__ = {"call_wrapper": typing.Optional[inprocess.CallWrapper]}  # noqa: UP045
-    return wrapper(entry)
+    wrapped = wrapper(entry)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        gc.callbacks.append(timeline.on_gc)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            gc.callbacks.remove(timeline.on_gc)
+
+    return run
 
 
 def report_hang(call_wrapper: Any, rank: int) -> None:

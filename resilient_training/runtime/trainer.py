@@ -119,6 +119,8 @@ class Trainer:
         )
         self.step = 0
         laps = _Laps()  # where the time to the first step goes, logged with load_done
+        if iteration > 0:  # NVRx's part of this in-process restart, before this call
+            laps.phases.update(nvrx_adapter.restart_phases(call_wrapper))
         self._call_wrapper = call_wrapper
         self._save_phase = None
         self.snapshot.release()  # the last iteration's model and optimizer are gone

@@ -1,0 +1,134 @@
+"""Where a restart's time goes inside NVRx: the in-process wrapper's phases (our hooks around its
+abort, health checks and initialize, and the garbage collections it runs between iterations) and
+ft_launcher's own profiling events, both written to the event log.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from resilient_training.run import events as ev
+from resilient_training.runtime import ft_launch, nvrx_adapter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_phases_of_an_in_process_restart_add_up_to_its_time_with_garbage_collection_apart() -> None:
+    clock = Clock()
+    timeline = nvrx_adapter.RestartTimeline(clock=clock)
+    timeline.on_gc("start", {})  # before any failure: not part of a restart
+    clock.advance(5.0)
+    timeline.on_gc("stop", {})
+    assert timeline.enter() == {}, "the first entry follows no restart"
+    steps = [("failed", 0.0), ("abort_begin", 0.05), ("backends_aborted", 0.5), ("abort_end", 0.1),
+             ("check_begin", 0.01), ("check_end", 0.3)]
+    for name, seconds in steps:
+        clock.advance(seconds)
+        timeline.mark(name)
+    assert timeline.restarting
+    clock.advance(0.1)  # the iteration barrier, then NVRx's `while gc.collect()`
+    timeline.on_gc("start", {})
+    clock.advance(0.7)
+    timeline.on_gc("stop", {})
+    clock.advance(0.02)
+    timeline.mark("init_begin")
+    assert not timeline.restarting
+    for name, seconds in [("init_end", 0.01), ("ready_begin", 0.0), ("ready_end", 0.2)]:
+        clock.advance(seconds)
+        timeline.mark(name)
+    clock.advance(0.03)
+    phases = timeline.enter()
+    assert phases == {"nvrx_wait": 0.05, "nvrx_abort_nccl": 0.5, "nvrx_abort": 0.1, "nvrx_unwind": 0.01,
+                      "nvrx_restart_check": 0.3, "nvrx_barrier": 0.12, "nvrx_initialize": 0.01,
+                      "nvrx_health_check": 0.23, "nvrx_gc": 0.7}
+    assert abs(sum(phases.values()) - 2.02) < 1e-6
+    assert timeline.enter() == {}, "each restart is reported once"
+
+
+def test_a_hang_is_aborted_before_the_training_function_returns() -> None:
+    clock = Clock()
+    timeline = nvrx_adapter.RestartTimeline(clock=clock)
+    for name, seconds in [("abort_begin", 0.0), ("abort_end", 0.4), ("failed", 0.2), ("check_begin", 0.0),
+                          ("check_end", 0.1), ("init_begin", 0.1)]:
+        clock.advance(seconds)
+        timeline.mark(name)
+    phases = timeline.enter()
+    assert phases == {"nvrx_abort": 0.4, "fn_unwind": 0.2, "nvrx_unwind": 0.0, "nvrx_restart_check": 0.1,
+                      "nvrx_barrier": 0.1, "nvrx_health_check": 0.0}
+
+
+def test_each_of_nvrx_launcher_profiling_events_reaches_the_event_log(tmp_path, monkeypatch) -> None:
+    """NVRx 0.6+ records its restart profile (``record_profiling_event``) only as INFO log lines;
+    the launcher process follows it into the run's event log. 0.4.1 (this machine) has no
+    profiler, so the module is stood in for with the same shape.
+    """
+    class Phase:
+        def __init__(self, value: str) -> None:
+            self.value = value
+
+    class FaultToleranceProfiler:
+        def __init__(self) -> None:
+            self._current_cycle = 0
+            self.logged: list[str] = []
+
+        def record_event(self, event, node_id=None, rank=None):
+            if event.value == "failure_detected":
+                self._current_cycle += 1
+            self.logged.append(event.value)
+            return f"{event.value}_{node_id}_{rank}"
+
+    profiling = types.ModuleType("nvidia_resiliency_ext.shared_utils.profiling")
+    profiling.FaultToleranceProfiler = FaultToleranceProfiler
+    monkeypatch.setitem(sys.modules, "nvidia_resiliency_ext.shared_utils.profiling", profiling)
+    import nvidia_resiliency_ext.shared_utils as shared
+
+    monkeypatch.setattr(shared, "profiling", profiling, raising=False)
+    monkeypatch.setattr(nvrx_adapter, "_launcher_emit", None)  # set by the trace; put back after
+    argv = ["--monitor-interval=0.2", "-m", "resilient_training.runtime.worker", "--run-dir", str(tmp_path), "--steps", "3"]
+    ft_launch._trace_phases(argv)
+    ft_launch._trace_phases(argv)  # a second call does not log twice
+    profiler = FaultToleranceProfiler()
+    for phase in ("failure_detected", "worker_terminated", "rendezvous_completed"):
+        assert profiler.record_event(Phase(phase), "node-a", 0) == f"{phase}_node-a_0"  # NVRx's own result
+    assert profiler.logged == ["failure_detected", "worker_terminated", "rendezvous_completed"]
+    nvrx_adapter.terminate_process_groups(set())  # our teardown (no workers left) says when it ended
+    logged = [e for e in ev.read_events(tmp_path) if e.event == "launcher_phase"]
+    assert [(e.rank, e["phase"], e["cycle"], e["node"]) for e in logged] == [
+        (-1, "failure_detected", 1, "node-a"), (-1, "worker_terminated", 1, "node-a"),
+        (-1, "rendezvous_completed", 1, "node-a"), (-1, "workers_gone", None, None)]
+
+
+def test_the_launcher_finds_the_workers_run_directory_in_either_spelling() -> None:
+    assert ft_launch._run_dir(["-m", "w", "--run-dir", "/r"]) == "/r"
+    assert ft_launch._run_dir(["-m", "w", "--run-dir=/r2"]) == "/r2"
+    assert ft_launch._run_dir(["-m", "w", "--steps", "3"]) is None
+
+
+def test_an_agent_profile_logged_before_the_workers_start_does_not_stretch_the_run(tmp_path) -> None:
+    from resilient_training.gates import metrics
+    from resilient_training.run import layout
+
+    def line(ts: float, rank: int, event: str, step: int | None = None, **fields) -> str:
+        return ev.Event(ts=ts, rank=rank, attempt=0, iteration=0, event=event, step=step, fields=fields).to_json() + "\n"
+
+    directory = layout.events_dir(tmp_path)
+    directory.mkdir(parents=True)
+    (directory / "agent-a-1.jsonl").write_text(
+        line(100.0, -1, "launcher_phase", phase="rendezvous_completed", cycle=0, node="a")
+        + line(130.0, -1, "launcher_phase", phase="worker_start_completed", cycle=0, node="a"))
+    (directory / "rank0.jsonl").write_text(
+        line(115.0, 0, "start", world_size=1) + line(116.0, 0, "step", 1, loss=2.0, seconds=0.5)
+        + line(117.0, 0, "step", 2, loss=1.9, seconds=0.5) + line(118.0, 0, "end", 2, status="completed", reason="done"))
+    found = metrics.compute_metrics(tmp_path)
+    assert found["wall_seconds"] == 3.0
+    assert found["training_goodput"] == 1.0 / 3.0
