@@ -7,6 +7,7 @@
 #          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call11 (what fits one 10-minute device call each;
 #            call4 wants OLD_TREE=.old holding the previous commit's tree)
 #          | fault-matrix | spare (a killed rank through ft_launcher: cold workers, then warm spares)
+#          | restart-profile (short: where each layer's restart time goes; exit_teardown.py first)
 #          | format-compare (efficiency of the checkpoint format of an older tree in OLD_TREE against
 #            this one, interleaved, same model and intervals: OLD_TREE=.old holds `git archive REV
 #            resilient_training components pipelines`)

@@ -91,6 +91,7 @@ def print_profiles(rows: list[dict[str, object]]) -> None:
     for row in rows:
         columns += [k for k in row if k not in columns and k not in ("first step", "total")]
     columns += ["first step", "total"]
+    columns = [c for c in columns if any(row.get(c) is not None for row in rows)]  # older logs lack some
     print("\nRecovery profile (seconds, rank 0; set-up: from the fault or the start event to the first phase)\n")
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
