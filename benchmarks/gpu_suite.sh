@@ -151,7 +151,7 @@ case $suite in
   restart-profile)  # short: where each layer's restart time goes (NVRx's phases, the agent's phases),
     # with the product's defaults: two killed ranks (launcher, warm spare) around an exception; then
     # how long a killed process with GPU and page-locked memory takes to be gone
-    python3 benchmarks/exit_teardown.py 2>&1 | tee "$out/exit-teardown.txt" || true
+    [ -n "${NO_EXIT_TEARDOWN:-}" ] || python3 benchmarks/exit_teardown.py 2>&1 | tee "$out/exit-teardown.txt" || true
     run restart_profile --steps 400 --checkpoint-every 200 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults "sigkill@150:0,exception@250:0,sigkill@350:0"
     ;;

@@ -132,3 +132,12 @@ def test_an_agent_profile_logged_before_the_workers_start_does_not_stretch_the_r
     found = metrics.compute_metrics(tmp_path)
     assert found["wall_seconds"] == 3.0
     assert found["training_goodput"] == 1.0 / 3.0
+
+
+def test_the_nccl_settings_for_in_process_restart_keep_what_the_user_set() -> None:
+    environ = {"NCCL_CUMEM_ENABLE": "1"}  # e.g. multi-node NVLink, which needs cuMem
+    nvrx_adapter.set_inprocess_nccl_env(environ)
+    assert environ == {"NCCL_CUMEM_ENABLE": "1", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0"}
+    environ = {}
+    nvrx_adapter.set_inprocess_nccl_env(environ)
+    assert environ == {"NCCL_CUMEM_ENABLE": "0", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0"}

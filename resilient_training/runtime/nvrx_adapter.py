@@ -668,6 +668,25 @@ def inprocess_wrap(
     return run
 
 
+# What the in-process layer wants from NCCL; a value the user set is kept. Read by torch and NCCL
+# when the first communicator is made, so set before it.
+INPROCESS_NCCL_ENV = {
+    # NVRx's usage guide: a watchdog that rethrows CUDA/NCCL errors kills the process the
+    # in-process layer is about to restart.
+    "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0",
+    # Every in-process restart aborts the communicators (NVRx's abort releases peers blocked on a
+    # failed rank). NCCL 2.28 with cuMem buffers took 1.0 s per abort of a one-GPU group on an
+    # H200, 0.5 s without (benchmarks/nccl_abort.py): one proxy thread fewer, each waking every
+    # 0.5 s to see the abort. cuMem is needed for NVLink SHARP and multi-node NVLink only.
+    "NCCL_CUMEM_ENABLE": "0",
+}
+
+
+def set_inprocess_nccl_env(environ: Any) -> None:
+    for key, value in INPROCESS_NCCL_ENV.items():
+        environ.setdefault(key, value)
+
+
 def report_hang(call_wrapper: Any, rank: int) -> None:
     """Record a soft timeout for ``rank`` now, as NVRx's monitor process does when its own
     ``soft_timeout`` expires (0.4.1 and 0.7.0): every rank's monitor thread then aborts the

@@ -403,9 +403,7 @@ class Trainer:
 
     def _init_process_group(self, iteration: int) -> None:
         if self.on_gpu and self.config.restart.inprocess:
-            # NVRx's usage guide: a watchdog that rethrows CUDA/NCCL errors kills the process the
-            # in-process layer is about to restart.
-            os.environ.setdefault("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0")
+            nvrx_adapter.set_inprocess_nccl_env(os.environ)
         if torch.distributed.is_initialized():  # left by an interrupted iteration: never reuse it
             self._abort_process_group()
             self._destroy_process_group()
