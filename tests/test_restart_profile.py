@@ -141,3 +141,32 @@ def test_the_nccl_settings_for_in_process_restart_keep_what_the_user_set() -> No
     environ = {}
     nvrx_adapter.set_inprocess_nccl_env(environ)
     assert environ == {"NCCL_CUMEM_ENABLE": "0", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0"}
+
+
+def test_a_collection_that_starts_inside_a_mark_does_not_deadlock() -> None:
+    """A garbage collection can start on any allocation, on the thread that holds the timeline's
+    lock; the callback then takes that lock again.
+    """
+    import gc
+    import threading
+
+    timeline = nvrx_adapter.RestartTimeline()
+    timeline.mark("failed")
+    done = threading.Event()
+
+    def marks_under_collections() -> None:
+        with timeline._lock:  # what mark() holds while it appends
+            timeline.on_gc("start", {})
+            timeline.on_gc("stop", {})
+            timeline.mark("abort_begin")
+        done.set()
+
+    gc.callbacks.append(timeline.on_gc)
+    try:
+        worker = threading.Thread(target=marks_under_collections, daemon=True)
+        worker.start()
+        assert done.wait(5), "the timeline deadlocked on its own lock"
+        gc.collect()
+    finally:
+        gc.callbacks.remove(timeline.on_gc)
+    assert "nvrx_gc" in timeline.enter()

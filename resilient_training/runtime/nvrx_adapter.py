@@ -489,14 +489,17 @@ class RestartTimeline:
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
-        self._lock = threading.Lock()
+        # Reentrant: a collection can start on any allocation, inside a locked section too, and
+        # its callback (on_gc) takes the lock on the same thread.
+        self._lock = threading.RLock()
         self._marks: list[tuple[str, float]] = []
         self._gc: dict[int, float] = {}  # seconds of garbage collection within segment i
         self._gc_began: float | None = None
 
     def mark(self, name: str) -> None:
+        entry = (name, self._clock())
         with self._lock:
-            self._marks.append((name, self._clock()))
+            self._marks.append(entry)
 
     @property
     def restarting(self) -> bool:
