@@ -24,75 +24,36 @@ def training_span(run_dir: Path) -> float:
 
 
 def restart_profiles(run_dir: Path) -> list[dict[str, object]]:
-    """Where each recovery's time went, on rank 0: fault -> new process (launcher restarts) ->
-    imports -> set-up -> each phase that ``load_done`` reports -> the first step.
+    """Where each recovery's time went (``metrics.recovery_phases``: ft_launcher's own phases, the
+    new process's start-up, NVRx's in-process steps, each phase its restore reports, the first
+    step), one row per fault that restored something.
     """
     every = metrics.load_events(run_dir)
-    events = [e for e in every if e.rank == 0]
-    # A fault that restarted nothing (the writer layer replaced a writer) has no restart to profile.
-    layers = {f.get("fault"): f.get("layer") for f in metrics.compute_metrics(run_dir)["faults"]}
+    m = metrics.compute_metrics(run_dir, every)
+    t0 = next(e.ts for e in every if e.event not in metrics.AGENT_DIAGNOSTICS)
     rows = []
-    for fault in (e for e in every if e.event == "fault_injected"):
-        if layers.get(fault.get("fault")) in metrics.NON_STOPPING:
-            continue
-        later = [e for e in events if e.ts > fault.ts]
-        load = next((e for e in later if e.event == "load_done"), None)
-        if load is None:
-            continue
-        first = next((e for e in later if e.event == "step" and e.ts > load.ts), None)
-        start = next((e for e in later if e.event == "start" and e.ts <= load.ts), None)
-        phases = dict(load.get("phases") or {})
-        row: dict[str, object] = {"run": run_dir.name, "fault": fault.get("fault"),
-                                  "layer": "launcher" if start else "inprocess"}
-        setup_begin = fault.ts
-        if start is not None and start.get("process_seconds") is not None:
-            process_start = start.ts - start["process_seconds"]
-            row["to new process"] = process_start - fault.ts
-            row.update(agent_phases(every, fault.ts, process_start))
-            row["imports"] = start["process_seconds"]
-            row["spare"] = "yes" if start.get("spare") else "no"
-            setup_begin = start.ts
-        row["set-up"] = load.ts - sum(phases.values()) - setup_begin
-        row.update(phases)
-        row["first step"] = first.get("seconds") if first else None
-        row["total"] = (first.ts - fault.ts) if first else None
-        rows.append(row)
+    for fault in m["faults"]:
+        if not fault["phases"]:
+            continue  # restored nothing (e.g. the writer layer replaced a writer)
+        start = next((e for e in every if e.event == "start" and e.rank == m["reference_rank"]
+                      and e.ts > t0 + fault["start"]), None) if fault["layer"] != "inprocess" else None
+        rows.append({"run": run_dir.name, "fault": fault["fault"], "layer": fault["layer"],
+                     "spare": None if start is None else ("yes" if start.get("spare") else "no"),
+                     **fault["phases"], "total": fault["recovery_seconds"]})
     return rows
-
-
-# ft_launcher's own restart profile (NVRx 0.6+, event launcher_phase): column -> the phase that ends it.
-AGENT_PHASES = {"agent: detect": "failure_detected", "agent: stop workers": "workers_gone",
-                "agent: GPU memory wait": "worker_terminated",
-                "agent: rendezvous": "rendezvous_completed", "agent: start workers": "worker_start_completed"}
-
-
-def agent_phases(every: list[events.Event], since: float, until: float) -> dict[str, float]:
-    """Seconds between the fault and each phase of the first agent that logged them (the
-    launcher's detection, teardown with its GPU memory wait, rendezvous, worker start).
-    """
-    phases = [e for e in every if e.event == "launcher_phase" and since < e.ts <= until + 1.0]
-    if not phases:
-        return {}
-    at: dict[str, float] = {}
-    for e in phases:  # one agent on one node (the benchmarks' case)
-        at.setdefault(str(e.get("phase")), e.ts)
-    row, mark = {}, since
-    for column, phase in AGENT_PHASES.items():
-        if phase in at:
-            row[column] = at[phase] - mark
-            mark = at[phase]
-    return row
 
 
 def print_profiles(rows: list[dict[str, object]]) -> None:
     if not rows:
         return
-    columns = ["run", "fault", "layer", "spare", "to new process", *AGENT_PHASES, "imports", "set-up"]
+    seen: list[str] = []
     for row in rows:
-        columns += [k for k in row if k not in columns and k not in ("first step", "total")]
-    columns += ["first step", "total"]
+        seen += [k for k in row if k not in seen]
+    head = ["run", "fault", "layer", "spare", *(name for name, _ in metrics.AGENT_PHASES), "new_process", "imports",
+            "other", *(k for k in seen if k.startswith("nvrx_"))]
+    columns = head + [k for k in seen if k not in head and k not in ("first_step", "total")] + ["first_step", "total"]
     columns = [c for c in columns if any(row.get(c) is not None for row in rows)]  # older logs lack some
-    print("\nRecovery profile (seconds, rank 0; set-up: from the fault or the start event to the first phase)\n")
+    print("\nRecovery profile (seconds, reference rank; metrics.recovery_phases, `other`: what no event accounts for)\n")
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for row in rows:

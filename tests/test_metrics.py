@@ -411,3 +411,33 @@ def test_a_fault_while_the_writer_is_replaced_is_an_episode_of_its_own(tmp_path:
     faults = compute_metrics(tmp_path)["faults"]
     assert [(f["fault"], f["layer"]) for f in faults] == [("writer-kill@8:0", "writer"), ("exception@12:1", "inprocess")]
     assert "also_injected" not in faults[0]["root_cause"]
+
+
+def test_where_a_recovery_went_adds_up_to_it_and_the_report_names_the_largest_parts(tmp_path: Path) -> None:
+    from resilient_training.gates.report import write_report
+
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 6, checkpoint_every=5)
+    log.emit("fault_injected", 7, rank=0, fault="exception@7:0", type="exception")
+    log.emit("failure_detected", 7, rank=0, cause="exception", message="injected")
+    log.emit("restart_begin", 7, layer="inprocess", cause="exception")
+    log.iteration += 1
+    log.wait(0.1)  # our failure handling, before NVRx's first mark
+    phases = {"nvrx_wait": 0.05, "nvrx_abort_nccl": 0.5, "nvrx_gc": 0.02, "find_checkpoint": 0.2, "load_checkpoint": 0.03}
+    log.emit("restart_done", layer="inprocess")
+    log.wait(sum(phases.values()))
+    log.emit("load_done", 5, path="checkpoints/step_5", source="storage", seconds=0.23, phases=phases)
+    log.steps(6, 8, seconds=0.1)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    (fault,) = m["faults"]
+    assert fault["layer"] == "inprocess"
+    assert list(fault["phases"]) == ["other", *phases, "first_step"]
+    assert fault["phases"]["other"] == pytest.approx(0.1, abs=1e-3)
+    assert fault["phases"]["first_step"] == pytest.approx(0.1)
+    assert sum(fault["phases"].values()) == pytest.approx(fault["recovery_seconds"], abs=2e-3)
+    page = write_report(tmp_path, tmp_path / "report.html").read_text()
+    assert "<td>nvrx_abort_nccl 0.50 s, find_checkpoint 0.20 s, other 0.10 s</td>" in page

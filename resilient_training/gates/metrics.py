@@ -32,6 +32,9 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
   as faults of their own. An injected fault that only shows later (a killed checkpoint writer is
   found at the next save) is linked to the failure it caused: one fault, with the seconds until it
   was detected.
+- **recovery phases** of an episode: where its recovery time went, in order, adding up to it
+  (:func:`recovery_phases`): ft_launcher's own restart profile, the new process's start-up, the
+  phases the restore reports (``nvrx_*`` after an in-process restart), the first step.
 - **infrastructure goodput** = (wall − downtime) / wall, downtime = union of the spans of
   episodes that stopped training (every layer but ``none`` and ``writer``; an episode never
   closed runs to the end of the log).
@@ -495,7 +498,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "downtime_seconds": downtime,
         "training_goodput": productive / wall if wall > 0 else None,
         "infrastructure_goodput": (wall - downtime) / wall if wall > 0 else None,
-        "faults": [_episode_dict(p, t0, runs) for p in found],
+        "faults": [_episode_dict(p, t0, runs, events, ref) for p in found],
         "lost_seconds_per_fault": percentiles([p.seconds + (replayed_seconds(p, runs) or 0.0)
                                                for p in restarted if p.seconds is not None]),
         "recovery_seconds": {
@@ -537,6 +540,54 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     }
 
 
+# ft_launcher's own restart profile (event launcher_phase): each phase is named after the
+# profiling event that ends it.
+AGENT_PHASES = (("agent_detect", "failure_detected"), ("agent_stop_workers", "workers_gone"),
+                ("agent_gpu_memory_wait", "worker_terminated"), ("agent_rendezvous", "rendezvous_completed"),
+                ("agent_start_workers", "worker_start_completed"))
+
+
+def recovery_phases(p: Episode, events: list[ev.Event], ref: int | None) -> dict[str, float]:
+    """Where episode ``p``'s recovery went, in order, in seconds from its start to the reference
+    rank's first step after the restore: the launcher agent's phases and the new process's
+    start-up (launcher and pod restarts), then the phases its ``load_done`` reports (after an
+    in-process restart NVRx's own ones first: ``nvrx_*``), then the first step. ``other`` is what
+    no event accounts for (the failure handling before NVRx's first mark, a process's set-up
+    before its first phase). Empty when the episode restored nothing.
+    """
+    if p.restored_step is None or ref is None:
+        return {}
+    end = p.end if p.end is not None else math.inf
+    mine = [e for e in events if e.rank == ref and p.start <= e.ts <= end]
+    load = next((e for e in mine if e.event == "load_done"), None)
+    if load is None:
+        return {}
+    out: dict[str, float] = {}
+    reported = {str(k): float(v) for k, v in (load.get("phases") or {}).items() if isinstance(v, (int, float))}
+    begin = p.start
+    start = next((e for e in mine if e.event == "start" and e.ts <= load.ts), None)
+    if start is not None and isinstance(start.get("process_seconds"), (int, float)):
+        process_start = start.ts - float(start["process_seconds"])
+        agent = {}
+        for e in events:
+            if e.event == "launcher_phase" and p.start < e.ts <= process_start + 1.0:
+                agent.setdefault(str(e.get("phase")), e.ts)
+        mark = p.start
+        for name, phase in AGENT_PHASES:
+            if phase in agent and agent[phase] >= mark:
+                out[name] = agent[phase] - mark
+                mark = agent[phase]
+        out["new_process"] = max(0.0, process_start - mark)
+        out["imports"] = float(start["process_seconds"])
+        begin = start.ts
+    out["other"] = max(0.0, load.ts - sum(reported.values()) - begin)
+    out.update(reported)
+    first = next((e for e in mine if e.event == "step" and e.ts > load.ts), None)
+    if first is not None and isinstance(first.get("seconds"), (int, float)):
+        out["first_step"] = float(first["seconds"])
+    return {k: round(v, 3) for k, v in out.items()}
+
+
 def replayed_seconds(p: Episode, runs: list[StepRun]) -> float | None:
     """Step time the rollback of episode ``p`` threw away: the last execution, before the fault,
     of each step after the restored one (those steps were then trained again).
@@ -550,7 +601,8 @@ def replayed_seconds(p: Episode, runs: list[StepRun]) -> float | None:
     return sum(lost.values())
 
 
-def _episode_dict(p: Episode, t0: float, runs: list[StepRun] | None = None) -> dict[str, Any]:
+def _episode_dict(p: Episode, t0: float, runs: list[StepRun] | None = None,
+                  events: list[ev.Event] | None = None, ref: int | None = None) -> dict[str, Any]:
     replayed = replayed_seconds(p, runs or [])
     return {
         "start": p.start - t0,
@@ -569,4 +621,6 @@ def _episode_dict(p: Episode, t0: float, runs: list[StepRun] | None = None) -> d
         # what the fault cost: downtime plus the step time trained again after the rollback
         "lost_seconds": None if p.seconds is None else p.seconds + (replayed or 0.0),
         "recovered": p.recovered,
+        # where the recovery went (see recovery_phases): phase -> seconds, in order
+        "phases": recovery_phases(p, events or [], ref),
     }

@@ -41,6 +41,12 @@ def _root_cause(fault: dict[str, Any]) -> str:
     return text + (f" ({len(symptoms)} symptom report(s) from other ranks)" if symptoms else "")
 
 
+def _largest_phases(fault: dict[str, Any], count: int = 3) -> str:
+    """The recovery's largest phases (metrics.recovery_phases), e.g. ``load_checkpoint 1.72 s, …``."""
+    phases = sorted((fault.get("phases") or {}).items(), key=lambda kv: -kv[1])[:count]
+    return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases) or "–"
+
+
 def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
@@ -202,7 +208,8 @@ def render_html(m: dict[str, Any], title: str) -> str:
     fault_rows = "".join(
         f"<tr><td>{i + 1}</td><td>{e(str(f['fault'] or '–'))}</td><td>{e(_root_cause(f))}</td><td>{e(f['layer'])}</td>"
         f"<td>{_fmt(f['fault_step'])}</td><td>{_fmt(f['restored_step'])}</td><td>{_fmt(f['rollback_steps'])}</td>"
-        f"<td>{_fmt(f['recovery_seconds'], ' s')}</td><td>{_fmt(f['start'], ' s', 1)}</td></tr>"
+        f"<td>{_fmt(f['recovery_seconds'], ' s')}</td><td>{e(_largest_phases(f))}</td>"
+        f"<td>{_fmt(f['start'], ' s', 1)}</td></tr>"
         for i, f in enumerate(m["faults"]))
     layer_rows = "".join(
         f"<tr><td>{e(layer)}</td><td>{s['count']}</td><td>{_fmt(s['mean'], ' s')}</td><td>{_fmt(s['p50'], ' s')}</td>"
@@ -235,7 +242,7 @@ def render_html(m: dict[str, Any], title: str) -> str:
 <p>Restart causes: {causes}.</p>
 <h2>Faults</h2>
 <table><tr><th>#</th><th>injected</th><th>cause</th><th>layer</th><th>at step</th><th>restored</th><th>rollback (steps)</th>
-<th>recovery</th><th>at</th></tr>{fault_rows or '<tr><td colspan="9">no fault</td></tr>'}</table>
+<th>recovery</th><th>where it went</th><th>at</th></tr>{fault_rows or '<tr><td colspan="10">no fault</td></tr>'}</table>
 <h2>Checkpoints</h2>
 <img alt="checkpoint freshness over time" src="{freshness_chart(m)}">
 <table>
@@ -255,6 +262,8 @@ def render_html(m: dict[str, Any], title: str) -> str:
 (wall − downtime) / wall; recovery = fault or failure → first completed step after the restore (layer writer: the
 checkpoint writer process died and was replaced while training went on; recovery = its death → first step after the
 new writer is ready, not downtime); rollback = last step completed before the restore − step restored;
+where it went = the recovery's three largest phases (ft_launcher's own phases, the new process's start-up,
+NVRx's in-process steps, each start-up phase);
 freshness = current step − newest committed step. Computed by
 resilient_training.gates.metrics from the event log.</p>
 </body></html>
