@@ -263,9 +263,10 @@ def test_a_new_run_in_a_reused_directory_ignores_the_old_node_local_tier(tmp_pat
     local = tmp_path / "local"
     args = ["--nproc", "2", "--steps", "12", "--checkpoint-every", "100", "--local-checkpoint-every", "2",
             "--local-checkpoint-dir", str(local)]
-    # A NaN: each in-process restart rolls back to a committed step (never to one only staged),
-    # so the writer has time to commit node-local steps before the run gives up.
-    first = train(tmp_path / "run", *args, "--step-seconds", "0.1", "--faults", "nan@9:0x99",
+    # Synchronous saves: steps 2-8 are committed before the NaN at step 9 makes the run give up.
+    # (With the async writer the run could give up before the writer, still importing torch in a
+    # process of its own, committed anything: seen once in-process restarts got faster.)
+    first = train(tmp_path / "run", *args, "--no-async-checkpoint", "--faults", "nan@9:0x99",
                   "--max-inprocess-restarts", "2")
     assert first.returncode == 1, first.output[-2000:]
     assert list(local.rglob("step_*")), "the failed run should have left node-local steps behind"
