@@ -30,7 +30,7 @@ def restart_profiles(run_dir: Path) -> list[dict[str, object]]:
     """
     every = metrics.load_events(run_dir)
     m = metrics.compute_metrics(run_dir, every)
-    t0 = next(e.ts for e in every if e.event not in metrics.AGENT_DIAGNOSTICS)
+    t0 = next(e.ts for e in every if not metrics.is_agent_diagnostic(e))
     rows = []
     for fault in m["faults"]:
         if not fault["phases"]:

@@ -109,9 +109,11 @@ def test_each_of_nvrx_launcher_profiling_events_reaches_the_event_log(tmp_path, 
 
 
 def test_the_launcher_finds_the_workers_run_directory_in_either_spelling() -> None:
-    assert ft_launch._run_dir(["-m", "w", "--run-dir", "/r"]) == "/r"
-    assert ft_launch._run_dir(["-m", "w", "--run-dir=/r2"]) == "/r2"
-    assert ft_launch._run_dir(["-m", "w", "--steps", "3"]) is None
+    from resilient_training.runtime.spare_stub import run_dir_of
+
+    assert run_dir_of(["-m", "w", "--run-dir", "/r"]) == "/r"
+    assert run_dir_of(["-m", "w", "--run-dir=/r2"]) == "/r2"
+    assert run_dir_of(["-m", "w", "--steps", "3"]) is None
 
 
 def test_an_agent_profile_logged_before_the_workers_start_does_not_stretch_the_run(tmp_path) -> None:
@@ -132,6 +134,11 @@ def test_an_agent_profile_logged_before_the_workers_start_does_not_stretch_the_r
     found = metrics.compute_metrics(tmp_path)
     assert found["wall_seconds"] == 3.0
     assert found["training_goodput"] == 1.0 / 3.0
+    # Only an agent's own events are left out: a rank's event of that name (a forged log
+    # shortening its wall to raise its goodput) still counts.
+    with open(directory / "rank0.jsonl", "a") as handle:
+        handle.write(line(121.0, 0, "launcher_phase", phase="worker_terminated", cycle=0, node="a"))
+    assert metrics.compute_metrics(tmp_path)["wall_seconds"] == 6.0
 
 
 def test_the_nccl_settings_for_in_process_restart_keep_what_the_user_set() -> None:

@@ -130,6 +130,11 @@ class Episode:
 AGENT_DIAGNOSTICS = frozenset({"launcher_phase"})
 
 
+def is_agent_diagnostic(e: ev.Event) -> bool:
+    """Written by a launcher agent (rank -1) about itself; a rank's event of that name still counts."""
+    return e.event in AGENT_DIAGNOSTICS and e.rank < 0
+
+
 def load_events(run_dir: str | os.PathLike[str]) -> list[ev.Event]:
     """The run's events; RunError when there is no run or no event log."""
     path = Path(run_dir)
@@ -449,7 +454,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     events = load_events(run_dir) if events is None else events
     # The run spans its workers' events: an agent logs its own profile from before the first
     # worker started (interpreter and imports), which earlier rounds' figures never counted.
-    spanning = [e for e in events if e.event not in AGENT_DIAGNOSTICS] or events
+    spanning = [e for e in events if not is_agent_diagnostic(e)] or events
     t0, t1 = spanning[0].ts, spanning[-1].ts
     wall = t1 - t0
     ref = reference_rank(events)
@@ -570,7 +575,7 @@ def recovery_phases(p: Episode, events: list[ev.Event], ref: int | None) -> dict
         process_start = start.ts - float(start["process_seconds"])
         agent = {}
         for e in events:
-            if e.event == "launcher_phase" and p.start < e.ts <= process_start + 1.0:
+            if is_agent_diagnostic(e) and p.start < e.ts <= process_start + 1.0:
                 agent.setdefault(str(e.get("phase")), e.ts)
         mark = p.start
         for name, phase in AGENT_PHASES:

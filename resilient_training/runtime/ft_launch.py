@@ -15,7 +15,7 @@ import runpy
 import signal
 import sys
 
-from resilient_training.runtime import nvrx_adapter
+from resilient_training.runtime import nvrx_adapter, spare_stub
 
 LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 # Set by the local launchers to their own pid: this launcher then stops its workers when that
@@ -40,19 +40,9 @@ def _die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _run_dir(argv: list[str]) -> str | None:
-    """The workers' ``--run-dir`` (their flags follow the launcher's on this command line)."""
-    for i, arg in enumerate(argv):
-        if arg == "--run-dir" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--run-dir="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def _trace_phases(argv: list[str]) -> None:
     """NVRx's restart profile of this agent into the run's event log (``launcher_phase``)."""
-    run_dir = _run_dir(argv)
+    run_dir = spare_stub.run_dir_of(argv)
     if not run_dir:
         return
     from resilient_training.run import events as ev
