@@ -177,3 +177,47 @@ def test_a_collection_that_starts_inside_a_mark_does_not_deadlock() -> None:
     finally:
         gc.callbacks.remove(timeline.on_gc)
     assert "nvrx_gc" in timeline.enter()
+
+
+def test_a_restart_raised_into_the_training_thread_never_cuts_a_heartbeat_in_two() -> None:
+    """NVRx raises its in-process restart into the training thread asynchronously. Raised inside a
+    heartbeat being written, it corrupted the rank monitor's stream, and every retry then failed
+    with a broken pipe. The message is written on a thread of its own: the raise interrupts only
+    the wait. The client stands in for NVRx's RankMonitorClient (a socket to another process).
+    """
+    import ctypes
+    import threading
+    import time
+
+    written: list[str] = []
+    writing = threading.Event()
+
+    class Client:
+        def send_heartbeat(self) -> None:
+            written.append("head")
+            writing.set()
+            time.sleep(0.3)  # the rest of the message, while the raise arrives
+            written.append("tail")
+
+    class Restart(Exception):
+        pass
+
+    beats = nvrx_adapter.Heartbeats(enabled=False)
+    beats._client = Client()
+    beats._sender = nvrx_adapter.concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    raised: list[BaseException] = []
+
+    def training() -> None:
+        try:
+            beats.beat()
+        except Restart as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=training)
+    thread.start()
+    assert writing.wait(5)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(Restart))
+    thread.join(5)
+    beats._sender.shutdown(wait=True)
+    assert raised, "the restart reached the training thread"
+    assert written == ["head", "tail"], "the heartbeat was cut in two"

@@ -20,6 +20,7 @@ What differs between versions, and is handled here (see ../shared/NVRX_NOTES.md)
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import gc
@@ -381,11 +382,13 @@ class Heartbeats:
         self._lock = threading.Lock()
         self._cover_until = 0.0
         self._thread: threading.Thread | None = None
+        self._sender: concurrent.futures.ThreadPoolExecutor | None = None
         if enabled and under_ft_launcher():
             from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
             self._client = RankMonitorClient()
             self._client.init_workload_monitoring()
+            self._sender = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="heartbeat-send")
             self._thread = threading.Thread(target=self._cover_loop, name="heartbeat-cover", daemon=True)
             self._thread.start()
 
@@ -393,10 +396,27 @@ class Heartbeats:
     def active(self) -> bool:
         return self._client is not None
 
-    def beat(self) -> None:
-        if self._client is not None:
+    def _send(self, call: Callable[[], Any]) -> Any:
+        """Run one message to the rank monitor on the sender thread and wait for it.
+
+        NVRx's in-process layer raises its restart into the *training thread* asynchronously, at
+        any bytecode. Raised inside a half-written message, it left the monitor's stream corrupt
+        ("invalid load key"), and every later message of that process failed with a broken pipe:
+        each in-process retry failed at once until the limit (seen on CPU under load). On another
+        thread the message is always written whole; only the wait here is interrupted.
+        """
+        assert self._sender is not None
+
+        def locked() -> Any:  # calibrate() talks to the monitor from the training thread
             with self._lock:
-                self._client.send_heartbeat()
+                return call()
+
+        return self._sender.submit(locked).result()
+
+    def beat(self) -> None:
+        client = self._client
+        if client is not None:
+            self._send(client.send_heartbeat)
 
     def cover(self, seconds: float) -> None:
         """Keep beating for up to ``seconds`` (0 stops): an in-process restart is under way."""
@@ -414,7 +434,9 @@ class Heartbeats:
     def calibrate(self, floor: float) -> dict[str, float] | None:
         """Set timeouts from observed heartbeat gaps × safety factor, but never below ``floor``.
 
-        Collective over the default process group (gloo or nccl). Returns the timeouts set.
+        Collective over the default process group (gloo or nccl), so it stays on the training
+        thread: the one message to the monitor that an in-process restart can still cut in two,
+        once per run. Returns the timeouts set.
         """
         if self._client is None:
             return None
@@ -440,10 +462,8 @@ class Heartbeats:
             return
         from nvidia_resiliency_ext.fault_tolerance.data import WorkloadAction, WorkloadControlRequest
 
-        with self._lock:
-            self._client.send_workload_control_request(
-                WorkloadControlRequest(WorkloadAction.ShutdownWorkload, reason)
-            )
+        request = WorkloadControlRequest(WorkloadAction.ShutdownWorkload, reason)
+        self._send(lambda: self._client.send_workload_control_request(request))
 
     def state_dict(self) -> dict[str, Any]:
         if self._client is None:
@@ -451,9 +471,9 @@ class Heartbeats:
         return dict(self._client.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self._client is not None and state:
-            with self._lock:
-                self._client.load_state_dict(state)
+        client = self._client
+        if client is not None and state:
+            self._send(lambda: client.load_state_dict(state))
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -462,6 +482,8 @@ class Heartbeats:
                 client.shutdown_workload_monitoring()
             except Exception:
                 pass
+        if self._sender is not None:
+            self._sender.shutdown(wait=False)
 
 
 # --------------------------------------------------------------------------- in-process restart
