@@ -204,7 +204,7 @@ def test_a_restart_raised_into_the_training_thread_never_cuts_a_heartbeat_in_two
 
     beats = nvrx_adapter.Heartbeats(enabled=False)
     beats._client = Client()
-    beats._sender = nvrx_adapter.concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    beats._sender = nvrx_adapter.Heartbeats.start_sender()
     raised: list[BaseException] = []
 
     def training() -> None:

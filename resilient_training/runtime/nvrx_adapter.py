@@ -388,13 +388,25 @@ class Heartbeats:
 
             self._client = RankMonitorClient()
             self._client.init_workload_monitoring()
-            self._sender = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="heartbeat-send")
+            self._sender = self.start_sender()
             self._thread = threading.Thread(target=self._cover_loop, name="heartbeat-cover", daemon=True)
             self._thread.start()
 
     @property
     def active(self) -> bool:
         return self._client is not None
+
+    @staticmethod
+    def start_sender() -> concurrent.futures.ThreadPoolExecutor:
+        """The one thread that writes to the rank monitor, started before training runs.
+
+        The executor starts its thread inside the first ``submit``; a restart raised into the
+        training thread there could leave that thread unknown to the executor (it joins only
+        threads it recorded), and the next message would start a second writer.
+        """
+        sender = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="heartbeat-send")
+        sender.submit(lambda: None).result()
+        return sender
 
     def _send(self, call: Callable[[], Any]) -> Any:
         """Run one message to the rank monitor on the sender thread and wait for it.
