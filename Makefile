@@ -3,6 +3,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# pytest workers for `make test` (0: one process). Most of a test training's time is spent waiting
+# on its processes: two workers took the suite from 26 to 19 min on a 2-core machine.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint clean
 
@@ -17,7 +20,7 @@ demo: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 clean:
 	rm -rf $(VENV) local_outputs runs

@@ -27,22 +27,28 @@ from resilient_training.runtime import nvrx_adapter
 from tests.support.runs import Run, rank0_losses, train
 
 
-def _launcher_sockets() -> set[Path]:
+@pytest.fixture
+def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A run directory whose simulated cluster is torn down even if the launcher was killed.
+
+    The "machine's" temporary directory is one of this test's own (TMPDIR for the train command,
+    and for this process), so that another test's launcher running beside it (``pytest -n``) is
+    not taken for a leak. Short: a socket's path stops at 107 bytes.
+    """
+    import shutil
     import tempfile
 
-    return set(Path(tempfile.gettempdir()).glob("_ft_launcher*.socket"))
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path):
-    """A run directory whose simulated cluster is torn down even if the launcher was killed."""
+    machine_tmp = Path(tempfile.mkdtemp(prefix="rt-mt-"))
+    monkeypatch.setenv("TMPDIR", str(machine_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     path = tmp_path / "run"
-    before = _launcher_sockets()
     yield path
     sim.clean_up(path)
     # Agents killed with their node leave NVRx's IPC socket behind: in the pod's own TMPDIR,
     # removed with the cluster, never in this machine's temporary directory.
-    assert _launcher_sockets() - before == set()
+    left = sorted(p.name for p in machine_tmp.iterdir())
+    shutil.rmtree(machine_tmp, ignore_errors=True)
+    assert not [name for name in left if name.startswith("_ft_launcher")], left
 
 
 def _cluster_record(run_dir: Path) -> dict:
