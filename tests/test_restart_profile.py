@@ -221,3 +221,52 @@ def test_a_restart_raised_into_the_training_thread_never_cuts_a_heartbeat_in_two
     beats._sender.shutdown(wait=True)
     assert raised, "the restart reached the training thread"
     assert written == ["head", "tail"], "the heartbeat was cut in two"
+
+
+def test_calibration_synchronizes_on_the_training_thread_and_sends_one_floored_message_on_the_sender() -> None:
+    """The collective stays on the training thread (every rank makes it at the same step); the
+    message to the rank monitor goes through the sender thread, already floored, so the monitor
+    never holds a timeout below the floor and no restart can cut that message in two either.
+    The stand-in keeps the names of NVRx's private API that the adapter calls, checked below.
+    """
+    import inspect
+    import threading
+
+    from nvidia_resiliency_ext.fault_tolerance.data import HeartbeatTimeouts
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_client import RankMonitorClient
+    from nvidia_resiliency_ext.fault_tolerance.timeouts_calc import TimeoutsCalc
+
+    assert list(inspect.signature(RankMonitorClient._set_calculated_timeouts).parameters) == \
+        ["self", "new_hb_timeouts", "new_section_timeouts"]
+    assert all(callable(getattr(TimeoutsCalc, name)) for name in
+               ("synchronize_all", "can_get_hb_timeouts", "get_hb_timeouts"))
+    calls: list[tuple] = []
+
+    class Calc:
+        def synchronize_all(self) -> None:
+            calls.append(("synchronize_all", threading.current_thread().name))
+
+        def can_get_hb_timeouts(self) -> bool:
+            return True
+
+        def get_hb_timeouts(self, current: HeartbeatTimeouts) -> HeartbeatTimeouts:
+            return HeartbeatTimeouts(initial=1.5, subsequent=20.0, were_calculated=True)
+
+    class Client:
+        timeouts_calc = Calc()
+        hb_timeouts = HeartbeatTimeouts()
+
+        def _set_calculated_timeouts(self, new_hb_timeouts, new_section_timeouts) -> None:
+            calls.append(("set", threading.current_thread().name, new_hb_timeouts, new_section_timeouts))
+
+    beats = nvrx_adapter.Heartbeats(enabled=False)
+    beats._client = Client()
+    beats._sender = nvrx_adapter.Heartbeats.start_sender()
+    try:
+        assert beats.calibrate(floor=10.0) == {"initial": 10.0, "subsequent": 20.0}
+    finally:
+        beats._sender.shutdown(wait=True)
+    assert calls[0] == ("synchronize_all", threading.current_thread().name)
+    ((what, thread, hb, sections),) = calls[1:]
+    assert (what, sections) == ("set", None) and thread.startswith("heartbeat-send")
+    assert (hb.initial, hb.subsequent, hb.were_calculated) == (10.0, 20.0, True)

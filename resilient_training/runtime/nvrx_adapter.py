@@ -419,7 +419,7 @@ class Heartbeats:
         """
         assert self._sender is not None
 
-        def locked() -> Any:  # calibrate() talks to the monitor from the training thread
+        def locked() -> Any:  # a heartbeat also updates the gaps that calibrate() reads
             with self._lock:
                 return call()
 
@@ -446,23 +446,23 @@ class Heartbeats:
     def calibrate(self, floor: float) -> dict[str, float] | None:
         """Set timeouts from observed heartbeat gaps × safety factor, but never below ``floor``.
 
-        Collective over the default process group (gloo or nccl), so it stays on the training
-        thread: the one message to the monitor that an in-process restart can still cut in two,
-        once per run. Returns the timeouts set.
+        NVRx's ``calculate_and_set_hb_timeouts``, split in two (the same steps in 0.4.1 and 0.7.0):
+        the gaps are synchronized over the default process group on the training thread, a
+        collective every rank makes at the same step; the result, floored, is sent in one message
+        on the sender thread, like every other message. Returns the timeouts set.
         """
-        if self._client is None:
+        client = self._client
+        if client is None:
             return None
-        with self._lock:
-            if not self._client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
+        calc = client.timeouts_calc
+        with self._lock:  # released before the send below, which takes it on the sender thread
+            calc.synchronize_all()
+            if not calc.can_get_hb_timeouts():
                 return None
-            state = self._client.state_dict()
-            hb = state.get("current_timeouts", {}).get("heartbeat")
-            if hb is None:
-                return None
-            hb["initial"] = max(hb["initial"] or 0.0, floor)
-            hb["subsequent"] = max(hb["subsequent"] or 0.0, floor)
-            self._client.load_state_dict(state)
-            return {"initial": hb["initial"], "subsequent": hb["subsequent"]}
+            hb = calc.get_hb_timeouts(current=client.hb_timeouts)
+        hb = dataclasses.replace(hb, initial=max(hb.initial or 0.0, floor), subsequent=max(hb.subsequent or 0.0, floor))
+        self._send(lambda: client._set_calculated_timeouts(new_hb_timeouts=hb, new_section_timeouts=None))
+        return {"initial": hb.initial, "subsequent": hb.subsequent}
 
     def stop_workload(self, reason: str) -> None:
         """Ask ft_launcher not to restart the workers (NVRx's ShutdownWorkload request).
