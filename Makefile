@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # pytest workers for `make test` (0: one process, the default). Two took the suite from 26 to 18-20 min
 # on a 2-core machine, but halve the timing margins of tests that need a checkpoint writer up by a
-# given step: 2 of 1096 failed in one run of four (docs/benchmarks.md#suite).
+# given step: two of them failed in two runs of four (docs/benchmarks.md#suite).
 TEST_WORKERS ?= 0
 
 .PHONY: demo test lint clean

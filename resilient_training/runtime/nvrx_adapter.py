@@ -470,12 +470,13 @@ class Heartbeats:
         0.7.0 also honours worker exit code 93; 0.4.1 does not know that code, but both
         versions act on this request.
         """
-        if self._client is None:
+        client = self._client
+        if client is None:
             return
         from nvidia_resiliency_ext.fault_tolerance.data import WorkloadAction, WorkloadControlRequest
 
         request = WorkloadControlRequest(WorkloadAction.ShutdownWorkload, reason)
-        self._send(lambda: self._client.send_workload_control_request(request))
+        self._send(lambda: client.send_workload_control_request(request))
 
     def state_dict(self) -> dict[str, Any]:
         if self._client is None:
