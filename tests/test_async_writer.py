@@ -204,3 +204,59 @@ def test_death_descriptions() -> None:
     assert nvrx_adapter.WriterDeath(0.0, 7, 1).describe().endswith("exited with code 1")
     assert nvrx_adapter.WriterDeath(0.0, 7, None).signal is None
     assert "could not be started" in nvrx_adapter.WriterDeath(0.0, None, None, "could not be started").describe()
+
+
+WORKER = """
+import sys, time, torch
+from resilient_training.runtime.checkpointing import warm_up_writer
+from resilient_training.runtime.nvrx_adapter import AsyncWriter
+torch.distributed.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+writer = AsyncWriter()
+writer.start(warm_up_writer)
+while writer.pid is None:
+    time.sleep(0.001)
+# The warm-up job reaches the writer's pipe through a feeder thread, within milliseconds of the
+# spawn: a worker killed before that leaves the writer waiting for it (the process-group kill of
+# the launcher or the spare pool is what stops that writer).
+time.sleep(0.3)
+if sys.argv[2] == "ready":
+    while not writer.ready:
+        time.sleep(0.01)
+print(writer.pid, writer.ready, flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("when", ["starting", "ready"])
+def test_a_writer_exits_when_its_worker_is_sigkilled(tmp_path: Path, when: str) -> None:
+    """Found after a two-worker suite run: a writer still importing torch when its worker was
+    SIGKILLed (under torchrun nothing else stops it) lived on for hours. It watched
+    ``os.getppid()`` from its warm-up job, which runs after those imports: by then its parent
+    was the reaper. Killed while starting (importing torch, seconds) or once ready, it must exit
+    on its own.
+    """
+    import subprocess
+    import sys
+
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path / "store"), when],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        pid_text, ready = worker.stdout.readline().split()
+        writer_pid = int(pid_text)
+        worker.kill()
+        worker.wait()
+        assert ready == ("True" if when == "ready" else "False")
+        if when == "starting":  # still importing: it finds out only once it runs its warm-up job
+            assert _running(writer_pid)
+        wait_until(lambda: not _running(writer_pid), 60.0)
+    finally:
+        worker.kill()
+        if "writer_pid" in locals() and _running(writer_pid):
+            os.kill(writer_pid, signal.SIGKILL)

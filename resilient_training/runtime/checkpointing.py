@@ -140,24 +140,28 @@ def warm_up_writer() -> None:
 _PARENT_WATCHED = False
 
 
-def _exit_with_parent(interval: float = 0.2) -> None:
+def _exit_with_parent() -> None:
     """In a writer process: exit once the worker that started it is gone. A SIGKILLed worker
     cannot stop its writer, and under torchrun nothing else did (found after the test suite: a
     killed rank's writer, 340 MB, alive long after its run). Its writes die with the worker's
     save anyway: only the worker commits. (Not PR_SET_PDEATHSIG: it fires when the *thread*
     that started the writer ends, and the worker starts it from a thread of its own.)
+
+    Watches multiprocessing's parent sentinel (a pipe whose write end only the parent holds),
+    not ``os.getppid()``: this runs once the writer has imported torch, seconds after its start,
+    and a worker killed in between had already been replaced by the reaper as the parent, so
+    the writer watched the reaper and outlived the run (a two-worker test suite run).
     """
     global _PARENT_WATCHED
     import multiprocessing
 
-    if _PARENT_WATCHED or multiprocessing.parent_process() is None:
+    parent = multiprocessing.parent_process()
+    if _PARENT_WATCHED or parent is None:
         return  # not a child process (or already watching)
     _PARENT_WATCHED = True
-    parent = os.getppid()
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(interval)
+        parent.join()  # returns when the sentinel reads end-of-file: the parent is gone
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
