@@ -9,6 +9,9 @@ import pytest
 
 SHARED_DIR = Path(__file__).resolve().parent.parent / "shared"
 
+# `alone` tests with pytest-xdist workers
+pytest_plugins = ["tests.support.alone"]
+
 
 @pytest.fixture
 def kfp_local(tmp_path: Path) -> Iterator[Path]:

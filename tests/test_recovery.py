@@ -164,6 +164,7 @@ def test_a_killed_writer_is_replaced_without_restarting_the_ranks(tmp_path, clea
     assert 0 < fault["recovery_seconds"] < 30
 
 
+@pytest.mark.alone  # needs its checkpoint writers up by a given step
 def test_a_writer_that_keeps_dying_escalates_to_an_inprocess_restart(tmp_path):
     # Padded steps, so that each new writer is up (seconds on this machine) well before the run ends
     # and all three kills act on saves that really write.
@@ -237,6 +238,7 @@ def test_repeated_failure_without_inprocess_exhausts_launcher_restarts(tmp_path)
     assert "rank 1 at step 6: exception" in run.output
 
 
+@pytest.mark.alone  # needs its checkpoint writers up by a given step
 def test_node_local_tier_shortens_the_rollback_after_a_process_restart(tmp_path):
     local = tmp_path / "local"
     # Steps padded to 0.5 s so the writer (a process of its own, started after the restore) is

@@ -246,6 +246,7 @@ def test_the_flag_reaches_the_worker_command(tmp_path):
     assert not cfg.TrainConfig(run_dir=str(tmp_path)).restart.warm_spare  # off unless asked for
 
 
+@pytest.mark.alone  # needs its checkpoint writers up by a given step
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", [[], ["--no-ft-launcher"]], ids=["ft_launcher", "torchrun"])
 def test_a_killed_rank_restarts_from_warm_spares_and_nothing_outlives_the_run(tmp_path, launcher):
