@@ -97,6 +97,10 @@ class RestartConfig:
         10.0, "ft_launcher 0.6+: wait at most this long for a dead worker's GPU memory", "gpu_reclaim_timeout")
     gpu_reclaim_tolerance_mb: int = _f(
         1024, "ft_launcher 0.6+: GPU memory still in use that counts as reclaimed", "gpu_reclaim_tolerance_mb")
+    worker_gpu_reclaim: bool = _f(
+        True, "a restarted worker waits for its GPU's previous worker itself, just before it allocates its model "
+        "(its start-up and NCCL set-up overlap that exit), instead of ft_launcher waiting for every GPU's memory "
+        "before the rendezvous; the wait is bounded by gpu_reclaim_timeout", "worker_gpu_reclaim")
 
     def __post_init__(self) -> None:
         if self.max_inprocess_restarts < 0 or self.max_restarts < 0:

@@ -104,7 +104,10 @@ def ft_launcher_flags(
         # with defaults every restart waited the full 50 s: both are calibrated per machine.
         # It samples every poll interval (a float; default 2 s): at 1 s a restart on one H200
         # waited ~1.0 s for a second sample though the memory was free within milliseconds.
-        flags += [f"--ft-gpu-memory-reclaim-timeout={config.restart.gpu_reclaim_timeout:g}",
+        # With worker_gpu_reclaim each new worker waits for its own GPU's predecessor instead,
+        # later (runtime/gpu_reclaim.py): 0 turns ft_launcher's wait off.
+        reclaim = 0.0 if config.restart.worker_gpu_reclaim else config.restart.gpu_reclaim_timeout
+        flags += [f"--ft-gpu-memory-reclaim-timeout={reclaim:g}",
                   f"--ft-gpu-memory-tolerance-mb={config.restart.gpu_reclaim_tolerance_mb}",
                   f"--ft-gpu-memory-poll-interval={GPU_MEMORY_POLL_SECONDS:g}"]
         if iteration_file is not None:

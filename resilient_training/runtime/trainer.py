@@ -17,6 +17,7 @@ import os
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import events as ev
 from resilient_training.run import faults as flt
 from resilient_training.run.config import TrainConfig
-from resilient_training.runtime import nvrx_adapter
+from resilient_training.runtime import gpu_reclaim, nvrx_adapter
 from resilient_training.runtime import task as tk
 from resilient_training.runtime.checkpointing import (
     Checkpointer,
@@ -131,6 +132,9 @@ class Trainer:
             self._drop_stale_write()
             if call_wrapper is not None and self._store is None:
                 self._store = nvrx_adapter.wrapper_store(call_wrapper)
+            predecessor = None
+            if iteration == 0 and self.config.restart.worker_gpu_reclaim:
+                predecessor = gpu_reclaim.claim(self._worker_record())
             if self.on_gpu and iteration == 0:
                 torch.cuda.set_device(self.local_rank)
                 torch.empty(1, device=self.device)  # create the CUDA context now: its own phase
@@ -154,6 +158,11 @@ class Trainer:
             # than any commit; not after a NaN, whose cause may already be in that state.
             path, manifest = checkpointer.find_restorable(in_memory=iteration > 0, after_nan=self.last_kind == "nan")
             laps.lap("find_checkpoint")
+            if predecessor is not None:  # the worker this one replaces, still exiting: its GPU memory
+                if not gpu_reclaim.wait_gone(predecessor, self.config.restart.gpu_reclaim_timeout):
+                    print(f"resilient-training: the GPU's previous worker (pid {predecessor.pid}) still runs "
+                          f"after {self.config.restart.gpu_reclaim_timeout:g} s; going on", file=sys.stderr)
+                laps.lap("previous_worker_exit")
             # Weights that a checkpoint will overwrite need no initialisation (launcher restarts).
             model, optimizer, scheduler = self._build(from_storage=path is not None or manifest.get("memory") == "host")
             laps.lap("build_model")
@@ -164,6 +173,8 @@ class Trainer:
             self._train(model, optimizer, scheduler, data, checkpointer, call_wrapper)
             checkpointer.finish()
             self.remover.wait()
+            if self.config.restart.worker_gpu_reclaim:
+                gpu_reclaim.release(self._worker_record())
             checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
             self.completed = True
@@ -418,6 +429,11 @@ class Trainer:
             backend, store=store, rank=self.rank, world_size=self.world_size,
             timeout=datetime.timedelta(seconds=collective_timeout(self.config.timeouts, nccl=self.on_gpu)),
         )
+
+    def _worker_record(self) -> Path:
+        """Where this node's worker of this device records itself (runtime/gpu_reclaim.py)."""
+        run_folder = local_tier_root(self.config, self.rank).parent
+        return gpu_reclaim.record_path(run_folder, str(flt.this_node() or 0), self.local_rank)
 
     def _round_tag(self) -> str:
         """A name all ranks of this launcher round agree on, for the checkpoint's temporary directory

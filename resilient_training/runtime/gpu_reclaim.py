@@ -1,0 +1,95 @@
+"""A worker that the launcher restarted waits for its GPU's previous worker itself, after its own set-up.
+
+ft_launcher (0.6+) waits before each restart's rendezvous until the memory in use on every
+local GPU is under a tolerance. On one H200 that wait was 0.6-1.2 s of each launcher restart
+(docs/benchmarks.md#eleventh-round): the killed worker's exit unpins gigabytes of page-locked
+host memory before the driver frees its GPU memory, and nothing else went on meanwhile.
+
+With ``worker_gpu_reclaim`` (the default) the launcher does not wait. Each worker records its
+pid in a node-local file per device when it starts (:func:`claim`), and a worker that finds a
+predecessor there still alive waits for it to be gone (:func:`wait_gone`: a zombie holds no GPU
+memory) just before it allocates its model. Its start-up, CUDA context and NCCL set-up run while
+the old process exits. Other processes on the GPU are not waited for (neither does
+ft_launcher's best-effort wait guarantee it: it goes on after its timeout). On CPU the same wait
+keeps two copies of a rank's model out of host memory at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Predecessor:
+    """The process recorded for a GPU before this one."""
+
+    pid: int
+    start: str  # /proc/<pid>/stat's start time: a reused pid is another process
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
+
+
+def alive(predecessor: Predecessor) -> bool:
+    """Still running (not gone, not a zombie, not another process with its pid)."""
+    fields = _stat(predecessor.pid)
+    return bool(fields) and len(fields) > 19 and fields[19] == predecessor.start and fields[0] not in ("Z", "X")
+
+
+def claim(path: Path) -> Predecessor | None:
+    """Record this process as the GPU's worker in ``path``; return the one recorded before if it
+    is still alive (the worker this one replaces, still exiting), else None.
+    """
+    previous: Predecessor | None = None
+    with contextlib.suppress(OSError, ValueError):
+        pid, start = path.read_text().split()
+        previous = Predecessor(int(pid), start)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+    os.replace(tmp, path)  # atomic: a reader sees the old record or this one
+    if previous is not None and previous.pid != os.getpid() and alive(previous):
+        return previous
+    return None
+
+
+def wait_gone(predecessor: Predecessor, timeout: float, poll: float = 0.005) -> bool:
+    """Wait until ``predecessor`` is gone (True) or ``timeout`` seconds pass (False: the caller
+    goes on anyway, as ft_launcher does after its own timeout).
+    """
+    deadline = time.monotonic() + timeout
+    while alive(predecessor):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
+def record_path(run_folder: Path, node: str, local_rank: int) -> Path:
+    """Where a node's worker of local device ``local_rank`` records itself: in the run's folder of
+    the node-local tier (node-local by design; per run, so two runs on one machine never wait for
+    each other), per node name too (simulated clusters share one machine's ``/dev/shm``).
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").replace(",", "-").replace("/", "_") or "all"
+    return run_folder / f"worker-{node}-{visible}-{local_rank}.pid"
+
+
+def release(path: Path) -> None:
+    """At the end of a completed run: drop the record if it is this process's."""
+    with contextlib.suppress(OSError, ValueError):
+        if int(path.read_text().split()[0]) == os.getpid():
+            path.unlink()

@@ -1,0 +1,118 @@
+"""A restarted worker waits for its GPU's previous worker itself (runtime/gpu_reclaim.py), with
+real processes: one that takes its time to exit, one that will not, a zombie, a reused pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from resilient_training.run import config as cfg
+from resilient_training.runtime import gpu_reclaim, nvrx_adapter
+from resilient_training.runtime.gpu_reclaim import Predecessor
+
+# A worker of the GPU: records itself, says so, and on SIGTERM takes EXIT_S seconds to exit
+# (a killed worker's exit unpins gigabytes of host memory first) or never exits (EXIT_S < 0).
+OLD_WORKER = """
+import signal, sys, time
+from pathlib import Path
+from resilient_training.runtime import gpu_reclaim
+exit_s = float(sys.argv[2])
+def on_term(*_):
+    if exit_s < 0:
+        return
+    time.sleep(exit_s)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+gpu_reclaim.claim(Path(sys.argv[1]))
+print("claimed", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def old_worker(record: Path, exit_s: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", OLD_WORKER, str(record), str(exit_s)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "claimed"
+    return proc
+
+
+def test_the_first_worker_of_a_gpu_has_no_predecessor(tmp_path: Path) -> None:
+    record = tmp_path / "gpu-workers" / "0-all-0.pid"
+    assert gpu_reclaim.claim(record) is None
+    pid, start = record.read_text().split()
+    assert int(pid) == os.getpid() and start == gpu_reclaim._start_time(os.getpid())
+    assert gpu_reclaim.claim(record) is None  # the same process again: not its own predecessor
+
+
+def test_a_new_worker_waits_until_the_old_one_has_exited(tmp_path: Path) -> None:
+    record = tmp_path / "gpu.pid"
+    proc = old_worker(record, exit_s=0.6)
+    try:
+        predecessor = gpu_reclaim.claim(record)
+        assert predecessor == Predecessor(proc.pid, gpu_reclaim._start_time(proc.pid))
+        proc.send_signal(signal.SIGTERM)
+        began = time.monotonic()
+        assert gpu_reclaim.wait_gone(predecessor, timeout=30)
+        waited = time.monotonic() - began
+        assert 0.4 < waited < 10, waited
+        # Not reaped yet (a zombie): gone all the same, it holds no GPU memory.
+        assert Path(f"/proc/{proc.pid}").exists() and not gpu_reclaim.alive(predecessor)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_wait_is_bounded_by_the_reclaim_timeout(tmp_path: Path) -> None:
+    record = tmp_path / "gpu.pid"
+    proc = old_worker(record, exit_s=-1)  # ignores SIGTERM
+    try:
+        predecessor = gpu_reclaim.claim(record)
+        assert predecessor is not None
+        proc.send_signal(signal.SIGTERM)
+        began = time.monotonic()
+        assert not gpu_reclaim.wait_gone(predecessor, timeout=0.3)
+        assert 0.3 <= time.monotonic() - began < 5
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("record_text", ["{ppid} 1\n", "999999999 1\n", "garbage", ""])
+def test_a_reused_pid_a_gone_one_or_a_torn_record_is_no_predecessor(tmp_path: Path, record_text: str) -> None:
+    record = tmp_path / "gpu.pid"
+    record.write_text(record_text.format(ppid=os.getppid()))  # the parent is alive, with another start time
+    assert gpu_reclaim.claim(record) is None
+    assert record.read_text().split()[0] == str(os.getpid())
+
+
+def test_records_are_per_node_and_device_and_visible_devices(monkeypatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    a = gpu_reclaim.record_path(Path("/x"), "0", 1)
+    assert a == Path("/x/worker-0-all-1.pid")
+    assert gpu_reclaim.record_path(Path("/x"), "1", 1) != a  # simulated nodes share one machine
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert gpu_reclaim.record_path(Path("/x"), "0", 1).name == "worker-0-2-3-1.pid"
+
+
+def test_a_worker_releases_only_its_own_record(tmp_path: Path) -> None:
+    record = tmp_path / "w.pid"
+    record.write_text(f"{os.getppid()} 1\n")
+    gpu_reclaim.release(record)
+    assert record.exists()  # another process's
+    gpu_reclaim.claim(record)
+    gpu_reclaim.release(record)
+    assert not record.exists()
+
+
+@pytest.mark.parametrize(("flags", "launcher_wait"), [([], "0"), (["--no-worker-gpu-reclaim"], "7")])
+def test_ft_launcher_waits_only_when_the_workers_do_not(flags: list[str], launcher_wait: str) -> None:
+    config = cfg.from_argv(["--run-dir", "r", "--gpu-reclaim-timeout", "7", *flags])
+    launcher = nvrx_adapter.ft_launcher_flags(config, version="0.7.0")
+    assert f"--ft-gpu-memory-reclaim-timeout={launcher_wait}" in launcher
