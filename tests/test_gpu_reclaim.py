@@ -69,6 +69,43 @@ def test_a_new_worker_waits_until_the_old_one_has_exited(tmp_path: Path) -> None
         proc.wait()
 
 
+# The main thread ends (pthread_exit, the GIL released by ctypes) while another thread goes on
+# for a second: the process's own state is then Z, like a SIGKILLed worker's main thread while
+# its other threads still tear down its memory.
+LEADER_GONE_FIRST = """
+import ctypes, os, sys, threading, time
+from pathlib import Path
+from resilient_training.runtime import gpu_reclaim
+gpu_reclaim.claim(Path(sys.argv[1]))
+def last_thread():
+    time.sleep(1.0)
+    os._exit(0)
+threading.Thread(target=last_thread).start()
+print("claimed", flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_process_whose_main_thread_is_a_zombie_is_alive_until_its_last_thread_ends(tmp_path: Path) -> None:
+    record = tmp_path / "gpu.pid"
+    proc = subprocess.Popen([sys.executable, "-c", LEADER_GONE_FIRST, str(record)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "claimed"
+        predecessor = gpu_reclaim.claim(record)
+        assert predecessor is not None
+        deadline = time.monotonic() + 5
+        while gpu_reclaim._stat(proc.pid)[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert gpu_reclaim.alive(predecessor)  # the main thread is a zombie, the other one runs
+        began = time.monotonic()
+        assert gpu_reclaim.wait_gone(predecessor, timeout=30)
+        assert time.monotonic() - began > 0.3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_the_wait_is_bounded_by_the_reclaim_timeout(tmp_path: Path) -> None:
     record = tmp_path / "gpu.pid"
     proc = old_worker(record, exit_s=-1)  # ignores SIGTERM

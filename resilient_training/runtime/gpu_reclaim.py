@@ -45,9 +45,29 @@ def _start_time(pid: int) -> str | None:
 
 
 def alive(predecessor: Predecessor) -> bool:
-    """Still running (not gone, not a zombie, not another process with its pid)."""
+    """Still running: some thread of it is not a zombie (and the pid is not another process's).
+
+    Every thread, not the process's own state: a SIGKILLed worker's main thread shows ``Z`` at
+    once while another thread still tears down its memory and its GPU context (on one H200 the
+    new worker went on ~0.5 s early, its CUDA context creation waiting on that exit instead).
+    """
     fields = _stat(predecessor.pid)
-    return bool(fields) and len(fields) > 19 and fields[19] == predecessor.start and fields[0] not in ("Z", "X")
+    if not fields or len(fields) <= 19 or fields[19] != predecessor.start:
+        return False
+    if fields[0] not in ("Z", "X"):
+        return True
+    try:
+        threads = os.listdir(f"/proc/{predecessor.pid}/task")
+    except OSError:
+        return False
+    for tid in threads:
+        try:
+            with open(f"/proc/{predecessor.pid}/task/{tid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
+                    return True
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+    return False
 
 
 def claim(path: Path) -> Predecessor | None:
