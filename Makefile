@@ -3,10 +3,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# pytest workers for `make test` (0: one process, the default). Two took the suite from 26 to 18-20 min
-# on a 2-core machine, but halve the timing margins of tests that need a checkpoint writer up by a
-# given step: two of them failed in two runs of four (docs/benchmarks.md#suite).
-TEST_WORKERS ?= 0
+# pytest workers for `make test` (pytest-xdist; 0: one process). Two take the suite from 26 to ~22 min on a
+# 2-core machine; tests marked `alone` (they need a checkpoint writer up by a given step) run while no
+# other test does (tests/support/alone.py; docs/benchmarks.md#suite).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint clean
 

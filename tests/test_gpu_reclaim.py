@@ -138,14 +138,21 @@ def test_records_are_per_node_and_device_and_visible_devices(monkeypatch) -> Non
     assert gpu_reclaim.record_path(Path("/x"), "0", 1).name == "worker-0-2-3-1.pid"
 
 
-def test_a_worker_releases_only_its_own_record(tmp_path: Path) -> None:
-    record = tmp_path / "w.pid"
+def test_a_worker_releases_only_its_own_record_and_leaves_no_folder(tmp_path: Path) -> None:
+    record = tmp_path / "run-folder" / "w.pid"
+    record.parent.mkdir()
     record.write_text(f"{os.getppid()} 1\n")
     gpu_reclaim.release(record)
     assert record.exists()  # another process's
     gpu_reclaim.claim(record)
     gpu_reclaim.release(record)
-    assert not record.exists()
+    assert not record.parent.exists()  # claim() made it even when the node-local tier is off
+
+
+def test_a_record_that_cannot_be_written_is_no_failure(tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("")
+    assert gpu_reclaim.claim(tmp_path / "file" / "w.pid") is None  # its folder cannot be made
+    assert "could not record this worker" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("flags", "launcher_wait"), [([], "0"), (["--no-worker-gpu-reclaim"], "7")])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,10 +79,13 @@ def claim(path: Path) -> Predecessor | None:
     with contextlib.suppress(OSError, ValueError):
         pid, start = path.read_text().split()
         previous = Predecessor(int(pid), start)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
-    os.replace(tmp, path)  # atomic: a reader sees the old record or this one
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        os.replace(tmp, path)  # atomic: a reader sees the old record or this one
+    except OSError as exc:  # best effort, like the wait itself: the next worker just will not wait
+        print(f"resilient-training: could not record this worker in {path}: {exc}", file=sys.stderr)
     if previous is not None and previous.pid != os.getpid() and alive(previous):
         return previous
     return None
@@ -109,7 +113,9 @@ def record_path(run_folder: Path, node: str, local_rank: int) -> Path:
 
 
 def release(path: Path) -> None:
-    """At the end of a completed run: drop the record if it is this process's."""
+    """At the end of a completed run: drop the record if it is this process's, and the run's folder once empty."""
     with contextlib.suppress(OSError, ValueError):
         if int(path.read_text().split()[0]) == os.getpid():
             path.unlink()
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()  # the run's folder, made by claim() also when the node-local tier is off
