@@ -65,7 +65,8 @@ fi
 # NCCL the collective timeout is raised above the in-process and heartbeat timeouts by the trainer.
 TIMEOUTS=()
 # This VM's idle GPU reports ~3.9 GB in use: a tolerance above that lets ft_launcher see the
-# dead worker's memory freed instead of waiting out the timeout on every restart.
+# dead worker's memory freed instead of waiting out the timeout on every restart (with
+# --no-worker-gpu-reclaim; by default the new worker waits instead and the timeout bounds that).
 TIMEOUTS+=(--gpu-reclaim-timeout 10 --gpu-reclaim-tolerance-mb 6144)
 
 run() {  # run NAME ARGS...: one training run; keep its events and launcher log, drop its checkpoints
