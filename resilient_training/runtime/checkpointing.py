@@ -1054,8 +1054,12 @@ def local_tier_root(config: TrainConfig, rank: int) -> Path:
     node-local step left by an earlier run that used the same path is never restored.
     """
     lineage = f"{run_key(config.run_dir)}-{fmt.run_uid(config.run_dir)[:12]}"
-    base = Path(config.checkpoint.local_dir) if config.checkpoint.local_dir else Path("/dev/shm") / "resilient-training"
-    return base / lineage / f"rank_{rank}"
+    return local_tier_base(config) / lineage / f"rank_{rank}"
+
+
+def local_tier_base(config: TrainConfig) -> Path:
+    """The node-local tier's directory, which every run's folder is in (node-local by design)."""
+    return Path(config.checkpoint.local_dir) if config.checkpoint.local_dir else Path("/dev/shm") / "resilient-training"
 
 
 def run_key(run_dir: str) -> str:

@@ -20,6 +20,7 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,22 +92,30 @@ def claim(path: Path) -> Predecessor | None:
     return None
 
 
-def wait_gone(predecessor: Predecessor, timeout: float, poll: float = 0.005) -> bool:
+def wait_gone(predecessor: Predecessor, timeout: float, poll: float = 0.005,
+              on_wait: Callable[[], None] | None = None, every: float = 0.5) -> bool:
     """Wait until ``predecessor`` is gone (True) or ``timeout`` seconds pass (False: the caller
-    goes on anyway, as ft_launcher does after its own timeout).
+    goes on anyway, as ft_launcher does after its own timeout). ``on_wait`` is called every
+    ``every`` seconds meanwhile (the progress guard: a bounded wait is no hang).
     """
-    deadline = time.monotonic() + timeout
+    now = time.monotonic()
+    deadline, ping = now + timeout, now + every
     while alive(predecessor):
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             return False
+        if on_wait is not None and now >= ping:
+            on_wait()
+            ping = now + every
         time.sleep(poll)
     return True
 
 
 def record_path(run_folder: Path, node: str, local_rank: int) -> Path:
-    """Where a node's worker of local device ``local_rank`` records itself: in the run's folder of
-    the node-local tier (node-local by design; per run, so two runs on one machine never wait for
-    each other), per node name too (simulated clusters share one machine's ``/dev/shm``).
+    """Where a node's worker of local device ``local_rank`` records itself: in a folder of the run's
+    in the node-local tier's directory (node-local by design; per run directory, so two runs on one
+    machine never wait for each other), per node name too (simulated clusters share one machine's
+    ``/dev/shm``).
     """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").replace(",", "-").replace("/", "_") or "all"
     return run_folder / f"worker-{node}-{visible}-{local_rank}.pid"
@@ -118,4 +127,4 @@ def release(path: Path) -> None:
         if int(path.read_text().split()[0]) == os.getpid():
             path.unlink()
     with contextlib.suppress(OSError):
-        path.parent.rmdir()  # the run's folder, made by claim() also when the node-local tier is off
+        path.parent.rmdir()  # the run's folder of records, once no worker of it is recorded

@@ -38,7 +38,9 @@ from resilient_training.runtime.checkpointing import (
     Remover,
     StagingBuffers,
     local_tensors,
+    local_tier_base,
     local_tier_root,
+    run_key,
     state_dict,
     warm_up_writer,
 )
@@ -159,7 +161,8 @@ class Trainer:
             path, manifest = checkpointer.find_restorable(in_memory=iteration > 0, after_nan=self.last_kind == "nan")
             laps.lap("find_checkpoint")
             if predecessor is not None:  # the worker this one replaces, still exiting: its GPU memory
-                if not gpu_reclaim.wait_gone(predecessor, self.config.restart.gpu_reclaim_timeout):
+                if not gpu_reclaim.wait_gone(predecessor, self.config.restart.gpu_reclaim_timeout,
+                                             on_wait=self.guard.progress):
                     print(f"resilient-training: the GPU's previous worker (pid {predecessor.pid}) still runs "
                           f"after {self.config.restart.gpu_reclaim_timeout:g} s; going on", file=sys.stderr)
                 laps.lap("previous_worker_exit")
@@ -432,7 +435,7 @@ class Trainer:
 
     def _worker_record(self) -> Path:
         """Where this node's worker of this device records itself (runtime/gpu_reclaim.py)."""
-        run_folder = local_tier_root(self.config, self.rank).parent
+        run_folder = local_tier_base(self.config) / f"{run_key(self.config.run_dir)}-workers"
         return gpu_reclaim.record_path(run_folder, str(flt.this_node() or 0), self.local_rank)
 
     def _round_tag(self) -> str:
