@@ -130,13 +130,13 @@ def test_a_reused_pid_a_gone_one_or_a_torn_record_is_no_predecessor(tmp_path: Pa
     assert record.read_text().split()[0] == str(os.getpid())
 
 
-def test_records_are_per_node_and_device_and_visible_devices(monkeypatch) -> None:
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    a = gpu_reclaim.record_path(Path("/x"), "0", 1)
-    assert a == Path("/x/worker-0-all-1.pid")
-    assert gpu_reclaim.record_path(Path("/x"), "1", 1) != a  # simulated nodes share one machine
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    assert gpu_reclaim.record_path(Path("/x"), "0", 1).name == "worker-0-2-3-1.pid"
+def test_records_are_per_agent_and_device() -> None:
+    a = gpu_reclaim.record_path(Path("/x"), "host:100:5000", 1)
+    assert a.parent == Path("/x") and a.name.startswith("agent-") and a.name.endswith("-1.pid")
+    assert gpu_reclaim.record_path(Path("/x"), "host:100:5000", 0) != a  # another device
+    # Another agent (a simulated pod on the same machine, a new pod, another run): never a predecessor.
+    assert gpu_reclaim.record_path(Path("/x"), "host:101:5000", 1) != a
+    assert gpu_reclaim.record_path(Path("/x"), "host:100:5001", 1) != a
 
 
 def test_a_worker_releases_only_its_own_record_and_leaves_no_folder(tmp_path: Path) -> None:

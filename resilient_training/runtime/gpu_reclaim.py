@@ -111,14 +111,15 @@ def wait_gone(predecessor: Predecessor, timeout: float, poll: float = 0.005,
     return True
 
 
-def record_path(run_folder: Path, node: str, local_rank: int) -> Path:
-    """Where a node's worker of local device ``local_rank`` records itself: in a folder of the run's
-    in the node-local tier's directory (node-local by design; per run directory, so two runs on one
-    machine never wait for each other), per node name too (simulated clusters share one machine's
-    ``/dev/shm``).
+def record_path(run_folder: Path, agent: str, local_rank: int) -> Path:
+    """Where the worker of local device ``local_rank`` started by ``agent`` (the launcher agent's
+    host, pid and start time: the one that restarts it) records itself, in a folder of the run's
+    in the node-local tier's directory. Per agent: two agents on one machine (simulated pods, two
+    runs) never take each other's workers for predecessors; a new pod's agent finds no record.
     """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").replace(",", "-").replace("/", "_") or "all"
-    return run_folder / f"worker-{node}-{visible}-{local_rank}.pid"
+    import hashlib
+
+    return run_folder / f"agent-{hashlib.sha1(agent.encode()).hexdigest()[:12]}-{local_rank}.pid"
 
 
 def release(path: Path) -> None:

@@ -71,6 +71,7 @@ class Trainer:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.agent: str | None = None  # the launcher agent that (re)starts this worker: host:pid:start
         self.attempt = events.attempt
         self.events = events
         self.heartbeats = heartbeats
@@ -135,8 +136,9 @@ class Trainer:
             if call_wrapper is not None and self._store is None:
                 self._store = nvrx_adapter.wrapper_store(call_wrapper)
             predecessor = None
-            if iteration == 0 and self.config.restart.worker_gpu_reclaim:
-                predecessor = gpu_reclaim.claim(self._worker_record())
+            record = self._worker_record() if iteration == 0 else None
+            if record is not None:
+                predecessor = gpu_reclaim.claim(record)
             if self.on_gpu and iteration == 0:
                 torch.cuda.set_device(self.local_rank)
                 torch.empty(1, device=self.device)  # create the CUDA context now: its own phase
@@ -176,8 +178,9 @@ class Trainer:
             self._train(model, optimizer, scheduler, data, checkpointer, call_wrapper)
             checkpointer.finish()
             self.remover.wait()
-            if self.config.restart.worker_gpu_reclaim:
-                gpu_reclaim.release(self._worker_record())
+            record = self._worker_record()
+            if record is not None:
+                gpu_reclaim.release(record)
             checkpointer.drop_local_tier()
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
             self.completed = True
@@ -433,10 +436,14 @@ class Trainer:
             timeout=datetime.timedelta(seconds=collective_timeout(self.config.timeouts, nccl=self.on_gpu)),
         )
 
-    def _worker_record(self) -> Path:
-        """Where this node's worker of this device records itself (runtime/gpu_reclaim.py)."""
+    def _worker_record(self) -> Path | None:
+        """Where this worker of its device records itself (runtime/gpu_reclaim.py); None when off
+        or when the agent that would restart it is not known.
+        """
+        if not (self.config.restart.worker_gpu_reclaim and self.agent and "?" not in self.agent):
+            return None
         run_folder = local_tier_base(self.config) / f"{run_key(self.config.run_dir)}-workers"
-        return gpu_reclaim.record_path(run_folder, str(flt.this_node() or 0), self.local_rank)
+        return gpu_reclaim.record_path(run_folder, self.agent, self.local_rank)
 
     def _round_tag(self) -> str:
         """A name all ranks of this launcher round agree on, for the checkpoint's temporary directory

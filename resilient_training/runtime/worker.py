@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     node = flt.this_node()
     agent, local_rank = _agent_identity(), int(os.environ.get("LOCAL_RANK", "0"))
+    trainer.agent = agent
     # Restarted by its own agent? TORCHELASTIC_RESTART_COUNT alone cannot tell: an agent that
     # restarts its workers because a node joined (a membership change) does not count it.
     restarted = attempt > 0 or any(
