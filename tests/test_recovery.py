@@ -78,6 +78,7 @@ def test_each_fault_alone_recovers_to_the_last_commit(tmp_path, fault, layer, ca
             assert report.valid, [str(f) for f in report.all_findings]
 
 
+@pytest.mark.alone  # the guard's allowance (5 x the slowest step) must run out before a 5 s timeout
 def test_the_progress_guard_names_the_hung_rank_before_any_collective_timeout(tmp_path):
     """The peer's gloo collective times out only after 5 s; the guard's calibrated allowance (a
     few seconds: 5 x the slowest step, at least 3 s) runs out first on the hung rank, which
