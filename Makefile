@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# pytest workers for `make test` (pytest-xdist; 0: one process). Two take the suite from 26 to ~22 min on a
+# pytest workers for `make test` (pytest-xdist; 0: one process). Two take the suite from 26 to 19-22 min on a
 # 2-core machine; tests marked `alone` (they need a checkpoint writer up by a given step) run while no
 # other test does (tests/support/alone.py; docs/benchmarks.md#suite).
 TEST_WORKERS ?= 2
