@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from resilient_training.runtime.spare_stub import proc_stat
+
 
 @dataclass(frozen=True, slots=True)
 class Predecessor:
@@ -33,10 +35,9 @@ class Predecessor:
     start: str  # /proc/<pid>/stat's start time: a reused pid is another process
 
 
-def _stat(pid: int) -> list[str] | None:
+def _stat(pid: int | str) -> list[str] | None:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].decode().split()
+        return proc_stat(pid)
     except (OSError, IndexError):
         return None
 
@@ -62,14 +63,7 @@ def alive(predecessor: Predecessor) -> bool:
         threads = os.listdir(f"/proc/{predecessor.pid}/task")
     except OSError:
         return False
-    for tid in threads:
-        try:
-            with open(f"/proc/{predecessor.pid}/task/{tid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
-                    return True
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-    return False
+    return any((_stat(f"{predecessor.pid}/task/{tid}") or ["Z"])[0] not in ("Z", "X") for tid in threads)
 
 
 def claim(path: Path) -> Predecessor | None:
