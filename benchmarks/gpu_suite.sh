@@ -204,6 +204,11 @@ case $suite in
     # rank resumes from the newest memory snapshot, kept in host shared memory)
     SPARE=1 HOST=1 RUN_NAME=product_host "$0" goodput-product "$out"
     ;;
+  call12)  # one device call: call8 (--host-snapshot), then the product's defaults with spares; both with
+    # spares that make their GPU's CUDA context ahead (spare_cuda_context, on by default)
+    "$0" call8 "$out"
+    SPARE=1 "$0" goodput-product "$out"
+    ;;
   call9)  # one device call: the host snapshot's read-back on the GPU (mapped and pageable, against read
     # through page-locked buffers; 3.2 GB like the 268M model's), then call8
     python3 benchmarks/host_snapshot_read.py --device cuda --gb 3.2 --repeat 3 2>&1 | tee "$out/host-snapshot-read.txt"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from resilient_training.run import config as cfg
-from resilient_training.runtime import nvrx_adapter
+from resilient_training.runtime import nvrx_adapter, spare_pool
 from resilient_training.runtime import spare_stub as stub
 from tests.support.runs import FAST, check_recovered, train
 
@@ -58,26 +58,38 @@ def wait_until(predicate, timeout: float, step: float = 0.05) -> bool:
     return predicate()
 
 
-@pytest.fixture(scope="module")
-def pool(tmp_path_factory):
-    """A real pool serving this process's stubs (this process is their agent), 2 spares."""
-    run_dir = tmp_path_factory.mktemp("spare-run")
+def start_pool(run_dir: Path, log_path: Path, size: int, *flags: str) -> subprocess.Popen[bytes]:
+    """A real pool serving this process's stubs (this process is their agent)."""
     key = stub.pool_key(str(run_dir), stub.process_identity(os.getpid()))
-    log_path = run_dir / "pool.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", stub.POOL_MODULE, "--key", key, "--agent-pid", str(os.getpid()),
-             "--agent-start", stub.process_identity(os.getpid()).rsplit(":", 1)[1], "--size", "2",
-             "--entry", ENTRY],
+             "--agent-start", stub.process_identity(os.getpid()).rsplit(":", 1)[1], "--size", str(size),
+             "--entry", ENTRY, *flags],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         assert wait_until(lambda: "ready" in log_path.read_text(), 120), log_path.read_text()
-        yield run_dir
-    finally:
-        proc.kill()
-        proc.wait()
-        # An idle spare dies with its pool (PR_SET_PDEATHSIG).
-        assert wait_until(lambda: not processes_mentioning(key), 5), processes_mentioning(key)
+    except BaseException:
+        stop_pool(proc, key)
+        raise
+    return proc
+
+
+def stop_pool(proc: subprocess.Popen[bytes], key: str) -> None:
+    proc.kill()
+    proc.wait()
+    # An idle spare dies with its pool (PR_SET_PDEATHSIG).
+    assert wait_until(lambda: not processes_mentioning(key), 5), processes_mentioning(key)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    """A real pool with 2 spares (local ranks 0 and 1) that prepare their stand-in device at once."""
+    run_dir = tmp_path_factory.mktemp("spare-run")
+    proc = start_pool(run_dir, run_dir / "pool.log", 2, "--prepare", "tests.support.spare_entry:prepare",
+                      "--prepare-after", "0")
+    yield run_dir
+    stop_pool(proc, stub.pool_key(str(run_dir), stub.process_identity(os.getpid())))
 
 
 def start_stub(run_dir: Path, *action: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
@@ -150,6 +162,89 @@ def test_a_spare_declines_when_the_interpreter_would_start_differently(pool):
     assert proc.returncode == 2 and "unrecognized arguments: --bogus-flag" in err  # the real worker's parser
 
 
+def report_of(run_dir: Path, local_rank: str, env: dict[str, str] | None = None) -> dict:
+    proc = start_stub(run_dir, "report", local_rank=local_rank, env=env)
+    out, err = proc.communicate("hello\n", timeout=30)
+    assert proc.returncode == 0, err
+    return json.loads(out)
+
+
+def test_each_local_rank_gets_its_own_spare_with_its_device_prepared(pool):
+    reports = {rank: report_of(pool, rank) for rank in ("1", "0", "1")}
+    assert reports["0"]["prepared"] == {"local_rank": 0, "pid": reports["0"]["pid"]}
+    assert reports["1"]["prepared"] == {"local_rank": 1, "pid": reports["1"]["pid"]}
+    assert (pool / "pool.log").read_text().count("test device 1") >= 2  # the replacement prepared too
+
+
+def test_a_prepared_spare_declines_a_worker_whose_cuda_environment_differs(pool):
+    # Its context was made under the pool's CUDA_VISIBLE_DEVICES: another GPU list would be wrong.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "") + ",9"
+    proc = start_stub(pool, "--bogus-flag", env={"CUDA_VISIBLE_DEVICES": visible})
+    _, err = proc.communicate(timeout=60)
+    assert "spare declined" in err and "CUDA_VISIBLE_DEVICES differ" in err and "test device 1" in err, err
+    assert proc.returncode == 2 and "unrecognized arguments: --bogus-flag" in err  # started cold
+    assert report_of(pool, "1", env={"NCCL_DEBUG": "WARN"})["prepared"]["local_rank"] == 1  # not a CUDA setting
+
+
+def test_a_local_rank_without_a_spare_starts_cold(pool):
+    proc = start_stub(pool, "--bogus-flag", local_rank="2")  # the pool has spares for ranks 0 and 1
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "unrecognized arguments: --bogus-flag" in err and "declined" not in err
+
+
+def test_work_that_comes_before_a_spare_prepares_its_device_takes_it_unprepared(tmp_path):
+    proc = start_pool(tmp_path, tmp_path / "pool.log", 1, "--prepare", "tests.support.spare_entry:prepare",
+                      "--prepare-after", "60")
+    try:
+        # Unprepared, the spare has no context a CUDA setting could contradict.
+        report = report_of(tmp_path, "0", env={"CUDA_VISIBLE_DEVICES": "9"})
+        assert report["prepared"] == {} and report["env"]["CUDA_VISIBLE_DEVICES"] == "9"
+    finally:
+        stop_pool(proc, stub.pool_key(str(tmp_path), stub.process_identity(os.getpid())))
+
+
+def test_a_spare_that_could_not_prepare_its_device_declines(tmp_path):
+    proc = start_pool(tmp_path, tmp_path / "pool.log", 2, "--prepare", "tests.support.spare_entry:prepare_fails",
+                      "--prepare-after", "0")
+    try:
+        assert wait_until(lambda: "RuntimeError: no device 1 here" in (tmp_path / "pool.log").read_text(), 10)
+        stub_proc = start_stub(tmp_path, "--bogus-flag")
+        _, err = stub_proc.communicate(timeout=60)
+        assert "spare declined" in err and "could not prepare its device: RuntimeError: no device 1 here" in err
+        assert stub_proc.returncode == 2  # started cold
+    finally:
+        stop_pool(proc, stub.pool_key(str(tmp_path), stub.process_identity(os.getpid())))
+
+
+def test_a_signal_during_the_handover_reaches_the_spare(tmp_path):
+    # The spare is busy preparing its device for 1.5 s when the stub connects; the launcher's
+    # SIGTERM comes meanwhile. The stub used to die of it at once, leaving the spare to find out.
+    proc = start_pool(tmp_path, tmp_path / "pool.log", 1, "--prepare", "tests.support.spare_entry:prepare_slowly",
+                      "--prepare-after", "0")
+    try:
+        started = time.monotonic()
+        stub_proc = start_stub(tmp_path, "exit", "5", local_rank="0")
+        time.sleep(0.3)
+        stub_proc.send_signal(signal.SIGTERM)
+        code = stub_proc.wait(timeout=20)
+        # The spare got the SIGTERM (-15) or finished first (5); either way it took the work.
+        assert code in (5, -signal.SIGTERM) and time.monotonic() - started > 1.0, (code, stub_proc.stderr.read())
+    finally:
+        stop_pool(proc, stub.pool_key(str(tmp_path), stub.process_identity(os.getpid())))
+
+
+def test_spares_make_a_cuda_context_unless_ft_launcher_waits_for_gpu_memory(tmp_path):
+    def chosen(**overrides):
+        return spare_pool.preparation(cfg.from_dict({"run_dir": str(tmp_path), **overrides}), "")
+
+    assert chosen() is spare_pool.make_cuda_context
+    assert chosen(spare_cuda_context=False) is None
+    assert chosen(worker_gpu_reclaim=False) is None  # NVRx's NVML wait would count the idle contexts
+    assert spare_pool.preparation(None, "") is None  # flags that do not parse: the workers report them
+    assert spare_pool.preparation(cfg.from_dict({"run_dir": str(tmp_path)}), "none") is None
+    assert spare_pool.make_cuda_context(0) == ""  # no GPU here: nothing to prepare
+
+
 def test_no_pool_means_a_cold_start_and_a_pool_for_next_time_that_ends_with_its_agent(tmp_path):
     run_dir = tmp_path / "run"
     # A stand-in agent: it starts one stub (local rank 0 of 1) and exits when the stub exits.
@@ -186,7 +281,7 @@ def test_when_the_agent_dies_the_pool_ends_its_spares_at_work_and_the_orphaned_s
     run_dir, go = tmp_path / "run", tmp_path / "go"
     agent = subprocess.Popen(
         [sys.executable, "-c", AGENT, str(go), sys.executable, "-m", stub.STUB_MODULE, "--run-dir", str(run_dir),
-         "sleep"], cwd=ROOT, env={**os.environ, "LOCAL_RANK": "1"}, text=True, stdout=subprocess.PIPE)
+         "sleep"], cwd=ROOT, env={**os.environ, "LOCAL_RANK": "0"}, text=True, stdout=subprocess.PIPE)
     identity = stub.process_identity(agent.pid)
     key = stub.pool_key(str(run_dir), identity)
     log_path = tmp_path / "pool.log"

@@ -2,17 +2,25 @@
 
 ``python -m resilient_training.runtime.spare_pool --key K --agent-pid P --agent-start T --size N``,
 started by a :mod:`.spare_stub` on a cold start (never by hand). The pool imports everything a
-worker imports, once, then forks ``N`` spares (``N`` = local world size: the launcher restarts
-every worker of the node together). Forking after the imports makes a spare cost milliseconds
-and little memory (pages shared copy-on-write); CUDA stays uninitialized (a spare does not know
-its device yet, and a forked CUDA context would be unusable), which is asserted before each fork.
+worker imports, once, then forks ``N`` spares, one per local rank (``N`` = local world size: the
+launcher restarts every worker of the node together). Forking after the imports makes a spare
+cost milliseconds and little memory (pages shared copy-on-write). The pool never initializes CUDA
+(a forked CUDA context would be unusable), which is asserted before each fork.
+
+Each spare then prepares its own local rank's device: on a GPU node it makes that GPU's CUDA
+context (0.15-0.5 s of a restart's critical path on an H200 otherwise), ``PREPARE_AFTER_S`` after
+it was forked, so that a replacement forked during a restart does not compete with the workers
+starting. A stub connects to its local rank's address and gets that rank's spare. A spare that
+made a context declines a worker whose CUDA environment differs from the pool's (the context was
+made under the pool's). Not with ``--no-worker-gpu-reclaim``: ft_launcher's own wait for GPU memory
+would count the idle spares' contexts (about 0.5 GB each).
 
 The task's preflight (meta-device model, optimizer, one batch; as ``train`` runs before any
 worker starts) is run once too, for what a worker would otherwise import lazily while building
 its model (``torch._dynamo`` and more).
 
-A stub connects (an abstract ``SOCK_SEQPACKET`` socket, same uid only); the pool passes the
-connection to an idle spare and forks a replacement off the critical path. The spare reads the
+A stub connects (an abstract ``SOCK_SEQPACKET`` socket per local rank, same uid only); the pool
+passes the connection to that rank's idle spare and forks a replacement off the critical path. The spare reads the
 stub's argv, environment, cwd, umask and stdio descriptors, adopts them, starts its own process
 group (the stub relays signals to it) and runs ``worker.main``. When the spare exits, the pool
 sends its wait status to the stub (which exits the same way) and then terminates what is left of
@@ -41,7 +49,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from resilient_training.run import config as cfg
@@ -54,6 +62,12 @@ GROUP_KILL_GRACE_S = 5.0
 # Spares that die idle this many times in a row (an import that crashes after fork?) stop the pool.
 MAX_IDLE_DEATHS = 5
 AGENT_POLL_S = 0.2
+# A spare prepares its device this long after its fork (unless work comes first): a replacement
+# forked during a restart would otherwise make its CUDA context while the new workers start.
+PREPARE_AFTER_S = 10.0
+# Environment the CUDA runtime and torch's allocator read when a context is made: a spare that
+# made one under the pool's values cannot stand in for a worker with other values.
+CONTEXT_ENV_PREFIXES = ("CUDA_", "PYTORCH_CUDA_", "PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_NVML_BASED_CUDA_CHECK")
 # Environment that only takes effect when an interpreter starts: a spare cannot adopt a change.
 START_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONNOUSERSITE", "PYTHONSAFEPATH",
              "LD_PRELOAD", "LD_LIBRARY_PATH")
@@ -72,10 +86,11 @@ class CudaInitialized(RuntimeError):
     """Something initialized CUDA in the pool: forked spares could not use it."""
 
 
-def warm(worker_argv: list[str]) -> None:
+def warm(worker_argv: list[str]) -> cfg.TrainConfig | None:
     """Import what a worker imports before its first step (not CUDA: no device yet), then run the
     task's preflight (model on the meta device, optimizer, one batch) for the imports a worker
-    would otherwise make lazily while building its model (``torch._dynamo`` and more).
+    would otherwise make lazily while building its model (``torch._dynamo`` and more). Returns the
+    first worker's config, or None if its flags do not parse.
     """
     import warnings
 
@@ -93,6 +108,7 @@ def warm(worker_argv: list[str]) -> None:
     from resilient_training.runtime import checkpointing, model, nvrx_adapter, task, trainer, worker  # noqa: F401
 
     nvrx_adapter.preload()
+    config: cfg.TrainConfig | None = None
     try:
         if not worker_argv:
             raise ValueError("no worker flags")
@@ -103,6 +119,34 @@ def warm(worker_argv: list[str]) -> None:
     gc.collect()
     if torch.cuda.is_initialized():
         raise CudaInitialized("CUDA was initialized while warming up; spares must not inherit it")
+    return config
+
+
+def make_cuda_context(local_rank: int) -> str:
+    """What a spare prepares on a GPU node: its device's CUDA context, as the trainer makes it
+    (``set_device`` and a first allocation). In the forked spare, never in the pool.
+    """
+    import torch
+
+    if not torch.cuda.is_available() or local_rank >= torch.cuda.device_count():
+        return ""
+    torch.cuda.set_device(local_rank)
+    torch.empty(1, device=torch.device("cuda", local_rank))
+    return f"CUDA context on cuda:{local_rank}"
+
+
+def preparation(config: cfg.TrainConfig | None, spec: str) -> Callable[[int], str] | None:
+    """The function a spare prepares its device with: ``spec`` (MODULE:FUNC, or ``none``), else
+    from the first worker's config.
+    """
+    if spec == "none":
+        return None
+    if spec:
+        module, _, name = spec.partition(":")
+        return getattr(importlib.import_module(module), name)
+    if config is None or not (config.restart.spare_cuda_context and config.restart.worker_gpu_reclaim):
+        return None
+    return make_cuda_context
 
 
 @contextlib.contextmanager
@@ -143,10 +187,10 @@ def agent_alive(pid: int, start: str) -> bool:
 class Pool:
     """The pool's event loop: accept, hand over, replace, reap, report."""
 
-    def __init__(self, listener: socket.socket, lock: socket.socket, size: int, agent_pid: int, agent_start: str):
-        self.listener, self.lock, self.size = listener, lock, size
+    def __init__(self, listeners: dict[int, socket.socket], lock: socket.socket, agent_pid: int, agent_start: str):
+        self.listeners, self.lock = listeners, lock  # local rank -> its address's listener
         self.agent_pid, self.agent_start = agent_pid, agent_start
-        self.idle: dict[int, socket.socket] = {}  # spare pid -> its control socket
+        self.idle: dict[int, tuple[int, socket.socket]] = {}  # local rank -> its spare's pid, control socket
         self.working: dict[int, socket.socket] = {}  # spare pid -> the stub's connection
         self.group_kills: dict[int, float] = {}  # process group of a finished spare -> SIGKILL deadline
         self.idle_deaths = 0
@@ -155,8 +199,10 @@ class Pool:
         self.wake_r.setblocking(False)
         self.wake_w.setblocking(False)
 
-    def serve(self) -> socket.socket | None:
-        """Run until the agent exits (returns None); in a forked spare, returns its control socket."""
+    def serve(self) -> tuple[int, socket.socket] | None:
+        """Run until the agent exits (returns None); in a forked spare, returns its local rank and
+        control socket.
+        """
         signal.set_wakeup_fd(self.wake_w.fileno())
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, self.stop)
@@ -165,11 +211,12 @@ class Pool:
         except (AttributeError, OSError):
             pidfd = None
         while not self.stopping and agent_alive(self.agent_pid, self.agent_start):
-            while len(self.idle) < self.size:
-                spare = self.fork_spare(pidfd)
-                if spare is not None:
-                    return spare
-            watched = [self.listener, self.wake_r] + ([pidfd] if pidfd is not None else [])
+            for local_rank in self.listeners:
+                if local_rank not in self.idle:
+                    spare = self.fork_spare(local_rank, pidfd)
+                    if spare is not None:
+                        return local_rank, spare
+            watched = [*self.listeners.values(), self.wake_r] + ([pidfd] if pidfd is not None else [])
             timeout = AGENT_POLL_S if pidfd is None else max(0.0, min(
                 [deadline - time.monotonic() for deadline in self.group_kills.values()], default=60.0))
             ready, _, _ = select.select(watched, [], [], timeout)
@@ -177,8 +224,9 @@ class Pool:
                 self.drain_wakeups()
             self.reap()
             self.kill_leftover_groups()
-            if self.listener in ready:
-                self.accept()
+            for local_rank, listener in self.listeners.items():
+                if listener in ready:
+                    self.accept(local_rank)
             if self.idle_deaths >= MAX_IDLE_DEATHS:
                 log(f"{self.idle_deaths} spares died while idle; stopping (stubs will start cold)")
                 break
@@ -189,7 +237,7 @@ class Pool:
     def stop(self, _signum: int, _frame: Any) -> None:
         self.stopping = True
 
-    def fork_spare(self, pidfd: int | None) -> socket.socket | None:
+    def fork_spare(self, local_rank: int, pidfd: int | None) -> socket.socket | None:
         import torch
 
         assert not torch.cuda.is_initialized(), "a spare pool must not initialize CUDA before forking"
@@ -203,14 +251,14 @@ class Pool:
             signal.set_wakeup_fd(-1)
             for signum in (signal.SIGCHLD, signal.SIGTERM):
                 signal.signal(signum, signal.SIG_DFL)
-            for sock in (ours, self.listener, self.lock, self.wake_r, self.wake_w, *self.idle.values(),
-                         *self.working.values()):
+            for sock in (ours, *self.listeners.values(), self.lock, self.wake_r, self.wake_w,
+                         *(control for _, control in self.idle.values()), *self.working.values()):
                 sock.close()
             if pidfd is not None:
                 os.close(pidfd)
             return theirs
         theirs.close()
-        self.idle[pid] = ours
+        self.idle[local_rank] = (pid, ours)
         return None
 
     def drain_wakeups(self) -> None:
@@ -220,18 +268,18 @@ class Pool:
         except BlockingIOError:
             pass
 
-    def accept(self) -> None:
+    def accept(self, local_rank: int) -> None:
         try:
-            conn, _ = self.listener.accept()
+            conn, _ = self.listeners[local_rank].accept()
         except OSError:
             return
         if peer_uid(conn) != os.getuid():
             conn.close()
             return
-        if not self.idle:
+        if local_rank not in self.idle:
             conn.close()  # the stub starts cold
             return
-        pid, control = self.idle.popitem()
+        pid, control = self.idle.pop(local_rank)
         try:
             stub.send_message(control, {"job": True}, (conn.fileno(),))
         except OSError:
@@ -250,6 +298,7 @@ class Pool:
                 return
             if pid == 0:
                 return
+            idle_rank = next((rank for rank, (spare, _) in self.idle.items() if spare == pid), None)
             if pid in self.working:
                 conn = self.working.pop(pid)
                 if os.WIFSIGNALED(status):
@@ -263,10 +312,10 @@ class Pool:
                 conn.close()
                 self.signal_group(pid, signal.SIGTERM)
                 self.group_kills[pid] = time.monotonic() + GROUP_KILL_GRACE_S
-            elif pid in self.idle:
-                self.idle.pop(pid).close()
+            elif idle_rank is not None:
+                self.idle.pop(idle_rank)[1].close()
                 self.idle_deaths += 1
-                log(f"idle spare {pid} died (status {status})")
+                log(f"idle spare {pid} (local rank {idle_rank}) died (status {status})")
 
     @staticmethod
     def signal_group(pgid: int, signum: int) -> bool:
@@ -287,31 +336,45 @@ class Pool:
 
     def shutdown(self) -> None:
         """The agent is gone: so is the run on this node. Leave nothing behind."""
-        for pid in [*self.idle, *self.working, *self.group_kills]:
+        idle = {pid for pid, _ in self.idle.values()}
+        for pid in [*idle, *self.working, *self.group_kills]:
             self.signal_group(pid, signal.SIGKILL)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for sock in (*self.idle.values(), *self.working.values()):
+        for sock in (*(control for _, control in self.idle.values()), *self.working.values()):
             sock.close()
         deadline = time.monotonic() + 5
-        while (self.idle or self.working) and time.monotonic() < deadline:
+        while (idle or self.working) and time.monotonic() < deadline:
             try:
                 pid, _ = os.waitpid(-1, 0)
             except ChildProcessError:
                 break
-            self.idle.pop(pid, None)
+            idle.discard(pid)
             self.working.pop(pid, None)
-        self.listener.close()
+        for listener in self.listeners.values():
+            listener.close()
         self.lock.close()
 
 
 # --------------------------------------------------------------------------- one spare
 
 
-def wait_for_work(control: socket.socket, entry: str = DEFAULT_ENTRY) -> int:
-    """An idle spare: wait for a stub's connection, then become that stub's worker."""
+def wait_for_work(control: socket.socket, entry: str = DEFAULT_ENTRY, local_rank: int = 0,
+                  prepare: Callable[[int], str] | None = None, prepare_after: float = PREPARE_AFTER_S) -> int:
+    """An idle spare: prepare its device (unless work comes first), wait for a stub's connection,
+    then become that stub's worker.
+    """
+    prepared = ""
+    if prepare is not None and not select.select([control], [], [], prepare_after)[0]:
+        started = time.monotonic()
+        try:
+            prepared = prepare(local_rank) or ""
+        except Exception as exc:  # noqa: BLE001 - a worker here would fail too: decline, start cold
+            prepared = f"failed: {type(exc).__name__}: {exc}"
+        log(f"spare for local rank {local_rank}: {prepared or 'nothing to prepare'} "
+            f"({time.monotonic() - started:.2f} s)")
     message, fds = stub.recv_message(control)
     control.close()
     if message is None or len(fds) != 1:
@@ -321,7 +384,7 @@ def wait_for_work(control: socket.socket, entry: str = DEFAULT_ENTRY) -> int:
     request, stdio = stub.recv_message(conn)
     if request is None or len(stdio) != 3:
         return 0  # the stub gave up before handing over
-    declined = mismatch(request)
+    declined = mismatch(request, local_rank, prepared)
     if declined:
         stub.send_message(conn, {"declined": declined})
         return 0
@@ -341,13 +404,24 @@ def wait_for_work(control: socket.socket, entry: str = DEFAULT_ENTRY) -> int:
     return code
 
 
-def mismatch(request: dict[str, Any]) -> str:
+def mismatch(request: dict[str, Any], local_rank: int = 0, prepared: str = "") -> str:
     """Why this spare cannot stand in for a cold start of the request, or ''."""
     if request.get("executable") != sys.executable:
         return f"interpreter {request.get('executable')} differs from the pool's {sys.executable}"
     env = request.get("env", {})
     differ = [name for name in START_ENV if env.get(name) != os.environ.get(name)]
-    return f"{', '.join(differ)} differ from the pool's environment" if differ else ""
+    if differ:
+        return f"{', '.join(differ)} differ from the pool's environment"
+    if prepared.startswith("failed: "):
+        return f"the spare for local rank {local_rank} could not prepare its device: {prepared[8:]}"
+    if prepared:
+        if env.get("LOCAL_RANK", "0") != str(local_rank):
+            return f"LOCAL_RANK {env.get('LOCAL_RANK', '0')!r} is not the spare's {local_rank} ({prepared})"
+        names = {name for name in (*env, *os.environ) if name.startswith(CONTEXT_ENV_PREFIXES)}
+        differ = sorted(name for name in names if env.get(name) != os.environ.get(name))
+        if differ:
+            return f"{', '.join(differ)} differ from the environment its {prepared} was made in"
+    return ""
 
 
 def adopt(request: dict[str, Any], stdio: list[int]) -> None:
@@ -415,6 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent-start", required=True)
     parser.add_argument("--size", type=int, default=1)
     parser.add_argument("--entry", default=DEFAULT_ENTRY, help="MODULE:FUNC a spare runs with the stub's argv")
+    parser.add_argument("--prepare", default="", help="MODULE:FUNC(local_rank) a spare prepares its device with, "
+                        "or none (default: the GPU's CUDA context, as the worker's config says)")
+    parser.add_argument("--prepare-after", type=float, default=PREPARE_AFTER_S,
+                        help="seconds after its fork that a spare prepares its device")
     parser.add_argument("worker_argv", nargs=argparse.REMAINDER, help="-- and the first worker's flags (warm-up)")
     args = parser.parse_args(argv)
     lock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -427,21 +505,26 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         with exit_when_agent_exits(args.agent_pid, args.agent_start):
-            warm(args.worker_argv[1:] if args.worker_argv[:1] == ["--"] else args.worker_argv)
+            config = warm(args.worker_argv[1:] if args.worker_argv[:1] == ["--"] else args.worker_argv)
     except CudaInitialized as exc:
         log(f"{exc}: no spares (workers start cold)")
         return 0
+    prepare = preparation(config, args.prepare)
     if threading.active_count() > 1:  # forked spares would hold none of these threads
         log(f"threads left after warming up: {[t.name for t in threading.enumerate()]}")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(stub.address(args.key))
-    listener.listen(64)
-    log(f"ready in {time.monotonic() - started:.2f} s: {args.size} spare(s) for agent {args.agent_pid}")
-    control = Pool(listener, lock, max(1, args.size), args.agent_pid, args.agent_start).serve()
-    if control is None:
+    listeners = {}
+    for local_rank in range(max(1, args.size)):
+        listeners[local_rank] = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listeners[local_rank].bind(stub.address(args.key, stub.rank_suffix(local_rank)))
+        listeners[local_rank].listen(8)
+    log(f"ready in {time.monotonic() - started:.2f} s: a spare for each of {len(listeners)} local rank(s) "
+        f"of agent {args.agent_pid}{', each preparing its device' if prepare else ''}")
+    served = Pool(listeners, lock, args.agent_pid, args.agent_start).serve()
+    if served is None:
         log("pool stopped")
         return 0
-    return wait_for_work(control, args.entry)
+    local_rank, control = served
+    return wait_for_work(control, args.entry, local_rank, prepare, args.prepare_after)
 
 
 if __name__ == "__main__":

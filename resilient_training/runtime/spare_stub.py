@@ -2,9 +2,10 @@
 
 ``python -m resilient_training.runtime.spare_stub FLAGS`` (the flags of
 ``resilient_training.runtime.worker``). Imports only the standard library, so it starts in
-milliseconds. It connects to this node's spare pool (:mod:`.spare_pool`), passes its argv,
-environment, cwd, umask and stdin/stdout/stderr (``SCM_RIGHTS``) to a spare that has torch,
-FSDP, NVRx and the trainer imported already, and then only relays: SIGTERM/SIGINT/... go to the
+milliseconds. It connects to this node's spare pool (:mod:`.spare_pool`) at its local rank's
+address, passes its argv, environment, cwd, umask and stdin/stdout/stderr (``SCM_RIGHTS``) to that
+rank's spare, which has torch, FSDP, NVRx and the trainer imported already (and on a GPU node its
+device's CUDA context made), and then only relays: SIGTERM/SIGINT/... go to the
 spare's process group, the spare's exit status comes back as this process's own (a signal death
 is re-raised here), and if this stub is SIGKILLed the spare sees the connection close and kills
 its process group.
@@ -75,6 +76,11 @@ def pool_key(run_dir: str, agent: str) -> str:
     return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
+def rank_suffix(local_rank: int | str) -> str:
+    """The address suffix of a local rank's spare (each spare prepares its own rank's device)."""
+    return f"rank{local_rank}"
+
+
 def address(key: str, suffix: str = "") -> bytes:
     """The abstract socket address of a pool (``suffix`` ``lock``: the one a starting pool holds)."""
     return f"\0resilient-training-spare-{key}{'-' + suffix if suffix else ''}".encode()
@@ -115,11 +121,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
         cold_start(argv)  # the worker reports the bad flags
     agent_pid = os.getppid()
     key = pool_key(run_dir, process_identity(agent_pid))
-    sock = connect(address(key))
+    local_rank = os.environ.get("LOCAL_RANK", "0")
+    sock = connect(address(key, rank_suffix(local_rank))) if local_rank.isdigit() else None
     if sock is not None:
         relay(sock, argv)  # returns only when no spare took the work
         sock.close()
-    if os.environ.get("LOCAL_RANK", "0") == "0":
+    if local_rank == "0":
         start_pool(key, run_dir, agent_pid, argv)
     cold_start(argv)
 
@@ -141,14 +148,18 @@ def relay(sock: socket.socket, argv: list[str]) -> None:
     request = {"argv": argv, "env": {**os.environ, STUB_PID_ENV: str(os.getpid())}, "cwd": os.getcwd(),
                "umask": umask, "executable": sys.executable}
     sock.settimeout(START_TIMEOUT_S)
+    # A signal during the handover waits until it can be relayed (or, with no spare, acts on this
+    # process as on a cold worker): the spare may print before this process has its handlers.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
         send_message(sock, request, (0, 1, 2))
         started, _ = recv_message(sock)
     except (OSError, ValueError):
-        return
+        started = None
     if not started or "pid" not in started:
         if started and started.get("declined"):
             print(f"resilient-training spare declined, starting cold: {started['declined']}", file=sys.stderr)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         return
     sock.settimeout(None)
     spare = int(started["pid"])
@@ -163,6 +174,7 @@ def relay(sock: socket.socket, argv: list[str]) -> None:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     exiting: int | None = None
     while True:
         try:

@@ -11,6 +11,24 @@ import subprocess
 import sys
 import time
 
+# What this spare prepared (spare_pool's ``--prepare tests.support.spare_entry:prepare``), before it got work.
+PREPARED: dict[str, object] = {}
+
+
+def prepare(local_rank: int) -> str:
+    """Stands in for making the local rank's CUDA context."""
+    PREPARED.update(local_rank=local_rank, pid=os.getpid())
+    return f"test device {local_rank}"
+
+
+def prepare_slowly(local_rank: int) -> str:
+    time.sleep(1.5)
+    return prepare(local_rank)
+
+
+def prepare_fails(local_rank: int) -> str:
+    raise RuntimeError(f"no device {local_rank} here")
+
 
 def main(argv: list[str]) -> int:
     action, *rest = argv[2:]
@@ -22,7 +40,8 @@ def main(argv: list[str]) -> int:
         line = sys.stdin.readline().strip()
         print("to stderr", file=sys.stderr)
         print(json.dumps({"pid": os.getpid(), "cwd": os.getcwd(), "env": dict(os.environ), "argv": sys.argv,
-                          "stdin": line, "threads": torch.get_num_threads(), "umask": os.umask(0o22)}))
+                          "stdin": line, "threads": torch.get_num_threads(), "umask": os.umask(0o22),
+                          "prepared": PREPARED}))
         return 0
     if action == "wait-for-term":  # a handler, like a trainer that shuts down cleanly
         signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), os._exit(7)))
