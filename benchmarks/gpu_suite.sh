@@ -204,10 +204,20 @@ case $suite in
     # rank resumes from the newest memory snapshot, kept in host shared memory)
     SPARE=1 HOST=1 RUN_NAME=product_host "$0" goodput-product "$out"
     ;;
-  call12)  # one device call: call8 (--host-snapshot), then the product's defaults with spares; both with
-    # spares that make their GPU's CUDA context ahead (spare_cuda_context, on by default)
+  pair)  # one device call: call8 (--host-snapshot), then the product's defaults with spares
     "$0" call8 "$out"
+    mv "$out/events-goodput-product.tar.gz" "$out/events-host.tar.gz"  # the next run reuses the suite's folder
     SPARE=1 "$0" goodput-product "$out"
+    ;;
+  spare-context)  # A/B, alternating: killed-rank restarts from warm spares without and with the CUDA
+    # context made ahead (600 steps, two SIGKILLs each, node-local every 25, memory snapshot every 5)
+    for i in 1 2; do
+      for arm in off on; do
+        flag=--spare-cuda-context; [ "$arm" = off ] && flag=--no-spare-cuda-context
+        run "ctx_${arm}_$i" --steps 600 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
+            --warm-spare "$flag" --faults sigkill@210:0,sigkill@420:0
+      done
+    done
     ;;
   call9)  # one device call: the host snapshot's read-back on the GPU (mapped and pageable, against read
     # through page-locked buffers; 3.2 GB like the 268M model's), then call8
