@@ -429,6 +429,7 @@ def test_where_a_recovery_went_adds_up_to_it_and_the_report_names_the_largest_pa
     log.emit("restart_done", layer="inprocess")
     log.wait(sum(phases.values()))
     log.emit("load_done", 5, path="checkpoints/step_5", source="storage", seconds=0.23, phases=phases)
+    log.wait(0.05)  # the trainer's own work before the first step (a loaded CI machine: 11 ms once)
     log.steps(6, 8, seconds=0.1)
     log.end()
     log.close()
@@ -437,7 +438,7 @@ def test_where_a_recovery_went_adds_up_to_it_and_the_report_names_the_largest_pa
     assert fault["layer"] == "inprocess"
     assert list(fault["phases"]) == ["other", *phases, "first_step"]
     assert fault["phases"]["other"] == pytest.approx(0.1, abs=1e-3)
-    assert fault["phases"]["first_step"] == pytest.approx(0.1)
+    assert fault["phases"]["first_step"] == pytest.approx(0.15, abs=1e-3)
     assert sum(fault["phases"].values()) == pytest.approx(fault["recovery_seconds"], abs=2e-3)
     page = write_report(tmp_path, tmp_path / "report.html").read_text()
-    assert "<td>nvrx_abort_nccl 0.50 s, find_checkpoint 0.20 s, other 0.10 s</td>" in page
+    assert "<td>nvrx_abort_nccl 0.50 s, find_checkpoint 0.20 s, first_step 0.15 s</td>" in page

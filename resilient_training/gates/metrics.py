@@ -588,8 +588,11 @@ def recovery_phases(p: Episode, events: list[ev.Event], ref: int | None) -> dict
     out["other"] = max(0.0, load.ts - sum(reported.values()) - begin)
     out.update(reported)
     first = next((e for e in mine if e.event == "step" and e.ts > load.ts), None)
-    if first is not None and isinstance(first.get("seconds"), (int, float)):
-        out["first_step"] = float(first["seconds"])
+    if first is not None:
+        # From the restore's end to the first step done: the step, and what the trainer did
+        # before it (milliseconds; tens of them on a loaded machine, which the step's own
+        # `seconds` left out, so the phases did not add up to the recovery).
+        out["first_step"] = first.ts - load.ts
     return {k: round(v, 3) for k, v in out.items()}
 
 

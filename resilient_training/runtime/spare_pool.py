@@ -20,9 +20,9 @@ worker starts) is run once too, for what a worker would otherwise import lazily 
 its model (``torch._dynamo`` and more).
 
 A stub connects (an abstract ``SOCK_SEQPACKET`` socket per local rank, same uid only); the pool
-passes the connection to that rank's idle spare and forks a replacement off the critical path. The spare reads the
-stub's argv, environment, cwd, umask and stdio descriptors, adopts them, starts its own process
-group (the stub relays signals to it) and runs ``worker.main``. When the spare exits, the pool
+passes the connection to that rank's idle spare and forks a replacement off the critical path.
+The spare reads the stub's argv, environment, cwd, umask and stdio descriptors, adopts them,
+starts its own process group (the stub relays signals to it) and runs ``worker.main``. When the spare exits, the pool
 sends its wait status to the stub (which exits the same way) and then terminates what is left of
 the spare's process group (the NVRx writer, say), as the launcher's ``killpg`` would.
 
