@@ -8,12 +8,14 @@ trainer under ft_launcher and torchrun.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,14 +84,23 @@ def stop_pool(proc: subprocess.Popen[bytes], key: str) -> None:
     assert wait_until(lambda: not processes_mentioning(key), 5), processes_mentioning(key)
 
 
+@contextlib.contextmanager
+def preparing_pool(run_dir: Path, size: int, prepare: str, after: str = "0") -> Iterator[Path]:
+    """A pool of this test's own whose spares prepare their device with spare_entry's ``prepare``."""
+    proc = start_pool(run_dir, run_dir / "pool.log", size, "--prepare", f"tests.support.spare_entry:{prepare}",
+                      "--prepare-after", after)
+    try:
+        yield run_dir / "pool.log"
+    finally:
+        stop_pool(proc, stub.pool_key(str(run_dir), stub.process_identity(os.getpid())))
+
+
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     """A real pool with 2 spares (local ranks 0 and 1) that prepare their stand-in device at once."""
     run_dir = tmp_path_factory.mktemp("spare-run")
-    proc = start_pool(run_dir, run_dir / "pool.log", 2, "--prepare", "tests.support.spare_entry:prepare",
-                      "--prepare-after", "0")
-    yield run_dir
-    stop_pool(proc, stub.pool_key(str(run_dir), stub.process_identity(os.getpid())))
+    with preparing_pool(run_dir, 2, "prepare"):
+        yield run_dir
 
 
 def start_stub(run_dir: Path, *action: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
@@ -193,35 +204,25 @@ def test_a_local_rank_without_a_spare_starts_cold(pool):
 
 
 def test_work_that_comes_before_a_spare_prepares_its_device_takes_it_unprepared(tmp_path):
-    proc = start_pool(tmp_path, tmp_path / "pool.log", 1, "--prepare", "tests.support.spare_entry:prepare",
-                      "--prepare-after", "60")
-    try:
+    with preparing_pool(tmp_path, 1, "prepare", after="60"):
         # Unprepared, the spare has no context a CUDA setting could contradict.
         report = report_of(tmp_path, "0", env={"CUDA_VISIBLE_DEVICES": "9"})
         assert report["prepared"] == {} and report["env"]["CUDA_VISIBLE_DEVICES"] == "9"
-    finally:
-        stop_pool(proc, stub.pool_key(str(tmp_path), stub.process_identity(os.getpid())))
 
 
 def test_a_spare_that_could_not_prepare_its_device_declines(tmp_path):
-    proc = start_pool(tmp_path, tmp_path / "pool.log", 2, "--prepare", "tests.support.spare_entry:prepare_fails",
-                      "--prepare-after", "0")
-    try:
-        assert wait_until(lambda: "RuntimeError: no device 1 here" in (tmp_path / "pool.log").read_text(), 10)
+    with preparing_pool(tmp_path, 2, "prepare_fails") as log:
+        assert wait_until(lambda: "RuntimeError: no device 1 here" in log.read_text(), 10)
         stub_proc = start_stub(tmp_path, "--bogus-flag")
         _, err = stub_proc.communicate(timeout=60)
         assert "spare declined" in err and "could not prepare its device: RuntimeError: no device 1 here" in err
         assert stub_proc.returncode == 2  # started cold
-    finally:
-        stop_pool(proc, stub.pool_key(str(tmp_path), stub.process_identity(os.getpid())))
 
 
 def test_a_signal_during_the_handover_reaches_the_spare(tmp_path):
     # The spare is busy preparing its device for 1.5 s when the stub connects; the launcher's
     # SIGTERM comes meanwhile. The stub used to die of it at once, leaving the spare to find out.
-    proc = start_pool(tmp_path, tmp_path / "pool.log", 1, "--prepare", "tests.support.spare_entry:prepare_slowly",
-                      "--prepare-after", "0")
-    try:
+    with preparing_pool(tmp_path, 1, "prepare_slowly"):
         started = time.monotonic()
         stub_proc = start_stub(tmp_path, "exit", "5", local_rank="0")
         time.sleep(0.3)
@@ -229,8 +230,6 @@ def test_a_signal_during_the_handover_reaches_the_spare(tmp_path):
         code = stub_proc.wait(timeout=20)
         # The spare got the SIGTERM (-15) or finished first (5); either way it took the work.
         assert code in (5, -signal.SIGTERM) and time.monotonic() - started > 1.0, (code, stub_proc.stderr.read())
-    finally:
-        stop_pool(proc, stub.pool_key(str(tmp_path), stub.process_identity(os.getpid())))
 
 
 def test_spares_make_a_cuda_context_unless_ft_launcher_waits_for_gpu_memory(tmp_path):
