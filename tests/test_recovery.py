@@ -239,20 +239,18 @@ def test_repeated_failure_without_inprocess_exhausts_launcher_restarts(tmp_path)
     assert "rank 1 at step 6: exception" in run.output
 
 
-@pytest.mark.alone  # needs its checkpoint writers up by a given step
 def test_node_local_tier_shortens_the_rollback_after_a_process_restart(tmp_path):
     local = tmp_path / "local"
-    # Steps padded to 0.5 s so the writer (a process of its own, started after the restore) is
-    # up well before the fault: on a loaded 2-core machine it took 3.2 s, and with 0.25 s steps
-    # the first node-local save was still being written at the fault (CI, d16f435).
+    # Synchronous saves: step 12's node-local save is committed before step 13, however loaded the
+    # machine. (With the async writer, a process of its own that imports torch first, which step
+    # was committed by the fault depended on the load: the test had to run alone.)
     run = train(tmp_path / "run", "--nproc", "2", "--steps", "16", "--checkpoint-every", "20",
-                "--local-checkpoint-every", "2", "--local-checkpoint-dir", str(local), "--step-seconds", "0.5",
+                "--local-checkpoint-every", "2", "--local-checkpoint-dir", str(local), "--no-async-checkpoint",
                 "--faults", "sigkill@13:1")
     found = check_recovered(run, "sigkill@13:1", layer="launcher", cause=None)
-    # No persistent checkpoint exists before step 16: the new processes restored a node-local one
-    # (the last committed before the fault, check_recovered says; which one depends on when the
-    # writers were up: step 2 once they started ~2.5 s after training did).
-    assert 0 < found["restored"] < 13, found["restored"]
+    # No persistent checkpoint exists before step 16: the new processes restored the node-local
+    # save of step 12, one step before the fault.
+    assert found["restored"] == 12, found["restored"]
     load = next(e for e in found["events"] if e.event == "load_done" and e.attempt == 1 and e.rank == 0)
     assert load["path"].startswith(str(local)), load["path"]
 
