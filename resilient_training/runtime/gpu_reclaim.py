@@ -17,6 +17,7 @@ keeps two copies of a rank's model out of host memory at once.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 import time
@@ -111,8 +112,6 @@ def record_path(run_folder: Path, agent: str, local_rank: int) -> Path:
     in the node-local tier's directory. Per agent: two agents on one machine (simulated pods, two
     runs) never take each other's workers for predecessors; a new pod's agent finds no record.
     """
-    import hashlib
-
     return run_folder / f"agent-{hashlib.sha1(agent.encode()).hexdigest()[:12]}-{local_rank}.pid"
 
 

@@ -135,6 +135,12 @@ def make_cuda_context(local_rank: int) -> str:
     return f"CUDA context on cuda:{local_rank}"
 
 
+def load(spec: str) -> Callable[..., Any]:
+    """The function ``MODULE:FUNC`` names."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def preparation(config: cfg.TrainConfig | None, spec: str) -> Callable[[int], str] | None:
     """The function a spare prepares its device with: ``spec`` (MODULE:FUNC, or ``none``), else
     from the first worker's config.
@@ -142,8 +148,7 @@ def preparation(config: cfg.TrainConfig | None, spec: str) -> Callable[[int], st
     if spec == "none":
         return None
     if spec:
-        module, _, name = spec.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return load(spec)
     if config is None or not (config.restart.spare_cuda_context and config.restart.worker_gpu_reclaim):
         return None
     return make_cuda_context
@@ -366,14 +371,14 @@ def wait_for_work(control: socket.socket, entry: str = DEFAULT_ENTRY, local_rank
     """An idle spare: prepare its device (unless work comes first), wait for a stub's connection,
     then become that stub's worker.
     """
-    prepared = ""
+    prepared = unusable = ""
     if prepare is not None and not select.select([control], [], [], prepare_after)[0]:
         started = time.monotonic()
         try:
             prepared = prepare(local_rank) or ""
         except Exception as exc:  # noqa: BLE001 - a worker here would fail too: decline, start cold
-            prepared = f"failed: {type(exc).__name__}: {exc}"
-        log(f"spare for local rank {local_rank}: {prepared or 'nothing to prepare'} "
+            unusable = f"the spare for local rank {local_rank} could not prepare its device: {type(exc).__name__}: {exc}"
+        log(f"spare for local rank {local_rank}: {unusable or prepared or 'nothing to prepare'} "
             f"({time.monotonic() - started:.2f} s)")
     message, fds = stub.recv_message(control)
     control.close()
@@ -384,7 +389,7 @@ def wait_for_work(control: socket.socket, entry: str = DEFAULT_ENTRY, local_rank
     request, stdio = stub.recv_message(conn)
     if request is None or len(stdio) != 3:
         return 0  # the stub gave up before handing over
-    declined = mismatch(request, local_rank, prepared)
+    declined = unusable or mismatch(request, local_rank, prepared)
     if declined:
         stub.send_message(conn, {"declined": declined})
         return 0
@@ -412,8 +417,6 @@ def mismatch(request: dict[str, Any], local_rank: int = 0, prepared: str = "") -
     differ = [name for name in START_ENV if env.get(name) != os.environ.get(name)]
     if differ:
         return f"{', '.join(differ)} differ from the pool's environment"
-    if prepared.startswith("failed: "):
-        return f"the spare for local rank {local_rank} could not prepare its device: {prepared[8:]}"
     if prepared:
         if env.get("LOCAL_RANK", "0") != str(local_rank):
             return f"LOCAL_RANK {env.get('LOCAL_RANK', '0')!r} is not the spare's {local_rank} ({prepared})"
@@ -463,9 +466,8 @@ def watch_stub(conn: socket.socket) -> None:
 
 def run_worker(entry: str, argv: list[str]) -> int:
     """``sys.exit(entry(argv))`` as a fresh interpreter would report it."""
-    module, _, name = entry.partition(":")
     try:
-        code: Any = getattr(importlib.import_module(module), name)(argv)
+        code: Any = load(entry)(argv)
     except SystemExit as exc:
         code = exc.code
     except BaseException:  # noqa: BLE001 - printed and exit 1, like an uncaught exception
