@@ -97,3 +97,37 @@ def test_a_stuck_commit_is_a_cause_that_hands_the_rank_over_to_the_launcher():
     cause = Trainer.classify(trainer, CommitStuck("the commit of step 8 did not finish in 60 s"))
     assert cause == "commit_stuck" and cause in HANDED_OVER
     assert Trainer.classify(trainer, fmt.CheckpointError("other")) == "checkpoint"
+
+
+class _Killed(BaseException):
+    """The process dying at this point (the launcher stopping rank 0 after a peer died)."""
+
+
+@pytest.mark.parametrize("dies_in", ["fsync_dir", "_atomic_write_text", "prune"])
+def test_a_commit_killed_after_its_rename_has_already_logged_it(tmp_path, monkeypatch, dies_in):
+    # CI once restored step 4 with no ckpt_committed of it: rank 0 was killed after the rename
+    # made step_4 loadable, while it still synced and updated `latest` before logging.
+    real, state = getattr(fmt, dies_in), {"renamed": False}
+    real_rename = fmt.Path.rename
+
+    def rename(self, target):
+        result = real_rename(self, target)
+        state["renamed"] |= fmt.parse_step_dirname(fmt.Path(target).name) is not None
+        return result
+
+    def dies_after_rename(*args, **kwargs):
+        if state["renamed"]:
+            raise _Killed(dies_in)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fmt.Path, "rename", rename)
+    monkeypatch.setattr(fmt, dies_in, dies_after_rename)
+    model, optimizer, data = train_state(TINY, seed=1234, steps=1)
+    events = []
+    checkpointer = _checkpointer(tmp_path, events)
+    checkpointer.save(2, state_dict(model, optimizer), data.state_dict(), {})
+    checkpointer.maybe_commit(checkpointer.local_done())
+    with pytest.raises(_Killed):
+        checkpointer.committer.settle(30)
+    assert fmt.committed_steps(tmp_path / "run" / "checkpoints") == [2]  # what a restart restores
+    assert ("ckpt_committed", 2) in events

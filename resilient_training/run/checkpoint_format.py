@@ -385,13 +385,17 @@ def commit(
     keep_last: int = 3,
     ranks: list[int] | None = None,
     remove: Callable[[Path], Any] | None = None,
+    on_visible: Callable[[Path], Any] | None = None,
 ) -> Path:
     """Turn a temporary directory holding every rank's files into committed ``step_N``.
 
     Called by rank 0 only (on the node-local tier: by each rank for its own files), once all
     ranks reported their files durable. Returns the path of the committed checkpoint. ``ranks``
     names the ranks a partial (node-local tier) checkpoint holds; by default all ``world_size``.
-    ``remove`` deletes what pruning moved aside (see :func:`prune`).
+    ``remove`` deletes what pruning moved aside (see :func:`prune`). ``on_visible`` is called
+    with the committed path the moment the rename makes it restorable, before the fsyncs,
+    ``latest`` and pruning: a process killed during those (the launcher stopping a rank after
+    a peer died) has already recorded the commit a restart will load.
     """
     tmp_dir = Path(tmp_dir)
     root = tmp_dir.parent
@@ -444,6 +448,8 @@ def commit(
         # earlier attempt: `latest` does not name it, so it can be moved aside safely.
         shutil.rmtree(final.rename(root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}"))
     tmp_dir.rename(final)
+    if on_visible is not None:
+        on_visible(final)
     fsync_dir(root)
     _atomic_write_text(root / LATEST_NAME, final.name + "\n")
     fsync_dir(root)

@@ -1631,20 +1631,24 @@ class Checkpointer:
         if self.rank != 0 and not local:
             return
 
-        def commit() -> None:
-            path = fmt.commit(in_flight.tmp_dir, step=in_flight.step, world_size=self.world_size,
-                              manifest_fields=in_flight.manifest_fields,
-                              keep_last=2 if local else self.config.checkpoint.keep_last,
-                              ranks=[self.rank] if local else None, remove=self.remover)
+        def visible(path: Path) -> None:
+            if self.rank != 0:
+                return
+            # Logged as soon as a restart could load it (CI once saw rank 0 killed between the
+            # rename and a log line written after the fsyncs: a restore of a step with no commit).
+            # The manifest's digest: validation proves the checkpoint it reads is the one this run
+            # committed (not one copied in from another run, or rewritten consistently since).
             size = sum(f.stat().st_size for f in path.iterdir())
+            self._emit("ckpt_committed", in_flight.step, bytes=size * (self.world_size if local else 1),
+                       world_size=self.world_size, manifest_checksum=gate_records.manifest_digest(path),
+                       seconds=time.time() - in_flight.begin_ts, path=str(path), tier=in_flight.tier)
+
+        def commit() -> None:
+            fmt.commit(in_flight.tmp_dir, step=in_flight.step, world_size=self.world_size,
+                       manifest_fields=in_flight.manifest_fields, keep_last=2 if local else self.config.checkpoint.keep_last,
+                       ranks=[self.rank] if local else None, remove=self.remover, on_visible=visible)
             if not local:
                 fmt.write_iteration_file(self.config.run_dir, in_flight.step)
-            if self.rank == 0:
-                # The manifest's digest: validation proves the checkpoint it reads is the one this run
-                # committed (not one copied in from another run, or rewritten consistently since).
-                self._emit("ckpt_committed", in_flight.step, bytes=size * (self.world_size if local else 1),
-                           world_size=self.world_size, manifest_checksum=gate_records.manifest_digest(path),
-                           seconds=time.time() - in_flight.begin_ts, path=str(path), tier=in_flight.tier)
 
         self.committer.submit(in_flight.step, commit, self._commit_timeout())
 
