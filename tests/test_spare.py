@@ -25,6 +25,8 @@ from resilient_training.runtime import nvrx_adapter, spare_pool
 from resilient_training.runtime import spare_stub as stub
 from tests.support.runs import FAST, check_recovered, train
 
+READY_TASK = f"{Path(__file__).parent / 'support' / 'ready_task.py'}:task"
+
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = "tests.support.spare_entry:main"
 
@@ -340,13 +342,13 @@ def test_the_flag_reaches_the_worker_command(tmp_path):
     assert not cfg.TrainConfig(run_dir=str(tmp_path)).restart.warm_spare  # off unless asked for
 
 
-@pytest.mark.alone  # needs its checkpoint writers up by a given step
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", [[], ["--no-ft-launcher"]], ids=["ft_launcher", "torchrun"])
 def test_a_killed_rank_restarts_from_warm_spares_and_nothing_outlives_the_run(tmp_path, launcher):
-    # 0.5 s steps: the pool (started by the first workers) has finished its imports by step 10.
-    run = train(tmp_path / "run", *FAST, "--step-seconds", "0.5", "--warm-spare", "--faults", "sigkill@10:1",
-                *launcher)
+    # Each worker starts training once the pool (started by the first workers) listens and its
+    # checkpoint writer is up: the kill meets both, however busy this machine is.
+    run = train(tmp_path / "run", *FAST, "--warm-spare", "--faults", "sigkill@10:1", *launcher,
+                "--task", READY_TASK, "--task-arg", f"run_dir={tmp_path / 'run'}", "--task-arg", "nproc=2")
     check_recovered(run, "sigkill@10:1", layer="launcher", cause=None)
     starts = [e for e in run.events if e.event == "start"]
     assert {(e.rank, e["spare"]) for e in starts if e.attempt == 0} == {(0, False), (1, False)}
