@@ -378,6 +378,19 @@ def test_a_commit_logged_without_its_manifest_digest_is_a_finding_not_a_pass(run
     assert [f.code for f in report.all_findings] == ["commit_unverified"]
 
 
+def test_a_step_whose_commit_never_reached_the_log_is_refused(run_copy: Path) -> None:
+    # Rank 0 killed between the rename that made step_4 restorable and its ckpt_committed line.
+    log = run_copy / "events" / "rank0.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if not ('"ckpt_committed"' in line and '"step":4,' in line)]
+    assert len(kept) == len(lines) - 1
+    log.write_text("".join(kept))
+    report = validate(run_copy)
+    assert not report.valid
+    assert [f.code for f in report.all_findings] == ["world_size_unverified"]
+    assert "records no commit of step 4" in report.all_findings[0].message
+
+
 def test_a_file_replaced_by_a_symlink_to_identical_bytes_outside_the_run_is_refused(run_copy: Path,
                                                                                      tmp_path: Path) -> None:
     outside = tmp_path / "outside.distcp"
