@@ -151,3 +151,13 @@ def test_forged_string_losses_no_longer_pass_the_gate(tmp_path: Path, capsys: py
     path.write_text("\n".join(forged) + "\n")
     assert main(["check-convergence", str(tmp_path), "--max-final-loss", "1.0", "--min-improvement", "0"]) == 2
     assert "a step event's loss must be a JSON number, got '0.01'" in capsys.readouterr().err
+
+
+def test_a_directory_named_like_a_log_file_is_named_not_a_traceback(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    (layout.events_dir(run) / "rank9.jsonl").mkdir(parents=True)
+    with pytest.raises(EventLogError, match=r"rank9\.jsonl: not a file"):
+        read_events(run)
+    assert main(["check-convergence", str(run), "--no-record"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rank9.jsonl: not a file" in err[0], err

@@ -557,7 +557,12 @@ def read_latest(root: str | os.PathLike[str]) -> Path | None:
     pointer = root / LATEST_NAME
     if not pointer.is_file():
         return None
-    name = pointer.read_text().strip()
+    try:
+        name = pointer.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{pointer} is not UTF-8 text") from None
+    except OSError as exc:
+        raise CheckpointError(f"{pointer} cannot be read: {exc.strerror or exc}") from None
     if parse_step_dirname(name) is None:
         raise CheckpointError(f"{pointer} names {name!r}, which is not a step directory")
     path = root / name
@@ -569,11 +574,31 @@ def read_latest(root: str | os.PathLike[str]) -> Path | None:
 def read_manifest(ckpt_dir: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(ckpt_dir) / MANIFEST_NAME
     try:
-        return json.loads(path.read_text())
+        return read_json_object(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing: not a committed checkpoint") from None
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; CheckpointError (one line) for anything else in its place.
+    FileNotFoundError passes through: the callers say what a missing file means.
+    """
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
+        raise CheckpointError(f"{path} holds a JSON {kind}, not an object")
+    return value
 
 
 def load_data_state(ckpt_dir: str | os.PathLike[str], rank: int) -> Any:

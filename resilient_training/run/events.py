@@ -247,7 +247,13 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
     """
     events: list[Event] = []
     for path in iter_event_files(run_dir):
-        with open(path, "rb") as handle:  # bytes: a line that is not UTF-8 is named like any other bad line
+        if not path.is_file():
+            raise EventLogError(f"{path}: not a file")
+        try:
+            handle = open(path, "rb")  # bytes: a line that is not UTF-8 is named like any other bad line
+        except OSError as exc:
+            raise EventLogError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+        with handle:
             for number, raw in enumerate(handle, start=1):
                 if not raw.endswith(b"\n"):
                     break  # torn final line of a writer killed mid-write

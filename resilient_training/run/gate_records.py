@@ -64,11 +64,9 @@ def read_record(run_dir: str | os.PathLike[str], gate: str) -> dict[str, Any] | 
     """The gate's record, or None when the gate never ran in this run."""
     path = record_path(run_dir, gate)
     try:
-        return json.loads(path.read_text())
+        return cf.read_json_object(path)
     except FileNotFoundError:
         return None
-    except json.JSONDecodeError as exc:
-        raise cf.CheckpointError(f"{path} is not valid JSON: {exc}") from None
 
 
 def run_dir_of(ckpt_dir: str | os.PathLike[str]) -> Path | None:

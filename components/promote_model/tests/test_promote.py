@@ -183,6 +183,31 @@ def test_manifest_that_is_not_json_is_refused(gated_run: Path, tmp_path: Path) -
     assert not (tmp_path / "dest").exists()
 
 
+@pytest.mark.parametrize(("where", "damage", "message"), [
+    ("gates/validation.json", b"[]", "holds a JSON array, not an object"),
+    ("gates/validation.json", b"null", "holds a JSON null, not an object"),
+    ("gates/validation.json", b"\xff\xfe{}", "is not UTF-8 text"),
+    ("gates/convergence.json", b"\xff{}", "is not UTF-8 text"),
+    ("gates/validation.json", None, "cannot be read: Is a directory"),
+    (f"{CKPT}/manifest.json", b"[]", "holds a JSON array, not an object"),
+    (f"{CKPT}/manifest.json", b"\xff", "is not UTF-8 text"),
+    ("checkpoints/latest", b"step_\xff\n", "is not UTF-8 text"),
+], ids=["validation-array", "validation-null", "validation-not-utf8", "convergence-not-utf8", "validation-a-directory",
+        "manifest-array", "manifest-not-utf8", "latest-not-utf8"])
+def test_a_record_manifest_or_pointer_that_is_no_json_object_is_refused_in_one_line(
+        gated_run: Path, tmp_path: Path, where: str, damage: bytes | None, message: str) -> None:
+    # Found by a stranger trial: each was an AttributeError, UnicodeDecodeError or IsADirectoryError.
+    target = gated_run / where
+    if damage is None:
+        target.unlink()
+        target.mkdir()
+    else:
+        target.write_bytes(damage)
+    with pytest.raises(PromotionRefused, match=message):
+        promote(gated_run, str(tmp_path / "dest"))
+    assert not (tmp_path / "dest").exists()
+
+
 def test_dest_without_permission(gated_run: Path, tmp_path: Path) -> None:
     locked = tmp_path / "locked"
     locked.mkdir()
