@@ -227,6 +227,14 @@ def _completed(events: list[Any]) -> Check:
     final = next((e for e in reversed(ends) if e.rank <= 0), ends[-1] if ends else None)
     if final is None:
         return Check("completed", False, "the run logged no end event (still running, or killed)", {"status": None})
+    # The end of an earlier session does not end a later one (a resume killed, or still training):
+    # rank 0 logs its end after its last step, in every session.
+    later = [e for e in events if e.rank == 0 and e.event in ("start", "step") and e.ts > final.ts]
+    if later:
+        step = max((e.step for e in later if e.event == "step"), default=None)
+        return Check("completed", False, "the run's last session logged no end event (still running, or killed)"
+                     + (f" after step {step}" if step is not None else "")
+                     + f"; an earlier session ended {final.get('status')}", {"status": None})
     status, reason = final.get("status"), final.get("reason")
     return Check("completed", status == "completed", f"run ended {status}" + (f" ({reason})" if reason else ""),
                  {"status": status, "reason": reason})

@@ -121,6 +121,23 @@ def test_run_that_failed_fails(tmp_path: Path) -> None:
     assert not c.passed and "max restarts reached" in c.reason
 
 
+@pytest.mark.parametrize("killed_after", [0, 3], ids=["killed-before-its-first-step", "killed-at-step-33"])
+def test_a_resumed_session_that_never_ended_is_not_completed(tmp_path: Path, killed_after: int) -> None:
+    # Found by a stranger trial: the first session's end passed the gate for a resume killed at step 119.
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 30)
+    log.end()
+    log.wait(5.0)
+    log.start()  # resumed to a further target, then SIGKILLed: no end
+    log.emit("load_done", 30, path="checkpoints/step_30", seconds=0.1)
+    log.steps(31, 30 + killed_after)
+    log.close()
+    c = check_convergence(tmp_path, GATE).check("completed")
+    assert not c.passed and "last session logged no end event" in c.reason, c.reason
+    assert ("after step 33" in c.reason) == bool(killed_after)
+
+
 def test_reference_curve(tmp_path: Path) -> None:
     run_with_restore(tmp_path / "faulted")
     clean = ScriptedLog(tmp_path / "clean")
