@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.support.runs import Run, train
@@ -81,11 +83,12 @@ def test_model_flags_changed_before_any_checkpoint_are_refused(tmp_path, capsys)
     """Found by a stranger trial: a run stopped before its first checkpoint, resumed with another
     ``--model-*`` flag, started over with the other model in the same event log (the checkpoint
     check needs a checkpoint). Its config.json is what tells."""
-    from resilient_training.launch.local import prepare_run_dir
+    from resilient_training.launch.local import claim_run_dir
     from resilient_training.run import config as cfg
 
     run_dir = tmp_path / "run"
-    prepare_run_dir(cfg.TrainConfig(run_dir=str(run_dir), model=cfg.ModelConfig(d_model=64, n_heads=4)))
+    with claim_run_dir(cfg.TrainConfig(run_dir=str(run_dir), model=cfg.ModelConfig(d_model=64, n_heads=4))):
+        pass
     config_before = (run_dir / "config.json").read_bytes()
     second = train_here(run_dir, "--nproc", "1", "--steps", "4", "--model-d-model", "32", capsys=capsys)
     assert second.returncode == 2, second.output
@@ -97,8 +100,11 @@ def test_model_flags_changed_before_any_checkpoint_are_refused(tmp_path, capsys)
     check_same_task(cfg.TrainConfig(run_dir=str(run_dir), model=cfg.ModelConfig(d_model=64, n_heads=4)), run_dir)
 
 
-def test_sigterm_stops_the_workers_too(tmp_path):
-    """A cancelled step (SIGTERM) must not leave ft_launcher and its workers running."""
+def test_a_second_training_in_the_run_directory_is_refused_and_sigterm_stops_the_workers(tmp_path, capsys):
+    """A cancelled step (SIGTERM) must not leave ft_launcher and its workers running. While the
+    first trains, a second ``train`` in its directory is refused before it writes anything (found
+    by a stranger trial: the two interleaved, and the gates promoted the second's untrained model).
+    """
     import signal
     import subprocess
     import sys
@@ -118,9 +124,20 @@ def test_sigterm_stops_the_workers_too(tmp_path):
         return [pid for pid in out.split() if int(pid) != proc.pid]
 
     assert workers()
+    before = {path: path.read_bytes() for path in [run_dir / "config.json", *run_dir.glob("events/*.jsonl")]}
+    second = train_here(run_dir, "--nproc", "2", "--steps", "400", "--lr", "0", capsys=capsys)
+    assert second.returncode == 2, second.output
+    assert second.output.strip() == (f"error: run directory {run_dir} is in use by another training (pid {proc.pid}): "
+                                     "wait for it to end, or train in another --run-dir")
+    assert (run_dir / "config.json").read_bytes() == before[run_dir / "config.json"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) != 0
     deadline = time.monotonic() + 30
     while workers() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert workers() == []
+    from resilient_training.launch.local import claim_run_dir
+    from resilient_training.run import config as cfg
+
+    with claim_run_dir(cfg.from_dict(json.loads(before[run_dir / "config.json"]))):
+        pass  # free again once the launcher and its workers are gone

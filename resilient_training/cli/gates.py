@@ -129,7 +129,14 @@ def validate_main(args: argparse.Namespace) -> int:
     except UsageError as exc:
         return _fail_usage(str(exc))
     if args.record:
-        write_validation_record(args.path, report)
+        from resilient_training.run.checkpoint_format import CheckpointError
+
+        try:
+            write_validation_record(args.path, report)
+        except CheckpointError as exc:  # found by a stranger trial: a live run pruned the checkpoint meanwhile
+            print(f"error: the validation cannot be recorded: {exc} (is a training still running in "
+                  f"{args.path}?)", file=sys.stderr)
+            return EXIT_FAILED
     if args.json:
         _print_json(report.to_dict())
     else:

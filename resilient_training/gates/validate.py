@@ -889,7 +889,11 @@ def write_validation_record(path: str | os.PathLike[str], report: ValidationRepo
         ckpt_dir = Path(path) / ckpt.path if kind == "run" else location
         entry: dict[str, Any] = {"step": ckpt.step, "valid": ckpt.valid}
         if ckpt.manifest_checksum is not None:
-            entry.update(gate_records.checkpoint_identity(run_dir, ckpt_dir))
+            identity = gate_records.checkpoint_identity(run_dir, ckpt_dir)
+            if identity["manifest_checksum"] != ckpt.manifest_checksum:
+                # Never record one checkpoint's verdict under another's digest.
+                raise cf.CheckpointError(f"{ckpt_dir} changed while it was validated")
+            entry.update(identity)
             entry["valid"] = ckpt.valid
         # What was checked and what was not: promotion requires full_check.
         entry.update(checks=list(ckpt.checks), skipped=list(ckpt.skipped), full_check=ckpt.full_check)

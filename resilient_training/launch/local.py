@@ -8,6 +8,7 @@ from the event log when recovery gave up.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from resilient_training.launch import cancel
@@ -115,18 +116,29 @@ def check_same_task(config: cfg.TrainConfig, run_dir: Path) -> None:
                           "Resume it with its own settings, or use a new --run-dir")
 
 
-def prepare_run_dir(config: cfg.TrainConfig) -> Path:
-    """Create the run directory (with logs/) and write its config.json, after :func:`preflight`.
+@contextlib.contextmanager
+def claim_run_dir(config: cfg.TrainConfig) -> Iterator[RunDirClaim]:
+    """Create the run directory (with logs/), lock it for this training, and write its
+    config.json, after :func:`preflight`; the lock is held until the block ends.
+
+    Two trainings in one run directory interleave their event logs and checkpoints: a stranger
+    trial started a second ``train`` (learning rate 0) 0.05 s after a first, and the gates passed
+    and promoted the untrained model. The second now gets a LaunchError naming the first's pid,
+    before it writes anything. (A job on a cluster does not come through here: each pipeline run
+    trains in a directory of its own.)
 
     check_writable's access() test says yes to root on /proc, where nothing can be created: a file
     is made there (and removed) first, and a failure is a LaunchError with the directories this
     call made removed again, so bad input still leaves nothing behind.
     """
+    import fcntl
+
     run_dir = Path(config.run_dir)
     made = [p for p in (layout.logs_dir(run_dir), run_dir, *run_dir.absolute().parents) if not p.exists()]
     try:
         layout.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
         paths.probe_writable(layout.config_path(run_dir), "run directory")
+        fd = os.open(layout.lock_path(run_dir), os.O_RDWR | os.O_CREAT, 0o644)
     except (OSError, ValueError) as exc:
         for path in made:  # deepest first
             try:
@@ -135,8 +147,28 @@ def prepare_run_dir(config: cfg.TrainConfig) -> Path:
                 pass
         raise LaunchError(f"run directory {config.run_dir} cannot be created or written: "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
-    layout.config_path(run_dir).write_text(cfg.dumps(config))
-    return run_dir
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            raise LaunchError(f"run directory {config.run_dir} is in use by another training (pid {holder}): "
+                              "wait for it to end, or train in another --run-dir") from None
+        except OSError as exc:  # a file system without flock: train on, unguarded
+            print(f"warning: run directory {config.run_dir} cannot be locked ({exc.strerror or exc}); "
+                  "nothing stops a second training from using it at the same time", file=sys.stderr)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        layout.config_path(run_dir).write_text(cfg.dumps(config))
+        yield RunDirClaim(run_dir, fd)
+    finally:
+        os.close(fd)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDirClaim:
+    path: Path
+    lock_fd: int  # passed to the launcher too: the lock lasts until its workers are stopped
 
 
 def check_task(config: cfg.TrainConfig, *, world_size: int) -> None:
@@ -166,7 +198,13 @@ def run_local(
 ) -> LaunchResult:
     """Run the workers on this machine under ft_launcher until done; never raises on failure."""
     preflight(config, world_size=nproc)
-    run_dir = prepare_run_dir(config)
+    with claim_run_dir(config) as claim:
+        return _run_local(config, claim, nproc=nproc, progress=progress, env=env)
+
+
+def _run_local(config: cfg.TrainConfig, claim: RunDirClaim, *, nproc: int, progress: Callable[[str], None] | None,
+               env: dict[str, str] | None) -> LaunchResult:
+    run_dir = claim.path
     from resilient_training.runtime import nvrx_adapter
     command = nvrx_adapter.worker_command(
         config, cfg.to_argv(config), python=sys.executable, standalone=True, nnodes="1",
@@ -181,7 +219,7 @@ def run_local(
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=worker_env,
-                                start_new_session=True)
+                                start_new_session=True, pass_fds=(claim.lock_fd,))
         watcher = ProgressPrinter(run_dir, config.steps, since=started, emit=progress)
         watcher.start()
         try:

@@ -519,7 +519,12 @@ def run_cluster(
 ) -> launcher.LaunchResult:
     """Run the job on simulated nodes until it succeeds or fails; never raises on failure."""
     launcher.preflight(config, world_size=spec.nodes * spec.nproc_per_node, nodes=spec.nodes)
-    run_dir = launcher.prepare_run_dir(config)
+    with launcher.claim_run_dir(config) as claim:
+        return _run_cluster(config, spec, claim.path, progress=progress, env=env)
+
+
+def _run_cluster(config: cfg.TrainConfig, spec: ClusterSpec, run_dir: Path, *,
+                 progress: Callable[[str], None] | None, env: dict[str, str] | None) -> launcher.LaunchResult:
     started = time.time()
     cluster = SimulatedCluster(config, spec, env=env, progress=progress)
     watcher = launcher.ProgressPrinter(run_dir, config.steps, since=started, emit=progress)

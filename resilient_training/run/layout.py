@@ -6,6 +6,7 @@ checkpoints/     step_N/ directories and the ``latest`` pointer (checkpoint_form
 events/          one JSONL file per writer (events)
 gates/           validation.json, convergence.json (gate_records)
 logs/            launcher and worker logs
+.lock            held by the training that uses the run (launch.local.claim_run_dir); its pid inside
 argo/            on Argo Workflows: each step's output artifacts, argo/<task>/<name> (resilient_training.argo)
 """
 
@@ -20,6 +21,7 @@ EVENTS_DIRNAME = "events"
 GATES_DIRNAME = "gates"
 LOGS_DIRNAME = "logs"
 ARGO_DIRNAME = "argo"
+LOCK_NAME = ".lock"
 
 PathLike = str | os.PathLike[str]
 
@@ -42,6 +44,10 @@ def gates_dir(run_dir: PathLike) -> Path:
 
 def logs_dir(run_dir: PathLike) -> Path:
     return Path(run_dir) / LOGS_DIRNAME
+
+
+def lock_path(run_dir: PathLike) -> Path:
+    return Path(run_dir) / LOCK_NAME
 
 
 def evidence_holding(run_dir: PathLike, path: PathLike) -> str | None:

@@ -489,3 +489,36 @@ def test_validation_record_names_the_checkpoint(run_copy: Path) -> None:
     record = gate_records.read_record(run_copy, gate_records.VALIDATION)
     assert record["passed"] is False and "checksum_mismatch" in record["findings"][0]
     assert json.loads((run_copy / "gates/validation.json").read_text())["gate"] == "validation"
+
+
+def test_a_checkpoint_that_changes_between_validation_and_record_is_not_recorded_as_valid(run_copy: Path) -> None:
+    from resilient_training.gates.validate import write_validation_record
+
+    report = validate(run_copy)
+    assert report.valid
+    manifest = run_copy / STEP4 / "manifest.json"
+    manifest.write_text(manifest.read_text() + "\n")  # another digest, as a swapped-in checkpoint has
+    with pytest.raises(cf.CheckpointError, match="changed while it was validated"):
+        write_validation_record(run_copy, report)
+    assert gate_records.read_record(run_copy, gate_records.VALIDATION) is None
+
+
+def test_a_checkpoint_pruned_while_validated_is_one_line_not_a_traceback(run_copy: Path, monkeypatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # Found by a stranger trial: validate-checkpoint on a run still training, whose pruning removed
+    # the checkpoint before the record was written (a CheckpointError traceback).
+    from resilient_training.cli.main import main
+    from resilient_training.gates import validate as validate_module
+
+    real = validate_module.validate
+
+    def then_pruned(*args, **kwargs):
+        report = real(*args, **kwargs)
+        shutil.rmtree(run_copy / STEP4)
+        return report
+
+    monkeypatch.setattr(validate_module, "validate", then_pruned)
+    assert main(["validate-checkpoint", str(run_copy)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the validation cannot be recorded:") and "step_4" in err[0], err
+    assert gate_records.read_record(run_copy, gate_records.VALIDATION) is None
