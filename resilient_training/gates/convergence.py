@@ -171,8 +171,10 @@ def check_convergence(
         raise RunError(f"{run_dir} logged no training step: nothing to judge")
     survivors = metrics.surviving(runs)
     curve = [(step, run.loss) for step, run in survivors.items()]
-    checkpoint, judged_step, history = _judged_history(run_dir, events, runs)
+    checkpoint, judged_step, history, unusable = _judged_history(run_dir, events, runs)
     checks = [_finite(runs, curve), _completed(events)]
+    if unusable:  # committed steps, but `latest` names none of them: which model would pass is unknown
+        checks.append(Check("latest_checkpoint", False, f"the run's latest checkpoint cannot be judged: {unusable}"))
     learning, threshold_from = _learning(run_dir, history, config, judged_step)
     checks += learning
     continuity, recoveries = _continuity(events, config)
@@ -186,8 +188,9 @@ def check_convergence(
 
 
 def _judged_history(run_dir: Path, events: list[Any], runs: list[metrics.StepRun],
-                    ) -> tuple[Path | None, int | None, list[tuple[int, float]]]:
-    """The checkpoint the gate judges (the run's latest), its step, and the loss curve that leads to it.
+                    ) -> tuple[Path | None, int | None, list[tuple[int, float]], str | None]:
+    """The checkpoint the gate judges (the run's latest), its step, the loss curve that leads to
+    it, and why ``latest`` is unusable when the run has committed steps but it names none.
 
     That curve is each step's last execution up to the checkpoint's step, among those logged
     before it was (last) committed: steps trained after it, or replayed on another branch after
@@ -195,17 +198,21 @@ def _judged_history(run_dir: Path, events: list[Any], runs: list[metrics.StepRun
     """
     from resilient_training.run import checkpoint_format as cf
 
+    root = layout.checkpoints_dir(run_dir)
+    unusable = None
     try:
-        checkpoint = cf.read_latest(layout.checkpoints_dir(run_dir))
-    except cf.CheckpointError:
-        checkpoint = None  # the record then names no checkpoint, and promotion refuses
+        checkpoint = cf.read_latest(root)
+    except cf.CheckpointError as exc:
+        checkpoint, unusable = None, str(exc)  # the record then names no checkpoint, and promotion refuses
+    if checkpoint is None and unusable is None and cf.committed_steps(root):
+        unusable = f"{root / cf.LATEST_NAME} is missing or not a file, and steps are committed"
     step = cf.parse_step_dirname(checkpoint.name) if checkpoint is not None else None
     if step is None:
-        return checkpoint, None, [(s, r.loss) for s, r in metrics.surviving(runs).items()]
+        return checkpoint, None, [(s, r.loss) for s, r in metrics.surviving(runs).items()], unusable
     commits = [e.ts for e in events if e.event == "ckpt_committed" and e.step == step and e.get("tier") != "local"]
     until = max(commits, default=math.inf)
     history = metrics.surviving(r for r in runs if r.ts <= until)
-    return checkpoint, step, [(s, r.loss) for s, r in history.items() if s <= step]
+    return checkpoint, step, [(s, r.loss) for s, r in history.items() if s <= step], None
 
 
 def _finite(runs: list[metrics.StepRun], curve: list[tuple[int, float]]) -> Check:

@@ -218,6 +218,27 @@ def test_final_loss_skipped_without_a_checkpoint_says_so(tmp_path: Path) -> None
     assert final.skipped and "no committed checkpoint" in final.reason
 
 
+@pytest.mark.parametrize("damage", ["directory", "names-nothing", "not-utf8"])
+def test_a_latest_pointer_that_names_no_checkpoint_fails_the_gate(tmp_path: Path, damage: str) -> None:
+    # Found by a stranger trial: with `latest` a directory the gate judged the whole curve and passed.
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 30, loss=lambda s: 5.5 - 0.15 * s)
+    log.end()
+    log.close()
+    fake_checkpoint(tmp_path, 30)
+    assert check_convergence(tmp_path, GATE).passed
+    pointer = layout.checkpoints_dir(tmp_path) / cf.LATEST_NAME
+    if damage == "directory":
+        pointer.unlink()
+        pointer.mkdir()
+    else:
+        pointer.write_bytes(b"step_99\n" if damage == "names-nothing" else b"step_\xff\n")
+    verdict = check_convergence(tmp_path, GATE)
+    assert not verdict.passed and verdict.checkpoint is None
+    failed = [c.name for c in verdict.checks if not c.passed and not c.skipped]
+    assert failed == ["latest_checkpoint"], verdict.format()
+
+
 # --------------------------------------------------------------------------- 5. the judged window
 
 
