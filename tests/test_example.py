@@ -73,11 +73,11 @@ def test_rendered_job_runs_the_example_task_from_the_image():
 
 
 @pytest.mark.slow
-def test_faults_on_two_workers_then_resume_at_another_world_size_then_export(tmp_path):
+def test_an_exception_on_two_workers_then_resume_at_another_world_size_then_export(tmp_path):
+    # In-process only: the whole-pipeline test below kills a worker of this task (launcher layer).
     run = train(tmp_path / "run", "--nproc", "2", "--steps", "16", "--checkpoint-every", "4",
-                "--task", TASK, "--faults", "sigkill@6:1,exception@11:0")
-    for fault, layer, cause in (("sigkill@6:1", "launcher", None), ("exception@11:0", "inprocess", "exception")):
-        check_recovered(run, fault, layer=layer, cause=cause)
+                "--task", TASK, "--faults", "exception@11:0")
+    check_recovered(run, "exception@11:0", layer="inprocess", cause="exception")
     first_loss = rank0_losses(run.events)[0][2]
     # Resume the finished run with 3 workers and a further target: DCP reshards 2 -> 3.
     resumed = train(run.run_dir, "--nproc", "3", "--steps", "24", "--checkpoint-every", "4", "--task", TASK)
