@@ -131,3 +131,20 @@ def test_a_commit_killed_after_its_rename_has_already_logged_it(tmp_path, monkey
         checkpointer.committer.settle(30)
     assert fmt.committed_steps(tmp_path / "run" / "checkpoints") == [2]  # what a restart restores
     assert ("ckpt_committed", 2) in events
+
+
+def test_a_commit_whose_log_line_fails_still_moves_latest_to_it(tmp_path):
+    model, optimizer, data = train_state(TINY, seed=1234, steps=1)
+
+    def emit(event, step, **fields):
+        if event == "ckpt_committed":
+            raise OSError(28, "No space left on device")  # the event log's disk
+
+    config = TrainConfig(run_dir=str(tmp_path / "run"), steps=8, checkpoint=CheckpointConfig(every=2))
+    checkpointer = Checkpointer(config, rank=0, world_size=1, tag="a0i0", writer=_InlineWriter(),
+                                staging=StagingBuffers(), emit=emit)
+    checkpointer.save(2, state_dict(model, optimizer), data.state_dict(), {})
+    checkpointer.maybe_commit(checkpointer.local_done())
+    with pytest.raises(OSError, match="No space left"):
+        checkpointer.committer.settle(30)
+    assert fmt.read_latest(tmp_path / "run" / "checkpoints").name == "step_2"

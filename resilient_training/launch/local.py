@@ -125,8 +125,7 @@ def claim_run_dir(config: cfg.TrainConfig) -> Iterator[RunDirClaim]:
     trial started a second ``train`` (learning rate 0) 0.05 s after a first, and the gates passed
     and promoted the untrained model. The second now gets a LaunchError naming the first's pid,
     before it writes anything. (A job on a cluster does not come through here: each pipeline run
-    trains in ``runs/<run id>`` of its own
-    unless ``run_subdir`` names one.)
+    trains in a ``runs/<run id>`` of its own unless ``run_subdir`` names one.)
 
     check_writable's access() test says yes to root on /proc, where nothing can be created: a file
     is made there (and removed) first, and a failure is a LaunchError with the directories this

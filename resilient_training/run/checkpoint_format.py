@@ -448,12 +448,14 @@ def commit(
         # earlier attempt: `latest` does not name it, so it can be moved aside safely.
         shutil.rmtree(final.rename(root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}"))
     tmp_dir.rename(final)
-    if on_visible is not None:
-        on_visible(final)
-    fsync_dir(root)
-    _atomic_write_text(root / LATEST_NAME, final.name + "\n")
-    fsync_dir(root)
-    prune(root, keep_last=keep_last, remove=remove)
+    try:
+        if on_visible is not None:
+            on_visible(final)
+    finally:  # a callback that failed (the event log's disk full) still leaves `latest` naming the step
+        fsync_dir(root)
+        _atomic_write_text(root / LATEST_NAME, final.name + "\n")
+        fsync_dir(root)
+        prune(root, keep_last=keep_last, remove=remove)
     return final
 
 
