@@ -179,11 +179,12 @@ def _compile(args: argparse.Namespace) -> int:
         return 2
 
     def body() -> int:
+        _check_output(args.output, directory=Path(args.output).suffix not in (".yaml", ".yml"))
         registry = kfp_compile.load_registry(args.registry)
         selected = kfp_compile.select(registry, args.pipeline)
         paths = kfp_compile.output_paths(list(selected), Path(args.output))
         for key, pipeline in selected.items():
-            compiled = kfp_compile.compile_pipeline(key, pipeline, paths[key])
+            compiled = _writing(args.output, kfp_compile.compile_pipeline, key, pipeline, paths[key])
             print(f"{key}: {compiled.path} (pipeline {compiled.name!r}, {compiled.num_tasks} top-level task(s), "
                   f"{len(compiled.inputs)} parameter(s), sha256 {compiled.content_hash[:12]})")
         return 0
@@ -199,9 +200,11 @@ def _compile_argo(args: argparse.Namespace) -> int:
         output = Path(args.output)
         if output.suffix in (".yaml", ".yml"):
             raise _InputError(f"--format argo writes two files; -o must be a directory, got {output}")
-        if args.starting_deadline is not None and args.starting_deadline < 1:
+        _check_output(args.output, directory=True)
+        if args.starting_deadline is not None and not 1 <= args.starting_deadline <= 2**63 - 1:
             # 0 would read as "no deadline" to some and "never late" to others: leave it out instead.
-            raise _InputError(f"--starting-deadline must be a positive number of seconds, got {args.starting_deadline}")
+            raise _InputError(f"--starting-deadline must be a positive number of seconds (int64), "
+                              f"got {args.starting_deadline}")
         default = ARGO_DEFAULT_SCHEDULE
         schedule = argo_workflow.Schedule(
             schedules=tuple(argo_cron.validate_schedule(s) for s in args.schedule or default.schedules),
@@ -210,7 +213,7 @@ def _compile_argo(args: argparse.Namespace) -> int:
             starting_deadline_seconds=args.starting_deadline,
             arguments=_cron_arguments(args.cron_param or []),
         )
-        paths = argo_workflow.write(output, schedule)
+        paths = _writing(args.output, argo_workflow.write, output, schedule)
         steps, teardown = argo_workflow.pipeline_steps()
         print(f"{ARGO_PIPELINE}: {paths.workflow_template} (WorkflowTemplate {argo_workflow.NAME!r}, "
               f"{len(steps)} steps + {teardown.task} on exit, "
@@ -223,6 +226,27 @@ def _compile_argo(args: argparse.Namespace) -> int:
         return 0
 
     return _run(body)
+
+
+def _check_output(output: str, *, directory: bool) -> None:
+    """-o refused in one line before anything is compiled: empty, blank, a control character, a
+    file where a directory must be (found by a stranger trial: '' wrote into the current directory,
+    ' ' made a directory named by a space, an existing file was a FileExistsError traceback).
+    """
+    from resilient_training.run.paths import check_writable
+
+    try:
+        check_writable(output, "-o", directory=directory)
+    except ValueError as exc:
+        raise _InputError(str(exc)) from None
+
+
+def _writing(output: str, write: Callable[..., Any], *args: Any) -> Any:
+    """``write(*args)``, with what the file system refuses (/proc, /dev/full) as one line."""
+    try:
+        return write(*args)
+    except OSError as exc:
+        raise _InputError(f"-o {output}: cannot write {exc.filename or output}: {exc.strerror or exc}") from None
 
 
 def _cron_arguments(items: list[str]) -> tuple[tuple[str, str], ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -117,8 +118,13 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "-":
         sys.stdout.write(text)
     else:
-        with open(args.output, "w") as f:
-            f.write(text)
+        try:  # what the checks cannot foresee (/proc, /dev/full) is one line too
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.output, "w") as f:
+                f.write(text)
+        except OSError as exc:
+            print(f"render-job: cannot write -o {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         print(f"wrote {args.output}: {what} {spec.namespace}/{spec.name}, {spec.nodes} x {spec.nproc_per_node}",
               file=sys.stderr)
     return 0

@@ -92,9 +92,11 @@ def load_registry(reference: str = DEFAULT_REGISTRY) -> dict[str, Callable[..., 
     """
     module_name, _, attribute = reference.partition(":")
     attribute = attribute or "PIPELINES"
+    if not module_name.strip():
+        raise CompileError(f"--registry {reference!r} names no module: give MODULE[:ATTRIBUTE]")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, ValueError) as exc:  # ValueError: a relative name such as ".x"
         raise CompileError(f"cannot import pipeline registry module {module_name!r}: {exc}") from None
     registry = getattr(module, attribute, None)
     if not isinstance(registry, Mapping) or not registry:

@@ -26,6 +26,7 @@ WORKER_MODULE = "resilient_training.runtime.worker"
 DEFAULT_NVRX_VERSION = "0.7.0"  # what images/trainer installs
 MAX_NODES = 4096
 DSHM_VOLUME = "dshm"
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 STORAGE_VOLUME = "run-storage"
 KINDS = ("pytorchjob", "trainjob")
 _TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -135,7 +136,7 @@ def validate(spec: JobSpec) -> None:
     if not spec.image or any(ch.isspace() for ch in spec.image):
         raise ValueError(f"image must be a non-empty image reference without spaces, got {spec.image!r}")
     for what, value in (("cpu", spec.cpu), ("memory", spec.memory), ("shm_size", spec.shm_size)):
-        if value and not _QUANTITY.fullmatch(value):
+        if (value or what == "shm_size") and not _QUANTITY.fullmatch(value):  # an empty sizeLimit fails the CRDs
             raise ValueError(f"{what} {value!r} is not a Kubernetes quantity (e.g. 32, 500m, 64Gi)")
     if not spec.storage.shared:
         raise ValueError(
@@ -164,9 +165,14 @@ def validate(spec: JobSpec) -> None:
         k8s_names.check_label_value(_run_label(spec.run_id), "run id")
     if not 1 <= spec.rdzv_port <= 65535:
         raise ValueError(f"rdzv_port must be a TCP port, got {spec.rdzv_port}")
-    for what in ("backoff_limit", "active_deadline_seconds", "ttl_seconds_after_finished", "termination_grace_seconds"):
-        if getattr(spec, what) < 0:
-            raise ValueError(f"{what} must be >= 0, got {getattr(spec, what)}")
+    # The CRDs' integer widths: past them the operators (Go) cannot decode the object they were
+    # given, though the API server stores it (found by a stranger trial: --backoff-limit 2147483648).
+    for what, limit in (("backoff_limit", INT32_MAX), ("active_deadline_seconds", INT64_MAX),
+                        ("ttl_seconds_after_finished", INT32_MAX), ("termination_grace_seconds", INT64_MAX)):
+        if not 0 <= getattr(spec, what) <= limit:
+            raise ValueError(f"{what} must be between 0 and {limit}, got {getattr(spec, what)}")
+    if spec.train.restart.max_restarts > INT32_MAX:  # elasticPolicy.maxRestarts
+        raise ValueError(f"max_restarts must be at most {INT32_MAX}, got {spec.train.restart.max_restarts}")
     if spec.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
         raise ValueError(f"image_pull_policy must be Always, IfNotPresent or Never, got {spec.image_pull_policy!r}")
     _check_faults(spec)
@@ -246,6 +252,9 @@ def parse_toleration(text: str) -> dict[str, Any]:
     """``key=value:Effect``, ``key:Effect`` (operator Exists), ``key=value`` or ``key``."""
     body, _, effect = text.partition(":")
     key, has_value, value = body.partition("=")
+    if not key.strip():
+        # Kubernetes reads an empty key with Exists as "tolerate every taint": never from an unset variable.
+        raise ValueError(f"toleration {text!r} names no KEY (KEY[=VALUE][:EFFECT])")
     tol: dict[str, Any] = {"key": key, "operator": "Equal" if has_value else "Exists"}
     if has_value:
         tol["value"] = value
