@@ -11,6 +11,7 @@ import pytest
 
 from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import layout
+from tests.support.gates import RELAXED
 from tests.support.runs import FAST, check_recovered, train
 
 pytestmark = pytest.mark.slow
@@ -193,13 +194,18 @@ def test_a_memory_snapshot_leaves_only_steps_since_it_to_replay(tmp_path, clean_
     snapshot, newer than any save (after the NaN only because every value in it is finite),
     and the run's losses are those of a run without faults, step for step.
     """
-    run = train(tmp_path / "run", *FAST, "--memory-snapshot-every", "3", "--faults", "exception@11:0,nan@16:1")
+    # Relaxed timeouts: CI once saw an extra in-process restart before step 3 (a start-up slower
+    # than the 3 s collective timeout on a busy machine, most likely).
+    run = train(tmp_path / "run", *FAST, *RELAXED, "--memory-snapshot-every", "3",
+                "--faults", "exception@11:0,nan@16:1")
     assert run.returncode == 0, run.output[-3000:]
     events = run.events
     loads = [e for e in events if e.event == "load_done" and e.iteration > 0]
     assert sorted((e.rank, e.step, e["source"]) for e in loads) == [
         (0, 9, "memory (snapshot)"), (0, 15, "memory (snapshot)"),
-        (1, 9, "memory (snapshot)"), (1, 15, "memory (snapshot)")]
+        (1, 9, "memory (snapshot)"), (1, 15, "memory (snapshot)")], [
+        (e.rank, e.iteration, e.step, e.get("cause"), str(e.get("message"))[:200])
+        for e in events if e.event in ("failure_detected", "hang_detected")]
     for load in (e for e in loads if e.rank == 0):
         replayed = {e.step: e["loss"] for e in events if e.event == "step" and e.rank == 0 and e.ts > load.ts}
         assert min(replayed) == load.step + 1
@@ -286,13 +292,14 @@ def test_a_killed_rank_resumes_from_the_host_snapshot_not_the_older_node_local_s
     The node-local tier's directory, snapshots included, is gone after the run.
     """
     local = tmp_path / "local"
-    run = train(tmp_path / "run", *FAST, "--checkpoint-every", "20", "--local-checkpoint-every", "8",
+    run = train(tmp_path / "run", *FAST, *RELAXED, "--checkpoint-every", "20", "--local-checkpoint-every", "8",
                 "--local-checkpoint-dir", str(local), "--memory-snapshot-every", "2", "--host-snapshot",
                 "--faults", "sigkill@11:1")
     assert run.returncode == 0, run.output[-3000:]
     events = run.events
     restarts = [e for e in events if e.event == "restart_done"]
-    # (CI once saw an extra in-process restart here, beside a stranger trial's commands: its cause, if again.)
+    # (CI once saw an extra in-process restart here, beside a stranger trial's commands: hence the
+    # relaxed timeouts, and its cause in the message if it comes again.)
     assert restarts and {e["layer"] for e in restarts} == {"launcher"}, [
         (e.rank, e.attempt, e.iteration, e.step, e.get("cause"), str(e.get("message"))[:200])
         for e in events if e.event == "failure_detected"]

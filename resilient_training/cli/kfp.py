@@ -201,10 +201,11 @@ def _compile_argo(args: argparse.Namespace) -> int:
         if output.suffix in (".yaml", ".yml"):
             raise _InputError(f"--format argo writes two files; -o must be a directory, got {output}")
         _check_output(args.output, directory=True)
-        if args.starting_deadline is not None and not 1 <= args.starting_deadline <= 2**63 - 1:
+        if args.starting_deadline is not None and args.starting_deadline < 1:
             # 0 would read as "no deadline" to some and "never late" to others: leave it out instead.
-            raise _InputError(f"--starting-deadline must be a positive number of seconds (int64), "
-                              f"got {args.starting_deadline}")
+            raise _InputError(f"--starting-deadline must be a positive number of seconds, got {args.starting_deadline}")
+        if args.starting_deadline is not None and args.starting_deadline > 2**63 - 1:
+            raise _InputError(f"--starting-deadline {args.starting_deadline} is past the CRD's int64")
         default = ARGO_DEFAULT_SCHEDULE
         schedule = argo_workflow.Schedule(
             schedules=tuple(argo_cron.validate_schedule(s) for s in args.schedule or default.schedules),
