@@ -28,7 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "gates": {"run", "runtime"},
     "bench": {"run", "launch", "gates"},
     "components": {"run", "runtime", "launch", "storage", "gates", "bench"},
-    "pipelines": {"run", "components", "bench"},
+    # pipelines/arguments.py checks a run's arguments with the steps' own validators before it exists.
+    "pipelines": {"run", "launch", "storage", "gates", "components", "bench"},
     "kfp": {"run", "pipelines"},
     # Argo steps run the components' own functions (argo.step); the CronWorkflow reuses kfp's cron fields.
     "argo": {"run", "launch", "components", "pipelines", "kfp"},

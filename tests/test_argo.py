@@ -27,7 +27,8 @@ from tests.support import crd_schema, runs
 
 CRON_FLAGS = ["--schedule", "15 4 * * 1-5", "--schedule", "@every 12h", "--timezone", "Europe/Berlin",
               "--concurrency-policy", "Replace", "--starting-deadline", "900",
-              "--cron-param", "storage=fsx", "--cron-param", "steps=400", "--cron-param", 'train_overrides={"lr": 0.001}']
+              "--cron-param", "storage=fsx", "--cron-param", "fsx_file_system_id=fs-0123456789abcdef0",
+              "--cron-param", "steps=400", "--cron-param", 'train_overrides={"lr": 0.001}']
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,9 @@ def test_cron_fields_come_from_the_flags_and_it_starts_the_template(compiled):
     assert spec["workflowSpec"] == {
         "workflowTemplateRef": {"name": compiled["template"]["metadata"]["name"]},
         # --cron-param values, as the text the steps parse back (typed by the pipeline's inputs).
-        "arguments": {"parameters": [{"name": "storage", "value": "fsx"}, {"name": "steps", "value": "400"},
+        "arguments": {"parameters": [{"name": "storage", "value": "fsx"},
+                                     {"name": "fsx_file_system_id", "value": "fs-0123456789abcdef0"},
+                                     {"name": "steps", "value": "400"},
                                      {"name": "train_overrides", "value": '{"lr": 0.001}'}]},
     }
 
@@ -400,6 +403,21 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--cron-param", "nodez=2"], "--cron-param: resilient-training has no input 'nodez'"),
     (["--cron-param", "steps=4", "--cron-param", "steps=5"], "--cron-param: input 'steps' is given twice"),
     (["--cron-param", "train_overrides=[]"], "must be a JSON object"),
+    # Typed right, refused by a step of every scheduled run (stranger trial): checked with the steps' own rules.
+    (["--cron-param", "pvc_name=data", "--cron-param", "nodes=-1"], "--cron-param: nodes must be an integer from 1"),
+    (["--cron-param", "pvc_name=data", "--cron-param", "launcher=bogus"],
+     "--cron-param: launcher must be one of local, pytorchjob, trainjob, got 'bogus'"),
+    (["--cron-param", "pvc_name=data", "--cron-param", "faults=garbage"], "--cron-param: faults: bad fault 'garbage'"),
+    (["--cron-param", "pvc_name=Bad_Name"], "--cron-param: pvc_name 'Bad_Name' is not a DNS-1123 subdomain"),
+    (["--cron-param", "pvc_name=data\n"], "contains a control character"),
+    (["--cron-param", "steps=400"], "--cron-param: storage 'pvc' needs pvc_name"),
+    (["--cron-param", "pvc_name=data", "--cron-param", "launcher=pytorchjob", "--cron-param", "trainer_image=Org/x"],
+     "is not an image reference"),
+    (["--cron-param", "pvc_name=data", "--cron-param", 'train_overrides={"seed": -1}'],
+     "--cron-param: seed must be between 0 and 4294967295"),
+    (["--cron-param", "pvc_name=data", "--cron-param", "export=onnx"], "--cron-param: export 'onnx'"),
+    (["--schedule", "@every 0s"], "@every needs a duration of at least 1s"),
+    (["--schedule", "0 2 31 2 *"], "never fires"),
 ])
 def test_compile_argo_refuses_bad_flags_with_one_line_and_writes_nothing(flags, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -250,6 +250,44 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
     assert root["teardown"]["cachingOptions"] == {}
 
 
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        # Each typed right, so the KFP server would take it; a step of the run (of every scheduled
+        # run) would refuse it minutes later (stranger trial). Refused here with that step's rule.
+        (["nodes=-1", "storage=pvc", "pvc_name=data", "launcher=pytorchjob"], "--param: nodes must be an integer from 1"),
+        (["launcher=bogus"], "--param: launcher must be one of local, pytorchjob, trainjob, got 'bogus'"),
+        (["faults=garbage"], "--param: faults: bad fault 'garbage'"),
+        (["faults=sigkill@12:5"], "rank 5 does not exist (world size 2)"),
+        (["storage=pvc", "pvc_name=Training_Data"], "--param: pvc_name 'Training_Data' is not a DNS-1123 subdomain"),
+        (["storage=pvc"], "storage 'pvc' needs pvc_name"),
+        (["launcher=trainjob"], "launcher 'trainjob' needs storage every pod can mount (pvc or fsx), got 'local'"),
+        (["storage=pvc", "pvc_name=data", "launcher=pytorchjob", "trainer_image=ghcr.io/Org/trainer:1"],
+         "is not an image reference"),
+        (["train_overrides={\"seed\": 18446744073709551616}"], "seed must be between 0 and 4294967295"),
+        (["train_overrides={\"step_seconds\": 1e308}"], "step_seconds must be between 0 and 3600"),
+        (["min_improvement=1.5"], "min_improvement must be a finite number in [0, 1)"),
+        (["export=onnx"], "--param: export 'onnx'"),
+        (["namespace=team-a\n", "storage=pvc", "pvc_name=data"], "contains a control character"),
+    ],
+)
+def test_the_resilient_training_pipeline_s_arguments_are_checked_by_its_steps_rules(cli, server, params, message):
+    code, _, err = cli("submit", "--host", server.url, "--package", *[a for p in params for a in ("--param", p)])
+    assert code == 2, err
+    assert message in err and err.count("\n") == 1 and err.startswith("error: "), err
+    assert server.requests == []
+
+
+def test_good_arguments_of_the_resilient_training_pipeline_are_sent(cli, server):
+    params = ["storage=pvc", "pvc_name=training-data", "launcher=pytorchjob", "nodes=2", "faults=sigkill@12:3",
+              "trainer_image=123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0", "export=safetensors"]
+    code, _, err = cli("schedule", "--host", server.url, "--package", "--cron", "0 0 2 * * *",
+                       *[a for p in params for a in ("--param", p)])
+    assert code == 0, err
+    [job] = server.recurring_runs.values()
+    assert job["runtime_config"]["parameters"]["nodes"] == 2  # rank 3 exists: 2 nodes x 8 GPUs
+
+
 def test_submit_before_upload_says_how_to_upload(cli, server):
     code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--param", "run_id=x")
     assert code == 1

@@ -19,6 +19,13 @@ from resilient_training.kfp.cron import CronError, validate_cron
         ("0 0 1-5/2 * * 0,6", "0 0 1-5/2 * * 0,6"),
         ("5/10 * * * * *", "5/10 * * * * *"),
         ("@Daily", "@daily"),
+        # Days some listed month has: fires (February 29 in leap years).
+        ("0 0 2 29 2 *", "0 0 2 29 2 *"),
+        ("0 0 2 31 4,5 *", "0 0 2 31 4,5 *"),
+        ("0 0 2 31 2/2 *", "0 0 2 31 2/2 *"),  # Aug, Oct, Dec
+        # Both day fields restricted: robfig matches either, so the weekday makes it fire.
+        ("0 0 2 31 2 1", "0 0 2 31 2 1"),
+        ("0 0 2 31 2 */2", "0 0 2 31 2 */2"),  # a step > 1 is not robfig's "star"
     ],
 )
 def test_valid_cron_is_accepted(expression, normalised):
@@ -57,6 +64,10 @@ def test_five_fields_are_refused_with_the_six_field_equivalent():
         ("0 0 2 * * * 2026", "has 7 fields; KFP cron has 6"),
         ("", "has 0 fields"),
         ("@every 1h", "unknown cron descriptor '@every'"),
+        # Valid fields, a schedule that never fires (a scheduled run that silently never runs).
+        ("0 0 2 31 2 *", "day-of-month '31' with month '2' never fires"),
+        ("0 0 2 30-31 feb ?", "never fires"),
+        ("0 0 2 31 4,6,9,11 *", "never fires"),
     ],
 )
 def test_bad_cron_names_the_field_and_range(expression, message):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import zoneinfo
 
-from resilient_training.kfp.cron import DESCRIPTORS, FIELDS, CronError, check_field
+from resilient_training.kfp.cron import DESCRIPTORS, FIELDS, CronError, check_days, check_field
 
 CONCURRENCY_POLICIES: tuple[str, ...] = ("Allow", "Forbid", "Replace")
 # Go durations as `@every` takes them: 90m, 1h30m, 2h (no sign, at least one unit).
@@ -32,6 +32,9 @@ def validate_schedule(expression: str) -> str:
         if parts[0].lower() == "@every":
             if len(parts) != 2 or not _GO_DURATION.match(parts[1]):
                 raise CronError(f"@every needs one duration such as 6h or 90m, got {expression!r}")
+            if _seconds(parts[1]) < 1:
+                # robfig/cron runs anything shorter every second: @every 0s would start a run each second.
+                raise CronError(f"@every needs a duration of at least 1s, got {parts[1]!r}")
             return f"@every {parts[1]}"
         if len(parts) > 1 or parts[0].lower() not in DESCRIPTORS:
             known = ", ".join(sorted(DESCRIPTORS | {"@every DURATION"}))
@@ -49,7 +52,17 @@ def validate_schedule(expression: str) -> str:
         )
     for field, part in zip(FIELDS[1:], parts, strict=True):
         check_field(field, part)
+    check_days(*parts[2:])
     return " ".join(parts)
+
+
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(duration: str) -> float:
+    """A Go duration (already matched by _GO_DURATION) in seconds."""
+    return sum(float(number) * _UNIT_SECONDS[unit]
+               for number, unit in re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)", duration))
 
 
 def validate_timezone(name: str) -> str:

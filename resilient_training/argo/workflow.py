@@ -281,7 +281,29 @@ def cron_arguments(items: list[str]) -> tuple[tuple[str, str], ...]:
     values = parse_arguments(resilient_training, items)
     if "storage" in values and values["storage"] not in ARGO_STORAGE:
         raise StepError(f"storage must be one of {', '.join(ARGO_STORAGE)} on Argo, got {values['storage']!r}")
+    if values:
+        check_scheduled_run(values)
     return tuple((name, argo_value(value)) for name, value in values.items())
+
+
+def check_scheduled_run(values: dict[str, Any]) -> None:
+    """Refuse what a scheduled run's steps would refuse: ``values`` over the WorkflowTemplate's defaults.
+
+    Raises:
+        StepError: one line naming the parameter (``nodes=-1``, ``launcher=bogus``, a bad claim name...).
+
+    """
+    from resilient_training.argo.step import StepError
+    from resilient_training.pipelines import arguments
+    from resilient_training.pipelines.resilient_training import resilient_training
+
+    merged = {name: spec.default for name, spec in resilient_training.component_spec.inputs.items()}
+    merged["storage"] = ARGO_STORAGE[0]  # the template's default (workflow_parameters)
+    merged.update(values)
+    try:
+        arguments.check(merged)
+    except ValueError as exc:
+        raise StepError(str(exc)) from None
 
 
 def cron_workflow(schedule: Schedule) -> Any:

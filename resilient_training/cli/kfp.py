@@ -224,6 +224,8 @@ def _compile_argo(args: argparse.Namespace) -> int:
         print(f"{ARGO_PIPELINE}: {paths.cron_workflow} (CronWorkflow {argo_workflow.NAME!r}: "
               f"{'; '.join(schedule.schedules)} {schedule.timezone}, concurrency {schedule.concurrency_policy}, "
               f"starting deadline {deadline}; parameters: {overrides})")
+        if not schedule.arguments:
+            _note_default_schedule()
         return 0
 
     return _run(body)
@@ -257,6 +259,39 @@ def _cron_arguments(items: list[str]) -> tuple[tuple[str, str], ...]:
         return argo_workflow.cron_arguments(items)
     except StepError as exc:
         raise _InputError(f"--cron-param: {exc}") from None
+
+
+def _note_default_schedule() -> None:
+    """The CronWorkflow without --cron-param starts runs with the template's defaults; say when those fail."""
+    from resilient_training.argo.step import StepError
+
+    try:
+        argo_workflow.check_scheduled_run({})
+    except StepError as exc:
+        print(f"note: the CronWorkflow starts runs with the template's defaults, which a run's steps refuse "
+              f"({exc}); give the schedule's values with --cron-param KEY=VALUE", file=sys.stderr)
+
+
+def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any]) -> None:
+    """For this project's resilient-training pipeline: what its steps would refuse, refused before the run exists."""
+    from resilient_training.pipelines import arguments
+    from resilient_training.pipelines.resilient_training import resilient_training
+
+    if compiled.name != arguments.PIPELINE_NAME or set(compiled.inputs) != set(resilient_training.component_spec.inputs):
+        return  # another pipeline (or another version of this one): its steps check their own inputs
+    values = {name: _ir_default(spec) for name, spec in compiled.inputs.items()}
+    values.update(params)
+    try:
+        arguments.check(values)
+    except ValueError as exc:
+        raise ParamError(f"--param: {exc}") from None
+
+
+def _ir_default(spec: kfp_params.PipelineInput) -> Any:
+    # The IR keeps every number as a double: an integer parameter's default 40 reads back as 40.0.
+    if spec.type == "NUMBER_INTEGER" and isinstance(spec.default, float) and spec.default.is_integer():
+        return int(spec.default)
+    return spec.default
 
 
 def _local_pipeline(args: argparse.Namespace, workdir: Path, package: str | Path | None) -> CompiledPipeline:
@@ -310,6 +345,7 @@ def _prepare_run(args: argparse.Namespace, workdir: Path) -> tuple[CompiledPipel
     """Local checks shared by submit and schedule: the pipeline, typed params, credentials."""
     compiled = _local_pipeline(args, workdir, args.package)
     params = kfp_params.parse_params(args.param, compiled.inputs)
+    _check_arguments(compiled, params)
     return compiled, params, _auth(args)
 
 

@@ -87,6 +87,7 @@ def validate_cron(expression: str) -> str:
         )
     for field, part in zip(FIELDS, parts, strict=True):
         check_field(field, part)
+    check_days(*parts[3:])
     return " ".join(parts)
 
 
@@ -102,6 +103,47 @@ def check_field(field: _Field, part: str) -> None:
     """
     for item in part.split(","):
         _check_range(field, item)
+
+
+_DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February 29: fires in leap years
+
+
+def check_days(day_of_month: str, month: str, day_of_week: str) -> None:
+    """Refuse a schedule that never fires: days that no listed month has (``31 2``, ``30-31 feb``).
+
+    robfig/cron matches a date when day-of-month AND day-of-week match if either is ``*``/``?``,
+    OR when both are restricted; only the first case can be empty. Call after :func:`check_field`.
+
+    Raises:
+        CronError: no listed month has any of the listed days.
+
+    """
+    days, days_star = _expand(FIELDS[3], day_of_month)
+    months, _ = _expand(FIELDS[4], month)
+    _, weekdays_star = _expand(FIELDS[5], day_of_week)
+    if not (days_star or weekdays_star):
+        return  # OR: every weekday occurs in every month
+    if not any(day <= _DAYS_IN_MONTH[m - 1] for m in months for day in days):
+        raise CronError(f"day-of-month {day_of_month!r} with month {month!r} never fires: "
+                        "no listed month has any of those days")
+
+
+def _expand(field: _Field, part: str) -> tuple[set[int], bool]:
+    """The values a field matches, and whether it is robfig's "star" (``*`` or ``?`` without a step > 1)."""
+    values: set[int] = set()
+    star = False
+    for item in part.split(","):
+        base, _, step_text = item.partition("/")
+        step = int(step_text) if step_text else 1
+        if base in ("*", "?"):
+            start, end = field.low, field.high
+            star = star or step == 1
+        else:
+            bounds = base.split("-")
+            start = field.value(bounds[0])
+            end = field.value(bounds[1]) if len(bounds) == 2 else (field.high if step_text else start)
+        values.update(range(start, end + 1, step))
+    return values, star
 
 
 def _check_range(field: _Field, item: str) -> None:

@@ -22,6 +22,47 @@ def train_config_for(ref: StorageRef, overrides: dict[str, Any]) -> train_config
     return train_config.from_dict({**overrides, "run_dir": ref.run_dir})
 
 
+def job_spec_for(
+    ref: StorageRef,
+    *,
+    run_id: str,
+    launcher: str,
+    config: train_config.TrainConfig,
+    nodes: int = 1,
+    min_nodes: int = 0,
+    gpus_per_node: int = 8,
+    procs_per_node: int = 0,
+    image: str = "",
+    efa_per_node: int = 0,
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+    service_account: str = "",
+    nvrx_version: str = jobshape.DEFAULT_NVRX_VERSION,
+    backoff_limit: int = 3,
+) -> jobshape.JobSpec | None:
+    """The cluster job for ``launcher`` (None for ``local``), validated: what :func:`launch_training`
+    submits, and what a pipeline's arguments are checked against before a run is created.
+
+    Raises:
+        ValueError: an unknown launcher, a cluster launcher on storage the pods cannot share, or a job
+            setting the API server or operator would refuse.
+
+    """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    if launcher == "local":
+        return None
+    if not ref.shared:
+        raise ValueError(f"launcher {launcher!r} needs storage every pod can mount (pvc or fsx), got {ref.backend!r}")
+    return jobshape.JobSpec(
+        kind=launcher, name=jobshape.job_name_for_run(run_id), namespace=ref.namespace, train=config, storage=ref,
+        image=image or images.TRAINER_IMAGE, nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node,
+        procs_per_node=procs_per_node,
+        efa_per_node=efa_per_node, node_selector=dict(node_selector or {}), tolerations=list(tolerations or []),
+        service_account=service_account, run_id=run_id, nvrx_version=nvrx_version, backoff_limit=backoff_limit,
+    )
+
+
 def launch_training(
     *,
     storage_ref: str,
@@ -67,15 +108,13 @@ def launch_training(
         if not result.ok:
             raise RuntimeError(f"local training failed (exit code {result.exit_code}): {result.reason}")
         return ""
-    if not ref.shared:
-        raise ValueError(f"launcher {launcher!r} needs storage every pod can mount (pvc or fsx), got {ref.backend!r}")
-    spec = jobshape.JobSpec(
-        kind=launcher, name=jobshape.job_name_for_run(run_id), namespace=ref.namespace, train=config, storage=ref,
-        image=image or images.TRAINER_IMAGE, nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node,
-        procs_per_node=procs_per_node,
-        efa_per_node=efa_per_node, node_selector=dict(node_selector or {}), tolerations=list(tolerations or []),
-        service_account=service_account, run_id=run_id, nvrx_version=nvrx_version, backoff_limit=backoff_limit,
+    spec = job_spec_for(
+        ref, run_id=run_id, launcher=launcher, config=config, nodes=nodes, min_nodes=min_nodes,
+        gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=image, efa_per_node=efa_per_node,
+        node_selector=node_selector, tolerations=tolerations, service_account=service_account,
+        nvrx_version=nvrx_version, backoff_limit=backoff_limit,
     )
+    assert spec is not None  # launcher is a cluster kind here
     from resilient_training.launch import watch as launch
 
     if stream_logs not in launch.LOG_MODES:

@@ -24,6 +24,39 @@ APP_LABEL = "app.kubernetes.io/name"
 RUN_ID_LABEL = "resilient-training.io/run-id"
 WORKER_MODULE = "resilient_training.runtime.worker"
 DEFAULT_NVRX_VERSION = "0.7.0"  # what images/trainer installs
+MIN_NVRX_VERSION = (0, 4, 0)  # the oldest NVRx whose ft_launcher flags the adapter knows
+# MAJOR.MINOR[.PATCH], then an optional pre-release or local part (0.7.0rc1, 0.7.0+cu13)
+_NVRX_VERSION = re.compile(r"\d+\.\d+(\.\d+)?([a-z]+\d*|\.post\d+|\.dev\d+)*(\+[A-Za-z0-9.]+)?")
+
+
+# The distribution reference grammar (what the kubelet parses): an optional registry host, path
+# components in lowercase, an optional tag and an optional digest.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(
+    r"(?:(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:]+\])"
+    r"(?::[0-9]+)?/)?"
+    rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?"
+)
+
+
+def image_reference_ok(image: str) -> bool:
+    """True for a reference the kubelet can pull (the grammar above, name at most 255 characters)."""
+    if not _IMAGE.fullmatch(image):
+        return False
+    name = image.split("@")[0]
+    first, slash, _ = name.partition("/")
+    if slash and not ("." in first or ":" in first or first == "localhost") and not re.fullmatch(_PATH_COMPONENT, first):
+        return False  # not a registry host: a path component, which must be lowercase
+    if ":" in name.rpartition("/")[2]:
+        name = name.rsplit(":", 1)[0]
+    return len(name) <= 255
+
+
+def _version(text: str) -> tuple[int, ...]:
+    numbers = [int(part) for part in re.match(r"\d+\.\d+(\.\d+)?", text).group(0).split(".")]
+    return tuple(numbers + [0] * (3 - len(numbers)))
 MAX_NODES = 4096
 DSHM_VOLUME = "dshm"
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
@@ -133,8 +166,16 @@ def validate(spec: JobSpec) -> None:
         )
     if not 0 <= spec.efa_per_node <= 32:
         raise ValueError(f"efa_per_node must be between 0 and 32, got {spec.efa_per_node}")
+    if not _NVRX_VERSION.fullmatch(spec.nvrx_version) or _version(spec.nvrx_version) < MIN_NVRX_VERSION:
+        # The version picks ft_launcher's flags: a typo would silently select another NVRx's flags.
+        raise ValueError(f"nvrx_version must be an NVRx release such as {DEFAULT_NVRX_VERSION} "
+                         f"(at least {'.'.join(map(str, MIN_NVRX_VERSION))}), got {spec.nvrx_version!r}")
     if not spec.image or any(ch.isspace() for ch in spec.image):
         raise ValueError(f"image must be a non-empty image reference without spaces, got {spec.image!r}")
+    if not image_reference_ok(spec.image):
+        # The kubelet would take the pod and fail it with InvalidImageName, after the job was created.
+        raise ValueError(f"image {spec.image!r} is not an image reference: [REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], "
+                         "NAME in lowercase (e.g. ghcr.io/org/trainer:1.0)")
     for what, value in (("cpu", spec.cpu), ("memory", spec.memory), ("shm_size", spec.shm_size)):
         if (value or what == "shm_size") and not _QUANTITY.fullmatch(value):  # an empty sizeLimit fails the CRDs
             raise ValueError(f"{what} {value!r} is not a Kubernetes quantity (e.g. 32, 500m, 64Gi)")

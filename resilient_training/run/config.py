@@ -22,6 +22,18 @@ from typing import Any
 
 from resilient_training.run.paths import has_control
 
+# Past these a worker fails late: timers and timedelta overflow (1e308 s), torch seeds overflow
+# (a seed times the data's stride), RLIMIT_AS overflows; found by a stranger trial of render-job.
+MAX_SECONDS = 30 * 24 * 3600.0
+MAX_SEED = 2**32 - 1
+MAX_MEMORY_LIMIT_MB = 2**40
+INT64_MAX = 2**63 - 1
+
+
+def _check_seconds(name: str, value: float) -> None:
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise ValueError(f"{name} must be a positive number of seconds up to {MAX_SECONDS:.0f} (30 days), got {value}")
+
 
 def _f(default: Any, help_text: str, flag: str = "") -> Any:
     return field(default=default, metadata={"help": help_text, "flag": flag})
@@ -109,6 +121,13 @@ class RestartConfig:
     def __post_init__(self) -> None:
         if self.max_inprocess_restarts < 0 or self.max_restarts < 0:
             raise ValueError("restart limits must be >= 0")
+        if self.min_world_size < 0:
+            raise ValueError(f"min_world_size must be >= 0 (0 = all ranks), got {self.min_world_size}")
+        if not (math.isfinite(self.gpu_reclaim_timeout) and 0 <= self.gpu_reclaim_timeout <= MAX_SECONDS):
+            raise ValueError(f"gpu_reclaim_timeout must be between 0 (no wait) and {MAX_SECONDS:.0f} seconds, "
+                             f"got {self.gpu_reclaim_timeout}")
+        if self.gpu_reclaim_tolerance_mb < 0:
+            raise ValueError(f"gpu_reclaim_tolerance_mb must be >= 0, got {self.gpu_reclaim_tolerance_mb}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -127,8 +146,8 @@ class TimeoutConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, float) and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{f.metadata['flag']} must be a positive number of seconds, got {value}")
+            if isinstance(value, float):
+                _check_seconds(f.metadata["flag"], value)
         if not self.pg < self.soft < self.hard:
             raise ValueError(f"need pg_timeout ({self.pg}) < soft_timeout ({self.soft}) < hard_timeout ({self.hard})")
 
@@ -240,10 +259,18 @@ class TrainConfig:
         if ":" not in self.task or not all(part.strip() for part in self.task.rsplit(":", 1)):
             raise ValueError(f"task {self.task!r} must be MODULE:ATTR or path/to/file.py:ATTR")
         self.task_args = task_args_from(self.task_args)
-        if not (math.isfinite(self.step_seconds) and self.step_seconds >= 0):
-            raise ValueError(f"step_seconds must be >= 0, got {self.step_seconds}")
-        if self.memory_limit_mb < 0:
-            raise ValueError(f"memory_limit_mb must be >= 0 (0 = auto), got {self.memory_limit_mb}")
+        if not (math.isfinite(self.step_seconds) and 0 <= self.step_seconds <= 3600):
+            raise ValueError(f"step_seconds must be between 0 and 3600, got {self.step_seconds}")
+        if not 0 <= self.memory_limit_mb <= MAX_MEMORY_LIMIT_MB:
+            raise ValueError(f"memory_limit_mb must be >= 0 (0 = auto) and at most {MAX_MEMORY_LIMIT_MB}, "
+                             f"got {self.memory_limit_mb}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be between 0 and {MAX_SEED}, got {self.seed}")
+        for group in (self, self.checkpoint, self.restart, self.data, self.model):
+            for f in fields(group):
+                value = getattr(group, f.name)
+                if type(value) is int and abs(value) > INT64_MAX:  # event log, DCP metadata and C++ take int64
+                    raise ValueError(f"{f.metadata.get('flag') or f.name} {value} does not fit 64 bits")
         if self.restart.inprocess and self.restart.ft_launcher and self.timeouts.heartbeat <= self.timeouts.soft:
             raise ValueError(
                 f"heartbeat_timeout ({self.timeouts.heartbeat}) must exceed soft_timeout ({self.timeouts.soft}) "

@@ -190,6 +190,69 @@ def _undo(created: dict[str, Any], request: ProvisionRequest, *, core_api: Any, 
             progress(f"cleanup step failed: {exc}")
 
 
+def provision_request(
+    *,
+    backend: str,
+    run_id: str,
+    namespace: str = "default",
+    mount_path: str = "/mnt/run",
+    run_subdir: str = "",
+    local_root: str = "runs",
+    pvc_name: str = "",
+    fsx_file_system_id: str = "",
+    fsx_subnet_id: str = "",
+    fsx_security_group_ids: str | list[str] = "",
+    fsx_capacity_gib: int = 1200,
+    fsx_deployment_type: str = "SCRATCH_2",
+    fsx_per_unit_throughput: int = 0,
+    fsx_lustre_version: str = "2.15",
+    fsx_import_path: str = "",
+    fsx_export_path: str = "",
+    fsx_tags: dict[str, str] | None = None,
+    region: str = "",
+    fsx_timeout_s: float = 1800.0,
+    fsx_poll_s: float = 30.0,
+    bind_timeout_s: float = 300.0,
+) -> ProvisionRequest:
+    """The validated request for flat parameters; no client is made (a pipeline's arguments are checked with it
+    before a run is created).
+
+    Raises:
+        ValueError: naming the parameter that the request refuses.
+
+    """
+    creating_fsx = backend == "fsx" and not fsx_file_system_id
+    request = ProvisionRequest(
+        backend=backend, run_id=run_id, namespace=namespace, mount_path=mount_path, run_subdir=run_subdir,
+        local_root=local_root, pvc_name=pvc_name, existing_fsx_id=fsx_file_system_id,
+        fsx=fsx.FsxRequest(
+            run_id=run_id, region=region, subnet_id=fsx_subnet_id,
+            security_group_ids=_split(fsx_security_group_ids), capacity_gib=fsx_capacity_gib,
+            deployment_type=fsx_deployment_type, per_unit_throughput=fsx_per_unit_throughput,
+            lustre_version=fsx_lustre_version, import_path=fsx_import_path, export_path=fsx_export_path,
+            tags=dict(fsx_tags or {}),
+        ) if creating_fsx else None,
+        fsx_timeout_s=fsx_timeout_s, fsx_poll_s=fsx_poll_s, bind_timeout_s=bind_timeout_s,
+    )
+    if backend == "fsx" and fsx_file_system_id and (fsx_subnet_id or fsx_security_group_ids or fsx_import_path):
+        raise ValueError("fsx_file_system_id reuses a file system: subnet, security groups and S3 paths do not apply")
+    return request
+
+
+def planned_ref(request: ProvisionRequest) -> StorageRef:
+    """The reference :func:`provision` would return for ``request`` (pvc and fsx: its claim, mount and run
+    directory; nothing is looked up or created), for checks made before the run.
+    """
+    if request.backend == "local":
+        return StorageRef(backend="local", run_dir=request.run_dir(request.local_root))
+    pv_name, pvc_name = request.volume_names
+    return StorageRef(backend=request.backend, run_dir=request.run_dir(request.mount_path),
+                      mount_path=request.mount_path, namespace=request.namespace, pvc_name=pvc_name,
+                      pv_name=pv_name if request.backend == "fsx" else "",
+                      # a file system to be created has no id yet: this stands for it
+                      fsx_id=(request.existing_fsx_id or "fs-to-be-created") if request.backend == "fsx" else "")
+
+
 def _split(values: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     if isinstance(values, str):
         return tuple(v.strip() for v in values.split(",") if v.strip())
@@ -227,25 +290,19 @@ def provision_storage(
 
     Clients are made only after validation, and only those the backend needs.
     """
-    creating_fsx = backend == "fsx" and not fsx_file_system_id
     if backend != "local" and not namespace:
         from resilient_training.launch import kube_client
 
         namespace = kube_client.default_namespace()
-    request = ProvisionRequest(
+    request = provision_request(
         backend=backend, run_id=run_id, namespace=namespace, mount_path=mount_path, run_subdir=run_subdir,
-        local_root=local_root, pvc_name=pvc_name, existing_fsx_id=fsx_file_system_id,
-        fsx=fsx.FsxRequest(
-            run_id=run_id, region=region, subnet_id=fsx_subnet_id,
-            security_group_ids=_split(fsx_security_group_ids), capacity_gib=fsx_capacity_gib,
-            deployment_type=fsx_deployment_type, per_unit_throughput=fsx_per_unit_throughput,
-            lustre_version=fsx_lustre_version, import_path=fsx_import_path, export_path=fsx_export_path,
-            tags=dict(fsx_tags or {}),
-        ) if creating_fsx else None,
-        fsx_timeout_s=fsx_timeout_s, fsx_poll_s=fsx_poll_s, bind_timeout_s=bind_timeout_s,
+        local_root=local_root, pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
+        fsx_security_group_ids=fsx_security_group_ids, fsx_capacity_gib=fsx_capacity_gib,
+        fsx_deployment_type=fsx_deployment_type, fsx_per_unit_throughput=fsx_per_unit_throughput,
+        fsx_lustre_version=fsx_lustre_version, fsx_import_path=fsx_import_path, fsx_export_path=fsx_export_path,
+        fsx_tags=fsx_tags, region=region, fsx_timeout_s=fsx_timeout_s, fsx_poll_s=fsx_poll_s,
+        bind_timeout_s=bind_timeout_s,
     )
-    if backend == "fsx" and fsx_file_system_id and (fsx_subnet_id or fsx_security_group_ids or fsx_import_path):
-        raise ValueError("fsx_file_system_id reuses a file system: subnet, security groups and S3 paths do not apply")
     if backend != "local" and core_api is None:
         from kubernetes import client
 
