@@ -147,7 +147,19 @@ case $suite in
     ;;
   fault-matrix)  # every fault type once, in one run: layer, fault -> first step, root cause (report_gpu.py)
     run matrix --steps "${FM_STEPS:-450}" --checkpoint-every 50 --local-checkpoint-every 25 ${SPARE:+--warm-spare} \
-        --faults "exception@60:0,sigkill@110:1,oom@160:1,nan@210:0,ckpt-kill@250:1,hang@300:1,writer-kill@350:0,ckpt-hang@400:1,exception@420:0,load-hang@401:1"
+        ${MEM:+--memory-snapshot-every 5} \
+        --faults "exception@60:0,sigkill@110:$r1,oom@160:$r1,nan@210:0,ckpt-kill@250:$r1,hang@300:$r1,writer-kill@350:0,ckpt-hang@400:$r1,exception@420:0,load-hang@401:$r1"
+    ;;
+  call26)  # one device call (1 GPU or more): every fault type once with warm spares and the memory
+    # snapshot, then the reference goodput schedule with the product's defaults (a regression check)
+    SPARE=1 MEM=1 "$0" fault-matrix "$out"
+    SPARE=1 "$0" goodput-product "$out"
+    ;;
+  call27)  # one device call (1 GPU or more): call26's fault matrix again (load-hang in a memory
+    # restore), the killed-rank restart cold and from a warm spare, then call8 (--host-snapshot)
+    SPARE=1 MEM=1 "$0" fault-matrix "$out"
+    "$0" spare "$out"
+    "$0" call8 "$out"
     ;;
   restart-profile)  # short: where each layer's restart time goes (NVRx's phases, the agent's phases),
     # with the product's defaults: two killed ranks (launcher, warm spare) around an exception; then

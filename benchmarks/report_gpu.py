@@ -92,7 +92,9 @@ def main(paths: list[str]) -> None:
             baseline = spans.get(f"{prefix}no_ckpt")
             efficiency = f"{baseline / span:.1%}" if baseline else "–"
             args = (run / "args.txt").read_text().strip() if (run / "args.txt").exists() else ""
-            print(f"| {run.name} | `{args}` | {m['status']} | {m['training_goodput']:.1%} | "
+            status = m["status"] + (f" (never injected: {', '.join(m['faults_not_injected'])})"
+                                    if m.get("faults_not_injected") else "")
+            print(f"| {run.name} | `{args}` | {status} | {m['training_goodput']:.1%} | "
                   f"{m['infrastructure_goodput']:.1%} | {recoveries} | {fmt(m['rollback_steps']['mean'], '{:.0f}')} | "
                   f"{fmt(m['lost_seconds_per_fault']['mean'])} | "
                   f"{fmt(ck['stall_seconds']['mean'])} | {ck['committed']}+{ck.get('committed_local_tier', 0)} local "

@@ -90,7 +90,7 @@ def test_layer_is_inferred_when_no_restart_done_was_logged(tmp_path: Path) -> No
 def test_fault_absorbed_without_restart_costs_nothing(tmp_path: Path) -> None:
     log = ScriptedLog(tmp_path)
     log.steps(1, 3)
-    log.emit("fault_injected", 4, rank=0, fault="ckpt-kill")
+    log.emit("fault_injected", 4, rank=0, fault="nan@4:0", type="nan")  # with --no-nan-guard: nothing stops
     log.steps(4, 6)
     log.end()
     log.close()
@@ -294,6 +294,57 @@ def test_a_fault_at_a_save_logged_before_the_peer_s_step_is_not_absorbed(tmp_pat
     assert fault["layer"] == "launcher" and fault["root_cause"]["kind"] == "ckpt-kill"
     assert fault["recovery_seconds"] == pytest.approx(3.1)
     assert fault["lost_seconds"] == pytest.approx(3.1 + 0.1)  # step 6 was trained twice
+
+
+@pytest.mark.parametrize("kind", ["ckpt-kill", "sigkill"])
+def test_a_killed_reference_rank_that_logged_a_step_before_dying_is_a_launcher_restart(tmp_path: Path, kind: str) -> None:
+    """One GPU: rank 0 submits its shard, logs one more step, then dies (an async ckpt-kill on an
+    H200, 2026-12-02). The report said layer none, 0 s, and the downtime left the restart out.
+    """
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 5, checkpoint_every=5)
+    log.emit("fault_injected", 5, rank=0, fault=f"{kind}@5:0", type=kind)
+    log.steps(6, 6)  # t = 0.6: logged before the SIGKILL took effect
+    log.attempt += 1
+    log.wait(3.0)
+    log.emit("restart_done", layer="launcher")
+    log.emit("load_done", 5, path="checkpoints/step_5", seconds=0.2)
+    log.steps(6, 8)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    (fault,) = m["faults"]
+    assert fault["layer"] == "launcher" and fault["root_cause"]["kind"] == kind
+    assert fault["recovery_seconds"] == pytest.approx(3.2)  # from the injection (t = 0.5) to step 6 again (t = 3.7)
+    assert fault["rollback_steps"] == 1
+    assert m["downtime_seconds"] > 3.0 and m["restart_causes"] == {kind: 1}
+
+
+def test_a_scheduled_fault_that_never_fired_is_named_in_the_metrics_and_the_report(tmp_path: Path) -> None:
+    """A load-hang fires only in a restore read from storage; with memory snapshots an in-process
+    restore never reads one, and the fault matrix on one H200 completed without it (2026-12-02).
+    """
+    import json
+
+    from resilient_training.gates.report import render_html
+
+    layout.config_path(tmp_path).write_text(json.dumps({"faults": "exception@4:0,load-hang@5:0,nan@6:0x2"}))
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 3)
+    log.emit("fault_injected", 4, rank=0, fault="exception@4:0", type="exception")
+    log.emit("fault_injected", 6, rank=0, fault="nan@6:0", type="nan")  # once of twice
+    log.steps(4, 8)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert m["faults_not_injected"] == ["load-hang@5:0", "nan@6:0x2"]
+    assert "never fired" in render_html(m, "run") and "load-hang@5:0, nan@6:0x2" in render_html(m, "run")
+    layout.config_path(tmp_path).write_text(json.dumps({"faults": "exception@4:0,nan@6:0"}))
+    assert compute_metrics(tmp_path)["faults_not_injected"] == []
+    layout.config_path(tmp_path).write_text("{not json")  # unreadable: nothing claimed either way
+    assert compute_metrics(tmp_path)["faults_not_injected"] == []
 
 
 def test_a_fault_that_strikes_during_another_s_recovery_is_named_with_it(tmp_path: Path) -> None:

@@ -109,8 +109,10 @@ def test_the_progress_guard_names_the_hung_rank_before_any_collective_timeout(tm
         ("ckpt-hang@8:1", "ckpt-hang@8:1", []),
         # Sync saves: step 8 is committed before the exception at step 10, whatever the load.
         ("exception@10:0,load-hang@4:1", "load-hang@4:1", ["--no-async-checkpoint"]),
+        # The restore is from a memory snapshot (no storage read): the hang fires there too.
+        ("exception@10:0,load-hang@4:1", "load-hang@4:1", ["--memory-snapshot-every", "2"]),
     ],
-    ids=["during-sync-save", "during-async-save", "during-restore"],
+    ids=["during-sync-save", "during-async-save", "during-restore", "during-memory-restore"],
 )
 def test_a_hang_during_a_save_or_a_restore_is_recovered_in_process(tmp_path, faults, fault, extra):
     run = train(tmp_path / "run", *FAST, "--faults", faults, *extra)

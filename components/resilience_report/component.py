@@ -44,6 +44,7 @@ def resilience_report(
         "steps_replayed": m["steps"]["replayed"],
         "faults": len([f for f in m["faults"] if f["layer"] != "none"]),
         "unrecovered_faults": m["unrecovered_faults"],
+        "faults_not_injected": len(m["faults_not_injected"]),
         "recovery_p50_seconds": m["recovery_seconds"]["all"]["p50"],
         "recovery_p95_seconds": m["recovery_seconds"]["all"]["p95"],
         "recovery_max_seconds": m["recovery_seconds"]["all"]["max"],

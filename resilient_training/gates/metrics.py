@@ -71,6 +71,8 @@ COMM_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistEr
 # Injected faults whose failure shows later (the writer is found dead at the next save), by the cause
 # the trainer then reports: the later episode is that fault's, not a fault of its own.
 DELAYED = {"writer_died": "writer-kill"}
+# Injected faults that end their rank's process whatever the layers do (see _absorbed).
+ALWAYS_KILLS = frozenset({"sigkill", "ckpt-kill"})
 LAYER_ORDER = {"none": 0, "writer": 1, "reload": 2, "inprocess": 3, "launcher": 4, "pod": 5}
 # Layers that recover without stopping training: their episodes are recovery time, not downtime.
 NON_STOPPING = ("none", "writer")
@@ -315,9 +317,15 @@ def _absorbed(episode: Episode, step_event: ev.Event) -> bool:
 
     Past means a later step: a fault injected at a save (after its step) on one rank can be
     logged before a peer logs that same step (seen on 2 GPUs: a ckpt-kill taken for absorbed).
+    A fault that always kills its rank, some time after it is logged, is never absorbed: on one
+    GPU the killed rank is the reference rank, and it logged a step between the injection and
+    its death (an async ckpt-kill dies once the writer holds its shard): that launcher restart
+    was reported as layer ``none``, 0 s, and left out of the downtime (H200, 2026-12-02).
     """
+    kind = str(episode.fault or "").split("@")[0]
     return (
-        set(episode.triggers) == {"fault_injected"}
+        kind not in ALWAYS_KILLS
+        and set(episode.triggers) == {"fault_injected"}
         and episode.fault_step is not None
         and step_event.step is not None
         and step_event.step > episode.fault_step
@@ -449,6 +457,24 @@ def segments(events: list[ev.Event]) -> list[dict[str, Any]]:
     return sorted(spans.values(), key=lambda s: s["start"])
 
 
+def faults_not_injected(run_dir: str | os.PathLike[str], events: list[ev.Event]) -> list[str]:
+    """Scheduled faults (the run's config.json) that never fired, e.g. a ``load-hang`` whose rank only
+    ever restored from a memory snapshot (H200, 2026-12-02): a run that completed did not prove
+    recovery from those. Empty when the schedule cannot be read (no config, a YAML file elsewhere).
+    """
+    import json
+
+    from resilient_training.run import faults as flt
+
+    try:
+        spec = json.loads(layout.config_path(run_dir).read_text()).get("faults") or ""
+        schedule = flt.parse(str(spec))
+    except (OSError, ValueError, AttributeError):  # FaultSpecError is a ValueError
+        return []
+    fired = Counter(e.get("fault") for e in events if e.event == "fault_injected")
+    return [str(f) for f in schedule if fired.get(f.key, 0) < f.count]
+
+
 def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | None = None) -> dict[str, Any]:
     """Every number of the resilience report, as plain JSON-able values."""
     events = load_events(run_dir) if events is None else events
@@ -514,6 +540,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "rollback_steps": percentiles([float(p.rollback) for p in restarted if p.rollback is not None]),
         "restart_causes": dict(Counter(p.cause for p in restarted)),
         "faults_injected": dict(Counter(e.get("fault") for e in events if e.event == "fault_injected")),
+        "faults_not_injected": faults_not_injected(run_dir, events),
         "restarts_by_layer": dict(Counter(p.layer for p in restarted)),
         "checkpoints": {
             "committed": len(commits),

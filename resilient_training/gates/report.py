@@ -205,6 +205,9 @@ def render_html(m: dict[str, Any], title: str) -> str:
          f"p95 {_fmt(m['recovery_seconds']['all']['p95'], ' s')}"),
         ("wall time", _fmt(m["wall_seconds"], " s", 1), f"downtime {_fmt(m['downtime_seconds'], ' s', 1)}"),
     ]
+    missed = m.get("faults_not_injected") or []
+    not_fired = (f'<p><span class="badge bad">not injected</span> scheduled, never fired (this run proves no '
+                 f'recovery from them): {e(", ".join(missed))}</p>' if missed else "")
     fault_rows = "".join(
         f"<tr><td>{i + 1}</td><td>{e(str(f['fault'] or '–'))}</td><td>{e(_root_cause(f))}</td><td>{e(f['layer'])}</td>"
         f"<td>{_fmt(f['fault_step'])}</td><td>{_fmt(f['restored_step'])}</td><td>{_fmt(f['rollback_steps'])}</td>"
@@ -243,6 +246,7 @@ def render_html(m: dict[str, Any], title: str) -> str:
 <h2>Faults</h2>
 <table><tr><th>#</th><th>injected</th><th>cause</th><th>layer</th><th>at step</th><th>restored</th><th>rollback (steps)</th>
 <th>recovery</th><th>where it went</th><th>at</th></tr>{fault_rows or '<tr><td colspan="10">no fault</td></tr>'}</table>
+{not_fired}
 <h2>Checkpoints</h2>
 <img alt="checkpoint freshness over time" src="{freshness_chart(m)}">
 <table>

@@ -565,12 +565,14 @@ class Trainer:
         # One phase up to the agreement below: a rank that restores from memory waits there for
         # a peer still reading storage (seen on 2 GPUs: taken for a hang at the step allowance).
         outer = self.guard.begin_phase("load")
+        if (manifest.get("memory") or path is not None) and any(f.type in flt.LOAD_FAULTS for f in self.faults):
+            # Any restore, a memory snapshot's too: with snapshots an in-process restore never reads
+            # storage, and a load-hang never fired (fault matrix on one H200, 2026-12-02).
+            self.injector.hang_in_restore(flt.reached_step(ev.read_events(self.config.run_dir), self.rank), step)
         if manifest.get("memory"):
             source, data_state = checkpointer.load_memory(manifest, model, optimizer, scheduler)
             tk.call(data, "load_state_dict", data_state)
         elif path is not None:
-            if any(f.type in flt.LOAD_FAULTS for f in self.faults):
-                self.injector.hang_in_restore(flt.reached_step(ev.read_events(self.config.run_dir), self.rank), step)
             source, data_state = checkpointer.load(path, manifest, model, optimizer, scheduler)
             tk.call(data, "load_state_dict", data_state)
         laps.lap("load_checkpoint")

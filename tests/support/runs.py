@@ -55,7 +55,12 @@ def check_recovered(run: Run, fault: str, *, layer: str, cause: str | None, step
     assert restarts and restarts[0]["layer"] == layer, [(e.rank, e["layer"]) for e in restarts]
     load = next(e for e in after if e.event == "load_done" and e.ts > restarts[0].ts)
     committed = [e.step for e in events if e.event == "ckpt_committed" and e.ts < load.ts and e.step <= fault_event.step]
-    if str(load.get("source")).startswith("memory (staged"):
+    if str(load.get("source")) == "memory (snapshot)":
+        # An in-process restart from the memory snapshot: a step trained before the fault's restart.
+        assert layer == "inprocess", load.fields
+        trained = [e.step for e in events if e.event == "step" and e.rank == load.rank and e.ts < fault_event.ts]
+        assert load.step in trained, (load.step, trained)
+    elif str(load.get("source")).startswith("memory (staged"):
         # An in-process restart may restore a save still in flight that every rank had staged:
         # newer than the last commit, and the last save this rank began before the fault.
         assert layer == "inprocess", load.fields
