@@ -161,6 +161,11 @@ case $suite in
     "$0" spare "$out"
     "$0" call8 "$out"
     ;;
+  call28)  # one device call (1 GPU or more): the fault matrix after a memory restore got its own
+    # budget (a load-hang there), then the reference schedule with the product's defaults
+    SPARE=1 MEM=1 "$0" fault-matrix "$out"
+    SPARE=1 "$0" goodput-product "$out"
+    ;;
   restart-profile)  # short: where each layer's restart time goes (NVRx's phases, the agent's phases),
     # with the product's defaults: two killed ranks (launcher, warm spare) around an exception; then
     # how long a killed process with GPU and page-locked memory takes to be gone

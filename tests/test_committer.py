@@ -103,11 +103,20 @@ class _Killed(BaseException):
     """The process dying at this point (the launcher stopping rank 0 after a peer died)."""
 
 
-@pytest.mark.parametrize("dies_in", ["fsync_dir", "_atomic_write_text", "prune"])
-def test_a_commit_killed_after_its_rename_has_already_logged_it(tmp_path, monkeypatch, dies_in):
-    # CI once restored step 4 with no ckpt_committed of it: rank 0 was killed after the rename
-    # made step_4 loadable, while it still synced and updated `latest` before logging.
-    real, state = getattr(fmt, dies_in), {"renamed": False}
+@pytest.mark.parametrize(("dies_in", "committed"), [
+    ("fsync_dir", False),  # the fsync that makes the rename durable: `latest` still names the old step
+    ("_atomic_write_text", False),  # writing `latest`
+    ("second fsync_dir", True),  # after `latest` moved: the restart loads step 2
+    ("prune", True),
+])
+def test_a_killed_commit_is_logged_exactly_when_a_restart_would_load_it(tmp_path, monkeypatch, dies_in, committed):
+    """Rank 0 stopped by the launcher mid-commit (a peer had died). CI once restored step 4 with
+    no ckpt_committed of it (logged after the fsyncs and pruning); logged at the rename instead,
+    CI then saw step 4 logged and step 0 restored (killed before `latest` moved). The event
+    now follows `latest`, the commit point.
+    """
+    name = dies_in.split()[-1]
+    real, state = getattr(fmt, name), {"renamed": False, "calls": 0}
     real_rename = fmt.Path.rename
 
     def rename(self, target):
@@ -117,11 +126,13 @@ def test_a_commit_killed_after_its_rename_has_already_logged_it(tmp_path, monkey
 
     def dies_after_rename(*args, **kwargs):
         if state["renamed"]:
-            raise _Killed(dies_in)
+            state["calls"] += 1
+            if state["calls"] == (2 if dies_in.startswith("second") else 1):
+                raise _Killed(dies_in)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(fmt.Path, "rename", rename)
-    monkeypatch.setattr(fmt, dies_in, dies_after_rename)
+    monkeypatch.setattr(fmt, name, dies_after_rename)
     model, optimizer, data = train_state(TINY, seed=1234, steps=1)
     events = []
     checkpointer = _checkpointer(tmp_path, events)
@@ -129,8 +140,9 @@ def test_a_commit_killed_after_its_rename_has_already_logged_it(tmp_path, monkey
     checkpointer.maybe_commit(checkpointer.local_done())
     with pytest.raises(_Killed):
         checkpointer.committer.settle(30)
-    assert fmt.committed_steps(tmp_path / "run" / "checkpoints") == [2]  # what a restart restores
-    assert ("ckpt_committed", 2) in events
+    latest = fmt.read_latest(tmp_path / "run" / "checkpoints")  # what a restart restores
+    assert (latest is not None and latest.name == "step_2") is committed
+    assert (("ckpt_committed", 2) in events) is committed
 
 
 def test_a_commit_whose_log_line_fails_still_moves_latest_to_it(tmp_path):

@@ -169,3 +169,14 @@ def test_the_step_allowance_never_exceeds_the_soft_timeout(guard_and_recorder):
     guard.slowest_gap = 0.5  # one slow step: 5 x 0.5 = 2.5 s > soft_timeout 0.6 s
     assert guard.step_allowance == 0.6
     assert "would be longer" in guard.describe()
+
+
+def test_a_phase_never_measured_can_have_a_shorter_default_than_a_restart_s_set_up():
+    guard = ProgressGuard(initial=0.6, phase_default=30.0, floor=0.3, margin=5.0)
+    try:
+        guard.begin_phase("restore_memory", default=0.6)
+        assert guard.describe() == "phase restore_memory: allowance 0.6 s (default)"
+        assert guard.phase_allowance("load") == 30.0  # the others keep phase_default
+        assert guard.phase_allowance("restore_memory", default=0.1) == 0.3  # never below the floor
+    finally:
+        guard.close()

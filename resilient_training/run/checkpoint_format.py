@@ -385,17 +385,19 @@ def commit(
     keep_last: int = 3,
     ranks: list[int] | None = None,
     remove: Callable[[Path], Any] | None = None,
-    on_visible: Callable[[Path], Any] | None = None,
+    on_committed: Callable[[Path], Any] | None = None,
 ) -> Path:
     """Turn a temporary directory holding every rank's files into committed ``step_N``.
 
     Called by rank 0 only (on the node-local tier: by each rank for its own files), once all
     ranks reported their files durable. Returns the path of the committed checkpoint. ``ranks``
     names the ranks a partial (node-local tier) checkpoint holds; by default all ``world_size``.
-    ``remove`` deletes what pruning moved aside (see :func:`prune`). ``on_visible`` is called
-    with the committed path the moment the rename makes it restorable, before the fsyncs,
-    ``latest`` and pruning: a process killed during those (the launcher stopping a rank after
-    a peer died) has already recorded the commit a restart will load.
+    ``remove`` deletes what pruning moved aside (see :func:`prune`). ``on_committed`` is called
+    with the committed path the moment ``latest`` names it (the commit point: what a restart
+    loads), before the last fsync and pruning, so a process killed during those (the launcher
+    stopping a rank after a peer died) has already recorded it. Called at the rename instead, a
+    rank 0 killed before ``latest`` moved logged a commit that the restart did not load (CI,
+    2026-12-02: step 4 logged, step 0 restored).
     """
     tmp_dir = Path(tmp_dir)
     root = tmp_dir.parent
@@ -448,12 +450,12 @@ def commit(
         # earlier attempt: `latest` does not name it, so it can be moved aside safely.
         shutil.rmtree(final.rename(root / f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}"))
     tmp_dir.rename(final)
+    fsync_dir(root)  # the rename is durable before `latest` names it
+    _atomic_write_text(root / LATEST_NAME, final.name + "\n")
     try:
-        if on_visible is not None:
-            on_visible(final)
-    finally:  # a callback that failed (the event log's disk full) still leaves `latest` naming the step
-        fsync_dir(root)
-        _atomic_write_text(root / LATEST_NAME, final.name + "\n")
+        if on_committed is not None:
+            on_committed(final)
+    finally:  # a callback that failed (the event log's disk full) still leaves the commit durable and pruned
         fsync_dir(root)
         prune(root, keep_last=keep_last, remove=remove)
     return final

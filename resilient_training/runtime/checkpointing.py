@@ -1631,11 +1631,12 @@ class Checkpointer:
         if self.rank != 0 and not local:
             return
 
-        def visible(path: Path) -> None:
+        def committed(path: Path) -> None:
             if self.rank != 0:
                 return
-            # Logged as soon as a restart could load it (CI once saw rank 0 killed between the
-            # rename and a log line written after the fsyncs: a restore of a step with no commit).
+            # Logged the moment `latest` names it, before the last fsync and pruning (CI once saw
+            # rank 0 killed between `latest` and a log line written after those: a restore of a
+            # step with no commit; and, logged at the rename, a commit logged but not restored).
             # The manifest's digest: validation proves the checkpoint it reads is the one this run
             # committed (not one copied in from another run, or rewritten consistently since).
             size = sum(f.stat().st_size for f in path.iterdir())
@@ -1646,7 +1647,7 @@ class Checkpointer:
         def commit() -> None:
             fmt.commit(in_flight.tmp_dir, step=in_flight.step, world_size=self.world_size,
                        manifest_fields=in_flight.manifest_fields, keep_last=2 if local else self.config.checkpoint.keep_last,
-                       ranks=[self.rank] if local else None, remove=self.remover, on_visible=visible)
+                       ranks=[self.rank] if local else None, remove=self.remover, on_committed=committed)
             if not local:
                 fmt.write_iteration_file(self.config.run_dir, in_flight.step)
 

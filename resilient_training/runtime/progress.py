@@ -76,13 +76,14 @@ class ProgressGuard:
             return self.initial
         return min(self.initial, max(self.floor, self.margin * self.slowest_gap))
 
-    def phase_allowance(self, name: str) -> float:
+    def phase_allowance(self, name: str, default: float | None = None) -> float:
         """A phase never gets less than ``initial`` (soft_timeout): steps calibrate below it, phases
-        (a restart's set-up, a load) vary more with what else the machine is doing.
+        (a restart's set-up, a load) vary more with what else the machine is doing. ``default``:
+        the allowance before the phase was ever measured (else ``phase_default``).
         """
         measured = self.slowest_phase.get(name)
         if measured is None:
-            return self.phase_default
+            return self.phase_default if default is None else max(self.floor, default)
         return max(self.floor, self.initial, self.margin * measured)
 
     def describe(self) -> str:
@@ -141,12 +142,12 @@ class ProgressGuard:
             self._last = now
         self._report()
 
-    def begin_phase(self, name: str) -> tuple[str, float, float] | None:
+    def begin_phase(self, name: str, *, default: float | None = None) -> tuple[str, float, float] | None:
         """Enter a known long stretch without steps; returns what :meth:`end_phase` takes."""
         started = self._clock()
         with self._lock:
             outer = self._phase
-            self._phase = (name, self.phase_allowance(name), started)
+            self._phase = (name, self.phase_allowance(name, default), started)
             self._last = started
         return outer
 

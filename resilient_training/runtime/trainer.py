@@ -564,7 +564,12 @@ class Trainer:
             self.guard.load_state_dict(manifest["progress"])
         # One phase up to the agreement below: a rank that restores from memory waits there for
         # a peer still reading storage (seen on 2 GPUs: taken for a hang at the step allowance).
-        outer = self.guard.begin_phase("load")
+        # Every rank restores from the device's memory or none does (find_restorable agrees): such a
+        # restore is a copy within the GPU and has its own budget, soft_timeout until measured (a
+        # hang in one waited out the storage load's 16.7 s on one H200, 2026-12-02).
+        in_device = manifest.get("memory") in ("snapshot", "staged")
+        outer = (self.guard.begin_phase("restore_memory", default=self.config.timeouts.soft) if in_device
+                 else self.guard.begin_phase("load"))
         if (manifest.get("memory") or path is not None) and any(f.type in flt.LOAD_FAULTS for f in self.faults):
             # Any restore, a memory snapshot's too: with snapshots an in-process restore never reads
             # storage, and a load-hang never fired (fault matrix on one H200, 2026-12-02).
@@ -580,7 +585,8 @@ class Trainer:
         agreed = torch.tensor([step, -step], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
         agreed_steps = int(agreed[0]), int(-agreed[1])  # reads the result: waits for every rank
-        self.guard.end_phase(outer, measure=source == "storage")  # memory says nothing of storage
+        # A memory restore says nothing of storage; it is measured under its own name.
+        self.guard.end_phase(outer, measure=source == "storage" or in_device)
         if agreed_steps != (step, step):
             raise fmt.CheckpointError(f"ranks restored different steps (max {agreed_steps[0]}, min {agreed_steps[1]})")
         if manifest.get("ft_state"):
