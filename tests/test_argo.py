@@ -477,5 +477,5 @@ def test_the_docs_give_the_template_s_parameter_count():
     text = (Path(__file__).resolve().parent.parent / "docs" / "argo.md").read_text()
     found = re.findall(r"(\d+) parameter\(s\)\)|The (\d+) workflow parameters", text)
     counts = {int(listed or prose) for listed, prose in found}
-    assert len(found) == 3
+    assert len(found) >= 3  # every place the docs give it
     assert counts == {len(argo.workflow_parameters())}, counts

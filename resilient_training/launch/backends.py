@@ -69,26 +69,18 @@ def launch_training(
     run_id: str,
     launcher: str = "local",
     train: dict[str, Any] | None = None,
-    nodes: int = 1,
-    min_nodes: int = 0,
-    gpus_per_node: int = 8,
     procs_per_node: int = 0,
-    image: str = "",
-    efa_per_node: int = 0,
-    node_selector: dict[str, str] | None = None,
-    tolerations: list[dict[str, Any]] | None = None,
-    service_account: str = "",
-    nvrx_version: str = jobshape.DEFAULT_NVRX_VERSION,
-    backoff_limit: int = 3,
     timeout_s: float = 24 * 3600.0,
     poll_s: float = 15.0,
     stream_logs: str = "worker-0",
     training_client: Any = None,
     job_api: Any = None,
     progress: Callable[[str], None] = print,
+    **job: Any,
 ) -> str:
     """Run training to completion; returns the job's name ('' for local). Raises on failure.
 
+    ``job``: the cluster job's settings (:func:`job_spec_for`: nodes, gpus_per_node, image, ...).
     ``training_client`` (pytorchjob) or ``job_api`` (either kind, see ``launch.watch``) reach the
     cluster; by default they are made from the pod's service account or the kubeconfig.
     """
@@ -108,12 +100,7 @@ def launch_training(
         if not result.ok:
             raise RuntimeError(f"local training failed (exit code {result.exit_code}): {result.reason}")
         return ""
-    spec = job_spec_for(
-        ref, run_id=run_id, launcher=launcher, config=config, nodes=nodes, min_nodes=min_nodes,
-        gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=image, efa_per_node=efa_per_node,
-        node_selector=node_selector, tolerations=tolerations, service_account=service_account,
-        nvrx_version=nvrx_version, backoff_limit=backoff_limit,
-    )
+    spec = job_spec_for(ref, run_id=run_id, launcher=launcher, config=config, procs_per_node=procs_per_node, **job)
     assert spec is not None  # launcher is a cluster kind here
     from resilient_training.launch import watch as launch
 

@@ -562,11 +562,9 @@ def read_latest(root: str | os.PathLike[str]) -> Path | None:
     if not pointer.is_file():
         return None
     try:
-        name = pointer.read_bytes().decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{pointer} is not UTF-8 text") from None
-    except OSError as exc:
-        raise CheckpointError(f"{pointer} cannot be read: {exc.strerror or exc}") from None
+        name = _read_text(pointer).strip()
+    except FileNotFoundError:  # pruned or replaced between the check and the read
+        return None
     if parse_step_dirname(name) is None:
         raise CheckpointError(f"{pointer} names {name!r}, which is not a step directory")
     path = root / name
@@ -583,18 +581,25 @@ def read_manifest(ckpt_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"{path} is missing: not a committed checkpoint") from None
 
 
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; CheckpointError (one line) for anything else in its place.
+def _read_text(path: Path) -> str:
+    """UTF-8 text of ``path``; CheckpointError (one line) when it cannot be read or decoded.
     FileNotFoundError passes through: the callers say what a missing file means.
     """
     try:
-        text = path.read_bytes().decode("utf-8")
+        return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise
     except UnicodeDecodeError:
         raise CheckpointError(f"{path} is not UTF-8 text") from None
     except OSError as exc:
         raise CheckpointError(f"{path} cannot be read: {exc.strerror or exc}") from None
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; CheckpointError (one line) for anything else in its place.
+    FileNotFoundError passes through: the callers say what a missing file means.
+    """
+    text = _read_text(path)
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -262,31 +262,14 @@ def _split(values: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
 def provision_storage(
     *,
     backend: str,
-    run_id: str,
     namespace: str = "",
-    mount_path: str = "/mnt/run",
-    run_subdir: str = "",
-    local_root: str = "runs",
-    pvc_name: str = "",
-    fsx_file_system_id: str = "",
-    fsx_subnet_id: str = "",
-    fsx_security_group_ids: str | list[str] = "",
-    fsx_capacity_gib: int = 1200,
-    fsx_deployment_type: str = "SCRATCH_2",
-    fsx_per_unit_throughput: int = 0,
-    fsx_lustre_version: str = "2.15",
-    fsx_import_path: str = "",
-    fsx_export_path: str = "",
-    fsx_tags: dict[str, str] | None = None,
-    region: str = "",
-    fsx_timeout_s: float = 1800.0,
-    fsx_poll_s: float = 30.0,
-    bind_timeout_s: float = 300.0,
     core_api: Any = None,
     fsx_client: Any = None,
     progress: Callable[[str], None] = print,
+    **params: Any,
 ) -> StorageRef:
-    """Flat parameters (what the KFP component passes) -> validated request -> :func:`provision`.
+    """Flat parameters (what the KFP component passes; those of :func:`provision_request`) ->
+    validated request -> :func:`provision`. ``namespace`` empty: the pod's or kubeconfig's.
 
     Clients are made only after validation, and only those the backend needs.
     """
@@ -294,15 +277,7 @@ def provision_storage(
         from resilient_training.launch import kube_client
 
         namespace = kube_client.default_namespace()
-    request = provision_request(
-        backend=backend, run_id=run_id, namespace=namespace, mount_path=mount_path, run_subdir=run_subdir,
-        local_root=local_root, pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
-        fsx_security_group_ids=fsx_security_group_ids, fsx_capacity_gib=fsx_capacity_gib,
-        fsx_deployment_type=fsx_deployment_type, fsx_per_unit_throughput=fsx_per_unit_throughput,
-        fsx_lustre_version=fsx_lustre_version, fsx_import_path=fsx_import_path, fsx_export_path=fsx_export_path,
-        fsx_tags=fsx_tags, region=region, fsx_timeout_s=fsx_timeout_s, fsx_poll_s=fsx_poll_s,
-        bind_timeout_s=bind_timeout_s,
-    )
+    request = provision_request(backend=backend, namespace=namespace or "default", **params)
     if backend != "local" and core_api is None:
         from kubernetes import client
 
@@ -312,5 +287,5 @@ def provision_storage(
     if backend == "fsx" and fsx_client is None:
         import boto3
 
-        fsx_client = boto3.client("fsx", region_name=region or None)
+        fsx_client = boto3.client("fsx", region_name=params.get("region") or None)
     return provision(request, core_api=core_api, fsx_client=fsx_client, progress=progress)
