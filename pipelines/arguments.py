@@ -15,22 +15,46 @@ from typing import Any
 from resilient_training.run.paths import has_control
 
 PIPELINE_NAME = "resilient-training"
+# Settings the pipeline sets from its own parameters: the same name in train_overrides would be
+# overwritten without a word (launch_training's component), so it is refused instead.
+FROM_PARAMETERS = {"steps": "steps", "checkpoint_every": "checkpoint_every", "faults": "faults",
+                   "async_checkpoint": "async_checkpoint", "inprocess": "inprocess", "ft_launcher": "ft_launcher",
+                   "task": "task", "task_args": "task_args", "task_arg": "task_args"}
+NESTED_FROM_PARAMETERS = {("checkpoint", "every"): "checkpoint_every", ("checkpoint", "async_save"): "async_checkpoint",
+                          ("restart", "inprocess"): "inprocess", ("restart", "ft_launcher"): "ft_launcher"}
+# What the steps' validators call a setting, and the parameter a user gives it as.
+_PARAMETER_NAMES = (("subnet_id", "fsx_subnet_id"), ("file system id", "fsx_file_system_id"),
+                    ("capacity_gib", "fsx_capacity_gib"), ("deployment_type", "fsx_deployment_type"),
+                    ("image ", "trainer_image "), ("security group", "fsx_security_group_ids: security group"))
 # What the pipeline passes that is not a parameter (pipelines/resilient_training.py).
 MOUNT_PATH = "/mnt/run"
 # A run id of the shape a KFP server gives (a UUID): names derived from it have their real length.
 PLACEHOLDER_RUN_ID = "00000000-0000-0000-0000-000000000000"
 
 
-def check(values: Mapping[str, Any]) -> None:
+def check(values: Mapping[str, Any], *, cluster: bool = False) -> None:
     """Refuse arguments the run's steps would refuse.
 
     Args:
         values: every parameter of the pipeline, defaults filled in (typed: ints, bools, dicts).
+        cluster: the run goes to a KFP server or Argo, where every step runs in a pod of its own.
 
     Raises:
         ValueError: one line naming the parameter and what is wrong with it.
 
     """
+    try:
+        _check(values, cluster=cluster)
+    except ValueError as exc:
+        message = str(exc)
+        for field, parameter in _PARAMETER_NAMES:
+            if message.startswith(field):
+                message = parameter + message[len(field):]
+                break
+        raise ValueError(message) from None
+
+
+def _check(values: Mapping[str, Any], *, cluster: bool) -> None:
     from resilient_training.gates.convergence import ConvergenceConfig
     from resilient_training.gates.export import FORMATS
     from resilient_training.launch import backends, jobshape
@@ -44,6 +68,19 @@ def check(values: Mapping[str, Any]) -> None:
             raise ValueError(f"{name} {values[name]!r} contains a control character (a newline?)")
     if launcher not in backends.LAUNCHERS:  # before the storage: its message names the launcher
         raise ValueError(f"launcher must be one of {', '.join(backends.LAUNCHERS)}, got {launcher!r}")
+    overrides = values["train_overrides"] or {}
+    for key in overrides:
+        if key in FROM_PARAMETERS:
+            raise ValueError(f"train_overrides sets {key!r}, which the pipeline's {FROM_PARAMETERS[key]} parameter "
+                             f"overwrites: give it as {FROM_PARAMETERS[key]}=...")
+    for (group, key), parameter in NESTED_FROM_PARAMETERS.items():
+        if isinstance(overrides.get(group), dict) and key in overrides[group]:
+            raise ValueError(f"train_overrides sets {group}.{key}, which the pipeline's {parameter} parameter "
+                             f"overwrites: give it as {parameter}=...")
+    if values["region"] and values["fsx_file_system_id"]:  # reused: no FsxRequest checks it, the clients need it
+        from resilient_training.storage import fsx
+
+        fsx.check_region(values["region"])
     request = provision.provision_request(
         backend=storage, run_id=PLACEHOLDER_RUN_ID, namespace=values["namespace"] or "default",
         mount_path=MOUNT_PATH, local_root=values["local_root"], pvc_name=values["pvc_name"],
@@ -64,6 +101,10 @@ def check(values: Mapping[str, Any]) -> None:
         config = backends.train_config_for(ref, train)
     except ValueError as exc:
         raise ValueError(str(exc)) from None  # its message names the setting
+    if config.restart.min_world_size > 0 and launcher == "local" and config.restart.min_world_size > (
+            values["procs_per_node"] or 2):
+        raise ValueError(f"min_world_size {config.restart.min_world_size} exceeds the world size "
+                         f"{values['procs_per_node'] or 2} (procs_per_node, launcher=local)")
     spec = backends.job_spec_for(
         ref, run_id=PLACEHOLDER_RUN_ID, launcher=launcher, config=config, nodes=values["nodes"],
         gpus_per_node=values["gpus_per_node"], procs_per_node=values["procs_per_node"], image=values["trainer_image"],
@@ -76,7 +117,7 @@ def check(values: Mapping[str, Any]) -> None:
         if values["procs_per_node"] < 0:
             raise ValueError(f"procs_per_node must be >= 0 (0: 2 local workers), got {values['procs_per_node']}")
         text = config.faults.strip()
-        if text and not text.endswith((".yaml", ".yml")):
+        if text and not text.endswith((".yaml", ".yml")) and "/" not in text:  # a path: a file where the run is
             try:
                 flt.validate(flt.parse(text), world_size=values["procs_per_node"] or 2, steps=config.steps,
                              async_checkpoint=config.checkpoint.async_save, checkpoint_every=config.checkpoint.every,
@@ -86,7 +127,39 @@ def check(values: Mapping[str, Any]) -> None:
     max_final_loss = values["max_final_loss"]
     ConvergenceConfig(max_final_loss=None if max_final_loss < 0 else max_final_loss,
                       min_improvement=values["min_improvement"])
-    if values["export"].strip() not in ("", *FORMATS):
+    export = values["export"].strip()
+    if export not in ("", *FORMATS):
         raise ValueError(f"export {values['export']!r}: choose one of {', '.join(FORMATS)} (or empty for none)")
-    if not values["promote_to"].strip():
-        raise ValueError("promote_to must name a directory or s3://bucket/prefix, got an empty string")
+    from resilient_training.run.config import DEFAULT_TASK
+
+    if export == "hf" and config.task == DEFAULT_TASK:
+        raise ValueError("export 'hf' writes a transformers model, and the built-in GPT task's is not one: "
+                         "use safetensors or torch, or a transformers task")
+    _check_promote_to(values["promote_to"], ref)
+    if cluster and storage == "local":  # last: a value the user typed is named before the default
+        raise ValueError("storage 'local' is a directory on one machine, but on a cluster every step runs in a pod "
+                         "of its own: use storage=pvc (with pvc_name) or fsx; local is for `resilient-training run`")
+
+
+def _check_promote_to(dest: str, ref: Any) -> None:
+    """What the promote step refuses about DEST's spelling, and, on shared storage, what loses the
+    model or cannot work: a relative path (the step pod's own disk), the run's claim around the run.
+    """
+    from pathlib import PurePosixPath
+
+    from resilient_training.gates.promote import check_dest_text
+
+    try:
+        check_dest_text(dest)
+    except ValueError as exc:
+        raise ValueError(f"promote_to: {exc}") from None
+    if dest.startswith("s3://") or not ref.shared:
+        return
+    path = PurePosixPath(dest)
+    if not path.is_absolute():
+        raise ValueError(f"promote_to {dest!r} is relative: on a cluster it lands on the promote step's own pod "
+                         f"and is lost with it; give s3://bucket/prefix or a path on the claim under {ref.mount_path}")
+    run_dir = PurePosixPath(ref.run_dir)
+    if ".." in path.parts or path == PurePosixPath("/") or path in run_dir.parents:
+        raise ValueError(f"promote_to {dest!r} contains the run directory ({run_dir.parent}/<run id>) or is not a "
+                         f"plain path: promote to a directory beside it, e.g. {ref.mount_path}/promoted")

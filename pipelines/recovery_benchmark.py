@@ -54,7 +54,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         task_args: dict = TASK_ARGS,  # noqa: B006
         storage: str = "local",
         launcher: str = "local",
-        procs_per_node: int = 2,
+        procs_per_node: int = 0,
         nodes: int = 1,
         gpus_per_node: int = 8,
         trainer_image: str = "",
@@ -79,7 +79,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             task_args: Settings passed to the task ({"KEY": "VALUE"}).
             storage: local, pvc or fsx (see the resilient-training pipeline).
             launcher: local, pytorchjob or trainjob.
-            procs_per_node: Worker processes per node (local: CPU workers).
+            procs_per_node: Worker processes per node; 0: one per GPU on a cluster, 2 CPU workers for local.
             nodes: Nodes for launcher=pytorchjob.
             gpus_per_node: GPUs per node for launcher=pytorchjob.
             trainer_image: Trainer image for launcher=pytorchjob.

@@ -28,7 +28,8 @@ from tests.support import crd_schema, runs
 CRON_FLAGS = ["--schedule", "15 4 * * 1-5", "--schedule", "@every 12h", "--timezone", "Europe/Berlin",
               "--concurrency-policy", "Replace", "--starting-deadline", "900",
               "--cron-param", "storage=fsx", "--cron-param", "fsx_file_system_id=fs-0123456789abcdef0",
-              "--cron-param", "steps=400", "--cron-param", 'train_overrides={"lr": 0.001}']
+              "--cron-param", "steps=400", "--cron-param", 'train_overrides={"lr": 0.001}',
+              "--cron-param", "promote_to=/mnt/run/promoted"]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,8 @@ def test_cron_fields_come_from_the_flags_and_it_starts_the_template(compiled):
         "arguments": {"parameters": [{"name": "storage", "value": "fsx"},
                                      {"name": "fsx_file_system_id", "value": "fs-0123456789abcdef0"},
                                      {"name": "steps", "value": "400"},
-                                     {"name": "train_overrides", "value": '{"lr": 0.001}'}]},
+                                     {"name": "train_overrides", "value": '{"lr": 0.001}'},
+                                     {"name": "promote_to", "value": "/mnt/run/promoted"}]},
     }
 
 
@@ -418,6 +420,14 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--cron-param", "pvc_name=data", "--cron-param", "export=onnx"], "--cron-param: export 'onnx'"),
     (["--schedule", "@every 0s"], "@every needs a duration of at least 1s"),
     (["--schedule", "0 2 31 2 *"], "never fires"),
+    (["--schedule", "0 ² * * *"], "hour field: '²' is not a number"),  # a traceback before (stranger trial)
+    (["--schedule", "@every 2562048h"], "past Go's longest duration"),
+    (["--cron-param", "pvc_name=data"], "promote_to 'promoted' is relative: on a cluster it lands"),
+    (["--cron-param", "pvc_name=data", "--cron-param", "promote_to=/mnt/run"], "contains the run directory"),
+    (["--cron-param", "pvc_name=data", "--cron-param", "promote_to=s3://Models/x"],
+     "promote_to: 's3://Models/x' names no valid bucket"),
+    (["--cron-param", "nodes=1_0"], "input 'nodes' must be an integer, got '1_0'"),
+    (["--cron-param", 'task_args={"lr": "1", "lr": "2"}'], "key 'lr' is given twice"),
 ])
 def test_compile_argo_refuses_bad_flags_with_one_line_and_writes_nothing(flags, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

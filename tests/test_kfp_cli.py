@@ -232,7 +232,8 @@ def test_submit_with_the_package_sends_the_spec_and_needs_no_upload(cli, server,
 
 def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(cli, server, tmp_path):
     # The project's own pipeline: caching compiled off in every DAG (exit handler, conditions).
-    code, out, err = cli("submit", "--host", server.url, "--package")
+    code, out, err = cli("submit", "--host", server.url, "--package", "--param", "storage=pvc", "--param",
+                         "pvc_name=data", "--param", "promote_to=s3://models/x")
     assert code == 0, err
     assert "caching: off for all 7 steps (compiled in: a KFP server runs each step anew, never from an earlier run)" in out
     [run] = server.runs.values()
@@ -269,6 +270,34 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
         (["min_improvement=1.5"], "min_improvement must be a finite number in [0, 1)"),
         (["export=onnx"], "--param: export 'onnx'"),
         (["namespace=team-a\n", "storage=pvc", "pvc_name=data"], "contains a control character"),
+        # Found by the next stranger trial: each passed the first version of the check.
+        ([], "storage 'local' is a directory on one machine"),
+        (["storage=pvc", "pvc_name=data", "launcher=pytorchjob", "promote_to=s3://models/x "],
+         "promote_to: DEST 's3://models/x ' has leading or trailing whitespace"),
+        (["storage=pvc", "pvc_name=data", "promote_to=promoted"], "promote_to 'promoted' is relative"),
+        (["storage=pvc", "pvc_name=data", "promote_to=/mnt/run/runs"], "contains the run directory"),
+        (["storage=pvc", "pvc_name=data", "promote_to=/"], "contains the run directory"),
+        (["storage=pvc", "pvc_name=data", "promote_to=/mnt/run/promoted", "export=hf"],
+         "export 'hf' writes a transformers model"),
+        (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "train_overrides={\"steps\": 5}"],
+         "train_overrides sets 'steps', which the pipeline's steps parameter overwrites"),
+        (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "train_overrides={\"checkpoint\": {\"every\": 7}}"],
+         "train_overrides sets checkpoint.every"),
+        (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "task=resilient_training.tasks.gpt:task "],
+         "has blanks around it"),
+        (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "task_args={\" lr\": \"0.1\"}"],
+         "task argument name ' lr' has blanks around it"),
+        (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "task_args={\"lr\": \"1\", \"lr\": \"2\"}"],
+         "key 'lr' is given twice"),
+        (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "train_overrides={\"min_world_size\": 3}"],
+         "min_world_size 3 exceeds the world size 2"),
+        (["storage=fsx", "fsx_file_system_id=fs-0123456789abcdef0", "region=us-east-1 ", "promote_to=s3://m/x"],
+         "region 'us-east-1 ' is not an AWS region name"),
+        (["storage=fsx", "fsx_subnet_id=subnet-1", "fsx_security_group_ids=sg-0123456789abcdef0"],
+         "fsx_subnet_id 'subnet-1' is not a subnet id"),
+        (["storage=pvc", "pvc_name=data", "launcher=pytorchjob", "promote_to=s3://models/x",
+          "trainer_image=ghcr.io/org/trainer@sha256:" + "a" * 32], "trainer_image 'ghcr.io/org/trainer@sha256:"),
+        (["nodes=٤"], "parameter 'nodes' must be an integer, got '٤'"),
     ],
 )
 def test_the_resilient_training_pipeline_s_arguments_are_checked_by_its_steps_rules(cli, server, params, message):
@@ -280,7 +309,8 @@ def test_the_resilient_training_pipeline_s_arguments_are_checked_by_its_steps_ru
 
 def test_good_arguments_of_the_resilient_training_pipeline_are_sent(cli, server):
     params = ["storage=pvc", "pvc_name=training-data", "launcher=pytorchjob", "nodes=2", "faults=sigkill@12:3",
-              "trainer_image=123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0", "export=safetensors"]
+              "trainer_image=123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0", "export=safetensors",
+              "promote_to=s3://models/llama-ft", "task_args={\"seq_len\": 64}"]
     code, _, err = cli("schedule", "--host", server.url, "--package", "--cron", "0 0 2 * * *",
                        *[a for p in params for a in ("--param", p)])
     assert code == 0, err

@@ -17,7 +17,7 @@ def run_strategies(
     checkpoint_every: int = 5,
     faults: str = "",
     train_overrides: dict = {},  # noqa: B006 - KFP reads the default
-    procs_per_node: int = 2,
+    procs_per_node: int = 0,
     nodes: int = 1,
     gpus_per_node: int = 8,
     image: str = "",
@@ -39,7 +39,7 @@ def run_strategies(
         checkpoint_every: Steps between persistent checkpoints, the same for every strategy.
         faults: Fault schedule, the same for every strategy.
         train_overrides: Trainer settings shared by every strategy (a strategy's own keys win).
-        procs_per_node: Worker processes per node (local: the CPU workers).
+        procs_per_node: Worker processes per node; 0: one per GPU on a cluster, 2 CPU workers for local.
         nodes: Nodes for launcher=pytorchjob.
         gpus_per_node: GPUs per node for launcher=pytorchjob.
         image: Trainer image for launcher=pytorchjob.

@@ -16,7 +16,7 @@ from resilient_training.kfp.cron import DESCRIPTORS, FIELDS, CronError, check_da
 
 CONCURRENCY_POLICIES: tuple[str, ...] = ("Allow", "Forbid", "Replace")
 # Go durations as `@every` takes them: 90m, 1h30m, 2h (no sign, at least one unit).
-_GO_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
+_GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
 
 
 def validate_schedule(expression: str) -> str:
@@ -35,6 +35,8 @@ def validate_schedule(expression: str) -> str:
             if _seconds(parts[1]) < 1:
                 # robfig/cron runs anything shorter every second: @every 0s would start a run each second.
                 raise CronError(f"@every needs a duration of at least 1s, got {parts[1]!r}")
+            if _seconds(parts[1]) > GO_DURATION_MAX_SECONDS:
+                raise CronError(f"@every {parts[1]} is past Go's longest duration (2562047h), which Argo refuses")
             return f"@every {parts[1]}"
         if len(parts) > 1 or parts[0].lower() not in DESCRIPTORS:
             known = ", ".join(sorted(DESCRIPTORS | {"@every DURATION"}))
@@ -52,10 +54,11 @@ def validate_schedule(expression: str) -> str:
         )
     for field, part in zip(FIELDS[1:], parts, strict=True):
         check_field(field, part)
-    check_days(*parts[2:])
+    check_days(*parts[2:], step_keeps_star=False)  # Argo: robfig/cron v3
     return " ".join(parts)
 
 
+GO_DURATION_MAX_SECONDS = (2**63 - 1) / 1e9  # time.ParseDuration's int64 nanoseconds: 2562047h47m16.85s
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from resilient_training.kfp.params import parse_int, parse_json
+
 # The components an Argo step may run (the resilient-training pipeline's); nothing else is imported.
 COMPONENTS: tuple[str, ...] = (
     "provision_storage",
@@ -84,7 +86,7 @@ def _convert(name: str, kind: str, raw: str) -> Any:
         if kind == "String":
             return raw
         if kind == "Integer":
-            return int(raw.strip())
+            return parse_int(raw)
         if kind == "Float":
             value = float(raw.strip())
             if not math.isfinite(value):
@@ -95,12 +97,13 @@ def _convert(name: str, kind: str, raw: str) -> Any:
             if lowered not in ("true", "false"):
                 raise ValueError(raw)
             return lowered == "true"
-        value = json.loads(raw)
+        value = parse_json(raw)
         if not isinstance(value, dict if kind == "Dict" else list):
             raise ValueError(raw)
         return value
-    except ValueError:
-        raise StepError(f"input {name!r} must be {_EXPECTED[kind]}, got {raw!r}") from None
+    except ValueError as exc:
+        repeated = f" ({exc})" if "given twice" in str(exc) else ""
+        raise StepError(f"input {name!r} must be {_EXPECTED[kind]}{repeated}, got {raw!r}") from None
 
 
 def executor_input(component: Any, values: dict[str, Any], outputs: Path, artifacts: Path) -> dict[str, Any]:

@@ -282,7 +282,7 @@ def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any]) -> None
     values = {name: _ir_default(spec) for name, spec in compiled.inputs.items()}
     values.update(params)
     try:
-        arguments.check(values)
+        arguments.check(values, cluster=True)  # a KFP server runs every step in a pod of its own
     except ValueError as exc:
         raise ParamError(f"--param: {exc}") from None
 

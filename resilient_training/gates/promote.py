@@ -176,14 +176,8 @@ def _check_member_name(name: Any, rel: str) -> None:
 
 def promote(checkpoint: str | os.PathLike[str], dest: str, *, s3_client: Any = None) -> dict[str, Any]:
     """Copy a gated checkpoint to ``dest`` (directory or ``s3://bucket/prefix``); see the module doc."""
-    dest = str(dest)
-    if not dest.strip():
-        raise PromotionUsageError("DEST is empty")
-    if dest != dest.strip() or "\0" in dest:
-        raise PromotionUsageError(f"DEST {dest!r} has leading or trailing whitespace or a NUL byte")
+    dest = check_dest_text(str(dest))
     to_s3 = dest.startswith("s3://")
-    if to_s3:
-        parse_s3(dest)  # a bad URL is a usage error before the checkpoint is even read
     ckpt_dir = resolve_checkpoint(checkpoint)
     run_dir = gate_records.run_dir_of(ckpt_dir)
     # DEST's own problems (inside the run, not creatable) are usage errors, found before the gates are read.
@@ -197,6 +191,22 @@ def promote(checkpoint: str | os.PathLike[str], dest: str, *, s3_client: Any = N
         outcome = _promote_local(ckpt_dir, local, record)
     size = sum(int(e["bytes"]) for e in record["files"].values())
     return {"dest": dest, "step": record["source"]["step"], "bytes": size, **outcome}
+
+
+def check_dest_text(dest: str) -> str:
+    """DEST's own spelling, checked without touching anything (also before a pipeline run exists).
+
+    Raises:
+        PromotionUsageError: empty, whitespace around it, a NUL byte, an invalid s3:// URL.
+
+    """
+    if not dest.strip():
+        raise PromotionUsageError("DEST is empty")
+    if dest != dest.strip() or "\0" in dest:
+        raise PromotionUsageError(f"DEST {dest!r} has leading or trailing whitespace or a NUL byte")
+    if dest.startswith("s3://"):
+        parse_s3(dest)  # a bad URL is a usage error before the checkpoint is even read
+    return dest
 
 
 def _local_dest(dest: str, run_dir: Path) -> Path:

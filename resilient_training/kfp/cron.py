@@ -33,7 +33,7 @@ class _Field:
         lowered = token.lower()
         if lowered in self.names:
             return self.low + self.names.index(lowered)
-        if not token.isdigit():
+        if not (token.isascii() and token.isdigit()):  # '²' and '٢' are digits to Python, not to Go's Atoi
             raise CronError(f"{self.name} field: {token!r} is not a number" + self._names_hint())
         return int(token)
 
@@ -108,19 +108,21 @@ def check_field(field: _Field, part: str) -> None:
 _DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February 29: fires in leap years
 
 
-def check_days(day_of_month: str, month: str, day_of_week: str) -> None:
+def check_days(day_of_month: str, month: str, day_of_week: str, *, step_keeps_star: bool = True) -> None:
     """Refuse a schedule that never fires: days that no listed month has (``31 2``, ``30-31 feb``).
 
-    robfig/cron matches a date when day-of-month AND day-of-week match if either is ``*``/``?``,
-    OR when both are restricted; only the first case can be empty. Call after :func:`check_field`.
+    robfig/cron matches a date when day-of-month AND day-of-week match if either is "star", OR
+    when both are restricted; only the first case can be empty. ``*``/``?`` is star; with a step
+    (``*/2``) still star in robfig/cron v1 (KFP, ``step_keeps_star``), no longer in v3 (Argo).
+    Call after :func:`check_field`.
 
     Raises:
         CronError: no listed month has any of the listed days.
 
     """
-    days, days_star = _expand(FIELDS[3], day_of_month)
-    months, _ = _expand(FIELDS[4], month)
-    _, weekdays_star = _expand(FIELDS[5], day_of_week)
+    days, days_star = _expand(FIELDS[3], day_of_month, step_keeps_star)
+    months, _ = _expand(FIELDS[4], month, step_keeps_star)
+    _, weekdays_star = _expand(FIELDS[5], day_of_week, step_keeps_star)
     if not (days_star or weekdays_star):
         return  # OR: every weekday occurs in every month
     if not any(day <= _DAYS_IN_MONTH[m - 1] for m in months for day in days):
@@ -128,8 +130,8 @@ def check_days(day_of_month: str, month: str, day_of_week: str) -> None:
                         "no listed month has any of those days")
 
 
-def _expand(field: _Field, part: str) -> tuple[set[int], bool]:
-    """The values a field matches, and whether it is robfig's "star" (``*`` or ``?`` without a step > 1)."""
+def _expand(field: _Field, part: str, step_keeps_star: bool) -> tuple[set[int], bool]:
+    """The values a field matches, and whether it is robfig's "star" (see :func:`check_days`)."""
     values: set[int] = set()
     star = False
     for item in part.split(","):
@@ -137,7 +139,7 @@ def _expand(field: _Field, part: str) -> tuple[set[int], bool]:
         step = int(step_text) if step_text else 1
         if base in ("*", "?"):
             start, end = field.low, field.high
-            star = star or step == 1
+            star = star or step == 1 or step_keeps_star
         else:
             bounds = base.split("-")
             start = field.value(bounds[0])
@@ -153,7 +155,7 @@ def _check_range(field: _Field, item: str) -> None:
     base, *steps = item.split("/")
     if len(steps) > 1:
         raise CronError(f"{field.name} field: {item!r} has more than one '/'")
-    if steps and (not steps[0].isdigit() or int(steps[0]) == 0):
+    if steps and (not (steps[0].isascii() and steps[0].isdigit()) or int(steps[0]) == 0):
         raise CronError(f"{field.name} field: step in {item!r} must be a positive whole number")
     if base in ("*", "?"):
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -102,6 +103,30 @@ def parse_params(items: Iterable[str], inputs: Mapping[str, PipelineInput]) -> d
     return params
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def parse_int(raw: str) -> int:
+    """An integer as the KFP backend (Go) reads one: ASCII digits only (``int()`` also takes '٤' and '1_0')."""
+    text = raw.strip()
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(raw)
+    return int(text)
+
+
+def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:  # json.loads would keep the last one silently
+        raise ValueError(f"key {repeated[0]!r} is given twice")
+    return dict(pairs)
+
+
+def parse_json(raw: str) -> Any:
+    """JSON for a list or dict parameter; a key given twice in an object is refused."""
+    return json.loads(raw, object_pairs_hook=_refuse_repeated_keys)
+
+
 def convert(spec: PipelineInput, raw: str) -> Any:
     """Convert one raw value to the type the IR declares for ``spec``.
 
@@ -124,7 +149,7 @@ def convert(spec: PipelineInput, raw: str) -> Any:
         if spec.type == "STRING":
             return raw
         if spec.type == "NUMBER_INTEGER":
-            return int(raw.strip())
+            return parse_int(raw)
         if spec.type == "NUMBER_DOUBLE":
             value = float(raw.strip())
             if not math.isfinite(value):
@@ -135,9 +160,10 @@ def convert(spec: PipelineInput, raw: str) -> Any:
             if lowered not in ("true", "false"):
                 raise ValueError(raw)
             return lowered == "true"
-        value = json.loads(raw)
+        value = parse_json(raw)
         if not isinstance(value, list if spec.type == "LIST" else dict):
             raise ValueError(raw)
         return value
-    except ValueError:
-        raise ParamError(f"parameter {spec.name!r} must be {expected}, got {raw!r}") from None
+    except ValueError as exc:
+        repeated = f" ({exc})" if "given twice" in str(exc) else ""
+        raise ParamError(f"parameter {spec.name!r} must be {expected}{repeated}, got {raw!r}") from None

@@ -37,7 +37,8 @@ _IMAGE = re.compile(
     r"(?::[0-9]+)?/)?"
     rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?"
+    # go-digest, which the kubelet uses: these algorithms, lowercase hex of exactly their length
+    r"(?:@(?:sha256:[a-f0-9]{64}|sha384:[a-f0-9]{96}|sha512:[a-f0-9]{128}))?"
 )
 
 
@@ -253,8 +254,8 @@ def _check_faults(spec: JobSpec) -> None:
     from resilient_training.run import faults
 
     text = spec.train.faults.strip()
-    if not text or text.endswith((".yaml", ".yml")):
-        return
+    if not text or text.endswith((".yaml", ".yml")) or "/" in text:
+        return  # a file inside the pods (the compact form never holds '/'), not one on this machine
     try:
         schedule = faults.parse(text)
         faults.validate(schedule, world_size=spec.nodes * spec.nproc_per_node, steps=spec.train.steps,

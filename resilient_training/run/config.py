@@ -214,6 +214,8 @@ def task_args_from(data: Any) -> dict[str, str]:
     for key, value in pairs:
         if not isinstance(key, str) or not key.strip():
             raise ValueError(f"task argument name {key!r} must be a non-empty string")
+        if key != key.strip() or "=" in key:  # it travels as --task-arg KEY=VALUE: ' lr' or 'a=b' would not come back
+            raise ValueError(f"task argument name {key!r} has blanks around it or an '='")
         text = _task_arg_value(key, value)
         if has_control(key + text):  # as every string setting (_coerce)
             raise ValueError(f"task argument {key!r}={text!r} contains a control character (a newline?): remove it")
@@ -258,6 +260,8 @@ class TrainConfig:
             raise ValueError(f"lr must be a finite number >= 0, got {self.lr}")
         if ":" not in self.task or not all(part.strip() for part in self.task.rsplit(":", 1)):
             raise ValueError(f"task {self.task!r} must be MODULE:ATTR or path/to/file.py:ATTR")
+        if self.task != self.task.strip() or any(ch.isspace() for ch in self.task.rsplit(":", 1)[1]):
+            raise ValueError(f"task {self.task!r} has blanks around it or in its ATTR (no module or attribute is named so)")
         self.task_args = task_args_from(self.task_args)
         if not (math.isfinite(self.step_seconds) and 0 <= self.step_seconds <= 3600):
             raise ValueError(f"step_seconds must be between 0 and 3600, got {self.step_seconds}")

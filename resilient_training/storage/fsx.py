@@ -36,6 +36,12 @@ _TAG_TEXT = re.compile(r"[\w .:/=+\-@]*")  # AWS: letters, digits, spaces (not n
 _S3_PATH = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/.*)?")
 
 
+def check_region(region: str) -> None:
+    """An AWS region name, or empty (the client's default)."""
+    if region and not _REGION.fullmatch(region):
+        raise ValueError(f"region {region!r} is not an AWS region name (e.g. us-east-1)")
+
+
 class FsxError(RuntimeError):
     """The file system reached a state it cannot leave by waiting (FAILED, MISCONFIGURED, ...)."""
 
@@ -78,8 +84,7 @@ class FsxRequest:
     def __post_init__(self) -> None:
         if not self.run_id:
             raise ValueError("run_id must not be empty: the idempotency token is derived from it")
-        if self.region and not _REGION.fullmatch(self.region):
-            raise ValueError(f"region {self.region!r} is not an AWS region name (e.g. us-east-1)")
+        check_region(self.region)
         if self.deployment_type not in DEPLOYMENT_TYPES:
             raise ValueError(f"deployment_type must be one of {', '.join(DEPLOYMENT_TYPES)}, got {self.deployment_type!r}")
         check_capacity(self.deployment_type, self.capacity_gib)
