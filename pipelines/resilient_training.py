@@ -138,7 +138,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             export: Also write the promoted model inside promote_to in a format other tools load:
                 safetensors (model.safetensors), torch (model.pt) or hf (hf/, for transformers models);
                 empty for the DCP checkpoint only.
-            max_final_loss: Convergence gate: the final loss must be below this (negative: no limit).
+            max_final_loss: Convergence gate: the final loss must be below this (negative: 0.8 x ln(vocab_size)
+                from the run's manifest; skipped for a task that records none).
             min_improvement: Convergence gate: relative loss improvement over the first window.
             delete_file_system: Delete an FSx file system this run created when the run ends.
 
