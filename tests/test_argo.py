@@ -422,6 +422,7 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--schedule", "0 2 31 2 *"], "never fires"),
     (["--schedule", "0 ² * * *"], "hour field: '²' is not a number"),  # a traceback before (stranger trial)
     (["--schedule", "@every 2562048h"], "past Go's longest duration"),
+    (["--schedule", "CRON_TZ=Europe/Berlin 0 2 * * *"], "give --timezone Europe/Berlin and the schedule alone, '0 2 * * *'"),
     (["--cron-param", "pvc_name=data"], "promote_to 'promoted' is relative: on a cluster it lands"),
     (["--cron-param", "pvc_name=data", "--cron-param", "promote_to=/mnt/run"], "contains the run directory"),
     (["--cron-param", "pvc_name=data", "--cron-param", "promote_to=s3://Models/x"],

@@ -28,6 +28,12 @@ def validate_schedule(expression: str) -> str:
 
     """
     parts = expression.split()
+    if parts and parts[0].startswith(("CRON_TZ=", "TZ=")):
+        # robfig/cron's own time zone prefix: the CronWorkflow has a field for it (stranger trial:
+        # it got the six-field hint, which dropped the zone).
+        zone = parts[0].split("=", 1)[1]
+        raise CronError(f"schedule {expression!r} names its time zone in the expression: give --timezone {zone} "
+                        f"and the schedule alone, {' '.join(parts[1:])!r}")
     if parts and parts[0].startswith("@"):
         if parts[0].lower() == "@every":
             if len(parts) != 2 or not _GO_DURATION.match(parts[1]):
