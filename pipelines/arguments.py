@@ -32,19 +32,22 @@ MOUNT_PATH = "/mnt/run"
 PLACEHOLDER_RUN_ID = "00000000-0000-0000-0000-000000000000"
 
 
-def check(values: Mapping[str, Any], *, cluster: bool = False) -> None:
+def check(values: Mapping[str, Any], *, cluster: bool = False, recurring: bool = False) -> None:
     """Refuse arguments the run's steps would refuse.
 
     Args:
         values: every parameter of the pipeline, defaults filled in (typed: ints, bools, dicts).
         cluster: the run goes to a KFP server or Argo, where every step runs in a pod of its own.
+        recurring: the values are a schedule's (KFP recurring run, Argo CronWorkflow): every run gets
+            them, so ``promote_to`` must hold ``{run_id}`` (a fixed place holds the first run's model,
+            and promote refuses every later one).
 
     Raises:
         ValueError: one line naming the parameter and what is wrong with it.
 
     """
     try:
-        _check(values, cluster=cluster)
+        _check(values, cluster=cluster, recurring=recurring)
     except ValueError as exc:
         message = str(exc)
         for field, parameter in _PARAMETER_NAMES:
@@ -54,10 +57,11 @@ def check(values: Mapping[str, Any], *, cluster: bool = False) -> None:
         raise ValueError(message) from None
 
 
-def _check(values: Mapping[str, Any], *, cluster: bool) -> None:
-    from resilient_training.gates.convergence import ConvergenceConfig
+def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool) -> None:
+    from resilient_training.gates.convergence import ConvergenceConfig, check_reachable
     from resilient_training.gates.export import FORMATS
     from resilient_training.launch import backends, jobshape
+    from resilient_training.launch import local as launch_local
     from resilient_training.run import faults as flt
     from resilient_training.storage import provision
 
@@ -105,6 +109,10 @@ def _check(values: Mapping[str, Any], *, cluster: bool) -> None:
             values["procs_per_node"] or 2):
         raise ValueError(f"min_world_size {config.restart.min_world_size} exceeds the world size "
                          f"{values['procs_per_node'] or 2} (procs_per_node, launcher=local)")
+    try:
+        launch_local.check_shipped_task(config)
+    except launch_local.LaunchError as exc:
+        raise ValueError(f"task_args: {exc}") from None
     spec = backends.job_spec_for(
         ref, run_id=PLACEHOLDER_RUN_ID, launcher=launcher, config=config, nodes=values["nodes"],
         gpus_per_node=values["gpus_per_node"], procs_per_node=values["procs_per_node"], image=values["trainer_image"],
@@ -125,8 +133,8 @@ def _check(values: Mapping[str, Any], *, cluster: bool) -> None:
             except flt.FaultSpecError as exc:
                 raise ValueError(f"faults: {exc}") from None
     max_final_loss = values["max_final_loss"]
-    ConvergenceConfig(max_final_loss=None if max_final_loss < 0 else max_final_loss,
-                      min_improvement=values["min_improvement"])
+    check_reachable(config.steps, ConvergenceConfig(max_final_loss=None if max_final_loss < 0 else max_final_loss,
+                                                    min_improvement=values["min_improvement"]))
     export = values["export"].strip()
     if export not in ("", *FORMATS):
         raise ValueError(f"export {values['export']!r}: choose one of {', '.join(FORMATS)} (or empty for none)")
@@ -135,26 +143,36 @@ def _check(values: Mapping[str, Any], *, cluster: bool) -> None:
     if export == "hf" and config.task == DEFAULT_TASK:
         raise ValueError("export 'hf' writes a transformers model, and the built-in GPT task's is not one: "
                          "use safetensors or torch, or a transformers task")
-    _check_promote_to(values["promote_to"], ref)
+    _check_promote_to(values["promote_to"], ref, recurring=recurring)
     if cluster and storage == "local":  # last: a value the user typed is named before the default
         raise ValueError("storage 'local' is a directory on one machine, but on a cluster every step runs in a pod "
                          "of its own: use storage=pvc (with pvc_name) or fsx; local is for `resilient-training run`")
 
 
-def _check_promote_to(dest: str, ref: Any) -> None:
+def _check_promote_to(dest: str, ref: Any, *, recurring: bool) -> None:
     """What the promote step refuses about DEST's spelling, and, on shared storage, what loses the
-    model or cannot work: a relative path (the step pod's own disk), the run's claim around the run.
+    model or cannot work: a relative path (the step pod's own disk), the run's claim around the run,
+    a place inside the run; on a schedule, a DEST without ``{run_id}`` (taken after the first run).
     """
-    from pathlib import PurePosixPath
-
-    from resilient_training.gates.promote import check_dest_text
+    from resilient_training.gates.promote import RUN_ID_FIELD, check_dest_text
 
     try:
         check_dest_text(dest)
     except ValueError as exc:
         raise ValueError(f"promote_to: {exc}") from None
-    if dest.startswith("s3://") or not ref.shared:
-        return
+    if not dest.startswith("s3://") and ref.shared:
+        _check_promote_path(dest, ref)
+    if recurring and RUN_ID_FIELD not in dest:
+        raise ValueError(f"promote_to {dest!r} is the same place for every scheduled run: the first run's model "
+                         f"takes it and promotion refuses every later one; put {RUN_ID_FIELD} in it (the run's id), "
+                         f"e.g. {dest.rstrip('/')}/{RUN_ID_FIELD}")
+
+
+def _check_promote_path(dest: str, ref: Any) -> None:
+    from pathlib import PurePosixPath
+
+    from resilient_training.gates.promote import RUN_ID_FIELD
+
     path = PurePosixPath(dest)
     if not path.is_absolute():
         raise ValueError(f"promote_to {dest!r} is relative: on a cluster it lands on the promote step's own pod "
@@ -163,3 +181,7 @@ def _check_promote_to(dest: str, ref: Any) -> None:
     if ".." in path.parts or path == PurePosixPath("/") or path in run_dir.parents:
         raise ValueError(f"promote_to {dest!r} contains the run directory ({run_dir.parent}/<run id>) or is not a "
                          f"plain path: promote to a directory beside it, e.g. {ref.mount_path}/promoted")
+    expanded = PurePosixPath(dest.replace(RUN_ID_FIELD, run_dir.name))
+    if expanded == run_dir or run_dir in expanded.parents:
+        raise ValueError(f"promote_to {dest!r} is inside the run directory ({run_dir.parent}/<run id>), which "
+                         f"promotion refuses: promote beside it, e.g. {ref.mount_path}/promoted/{RUN_ID_FIELD}")

@@ -134,7 +134,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             fsx_capacity_gib: Capacity of a new FSx file system (1200, 2400 or a multiple of 2400).
             fsx_deployment_type: SCRATCH_2 or PERSISTENT_2.
             region: AWS region (default: the client's).
-            promote_to: Where a model that passed both gates is copied: a directory or s3://bucket/prefix.
+            promote_to: Where a model that passed both gates is copied: a directory or s3://bucket/prefix;
+                {run_id} in it becomes the run's id (a schedule needs it: each run promotes to its own place).
             export: Also write the promoted model inside promote_to in a format other tools load:
                 safetensors (model.safetensors), torch (model.pt) or hf (hf/, for transformers models);
                 empty for the DCP checkpoint only.

@@ -29,7 +29,7 @@ CRON_FLAGS = ["--schedule", "15 4 * * 1-5", "--schedule", "@every 12h", "--timez
               "--concurrency-policy", "Replace", "--starting-deadline", "900",
               "--cron-param", "storage=fsx", "--cron-param", "fsx_file_system_id=fs-0123456789abcdef0",
               "--cron-param", "steps=400", "--cron-param", 'train_overrides={"lr": 0.001}',
-              "--cron-param", "promote_to=/mnt/run/promoted"]
+              "--cron-param", "promote_to=/mnt/run/promoted/{run_id}"]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_cron_fields_come_from_the_flags_and_it_starts_the_template(compiled):
                                      {"name": "fsx_file_system_id", "value": "fs-0123456789abcdef0"},
                                      {"name": "steps", "value": "400"},
                                      {"name": "train_overrides", "value": '{"lr": 0.001}'},
-                                     {"name": "promote_to", "value": "/mnt/run/promoted"}]},
+                                     {"name": "promote_to", "value": "/mnt/run/promoted/{run_id}"}]},
     }
 
 
@@ -425,10 +425,23 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--schedule", "CRON_TZ=Europe/Berlin 0 2 * * *"], "give --timezone Europe/Berlin and the schedule alone, '0 2 * * *'"),
     (["--cron-param", "pvc_name=data"], "promote_to 'promoted' is relative: on a cluster it lands"),
     (["--cron-param", "pvc_name=data", "--cron-param", "promote_to=/mnt/run"], "contains the run directory"),
+    # Every run of the schedule would promote into the place the first one's model holds (stranger trial).
+    (["--cron-param", "pvc_name=data", "--cron-param", "promote_to=s3://models/nightly"],
+     "--cron-param: promote_to 's3://models/nightly' is the same place for every scheduled run: the first run's "
+     "model takes it and promotion refuses every later one; put {run_id} in it (the run's id), e.g. "
+     "s3://models/nightly/{run_id}"),
+    (["--cron-param", "pvc_name=data", "--cron-param", "promote_to=/mnt/run/runs/{run_id}/model"],
+     "is inside the run directory"),
+    (["--cron-param", "pvc_name=data", "--cron-param", "promote_to=s3://models/{runid}"],
+     "that is not the field {run_id}"),
     (["--cron-param", "pvc_name=data", "--cron-param", "promote_to=s3://Models/x"],
      "promote_to: 's3://Models/x' names no valid bucket"),
     (["--cron-param", "nodes=1_0"], "input 'nodes' must be an integer, got '1_0'"),
     (["--cron-param", 'task_args={"lr": "1", "lr": "2"}'], "key 'lr' is given twice"),
+    # A shipped task is made with the schedule's task_args here, as each worker would make it (stranger trial).
+    (["--cron-param", "pvc_name=data", "--cron-param", 'task_args={"d_model": "abc"}'],
+     "--cron-param: task_args: task resilient_training.tasks.gpt:task raised while being created: ValueError: "
+     "task argument d_model='abc' is not an integer"),
 ])
 def test_compile_argo_refuses_bad_flags_with_one_line_and_writes_nothing(flags, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

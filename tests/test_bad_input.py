@@ -126,6 +126,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-promote-to-empty", ["run", "--promote-to", ""], "--promote-to is empty"),
     ("run-promote-to-blank", ["run", "--promote-to", " \n"], "--promote-to is empty"),
     ("run-promote-to-newline", ["run", "--promote-to", "{work}/model\n"], "control character"),
+    ("run-promote-to-misspelt-field", ["run", "--promote-to", "{work}/models/{runid}"], "not the field {run_id}"),
+    # stranger trial: a 1-step run trained, then its gate could never pass (one step is both windows)
+    ("run-one-step-cannot-converge", ["run", "--steps", "1", "--faults", ""], "min_improvement 0.1 can never pass"),
     ("run-promote-to-space", ["run", "--promote-to", "{work}/model "], "leading or trailing whitespace"),
     ("run-task-arg-newline", ["run", "--task-arg", "lr=0.02\n"], "control character"),
     ("run-task-arg-repeated", ["run", "--task-arg", "lr=1", "--task-arg", "lr=2"], "task argument lr is given twice"),

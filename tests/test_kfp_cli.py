@@ -298,6 +298,12 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
         (["storage=pvc", "pvc_name=data", "launcher=pytorchjob", "promote_to=s3://models/x",
           "trainer_image=ghcr.io/org/trainer@sha256:" + "a" * 32], "trainer_image 'ghcr.io/org/trainer@sha256:"),
         (["nodes=٤"], "parameter 'nodes' must be an integer, got '٤'"),
+        (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "steps=1", "faults="],
+         "--param: steps 1: the convergence gate compares the loss of the first steps with that of the last"),
+        # Found only by every worker before (stranger trial): a shipped task is made here with the run's task_args.
+        (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "task=resilient_training.tasks.llama:task",
+          "task_args={\"seqlen\": \"64\"}"], "task_args: task resilient_training.tasks.llama:task raised while being "
+         "created: ValueError: llama task: unknown task arg seqlen (known: preset, data, seq_len,"),
     ],
 )
 def test_the_resilient_training_pipeline_s_arguments_are_checked_by_its_steps_rules(cli, server, params, message):
@@ -307,10 +313,25 @@ def test_the_resilient_training_pipeline_s_arguments_are_checked_by_its_steps_ru
     assert server.requests == []
 
 
+def test_a_schedule_must_promote_each_run_to_a_place_of_its_own(cli, server):
+    # One run may promote to a fixed place; a schedule's second run would find the first one's model there.
+    base = ["storage=pvc", "pvc_name=data", "launcher=pytorchjob"]
+    code, _, err = cli("schedule", "--host", server.url, "--package", "--cron", "0 0 2 * * *",
+                       *[a for p in [*base, "promote_to=/mnt/run/promoted"] for a in ("--param", p)])
+    assert code == 2 and err == (
+        "error: --param: promote_to '/mnt/run/promoted' is the same place for every scheduled run: the first run's "
+        "model takes it and promotion refuses every later one; put {run_id} in it (the run's id), e.g. "
+        "/mnt/run/promoted/{run_id}\n")
+    assert server.requests == []
+    code, _, err = cli("submit", "--host", server.url, "--package",
+                       *[a for p in [*base, "promote_to=/mnt/run/promoted"] for a in ("--param", p)])
+    assert code == 0, err
+
+
 def test_good_arguments_of_the_resilient_training_pipeline_are_sent(cli, server):
     params = ["storage=pvc", "pvc_name=training-data", "launcher=pytorchjob", "nodes=2", "faults=sigkill@12:3",
               "trainer_image=123456789012.dkr.ecr.us-east-1.amazonaws.com/trainer:1.0", "export=safetensors",
-              "promote_to=s3://models/llama-ft", "task_args={\"seq_len\": 64}"]
+              "promote_to=s3://models/llama-ft/{run_id}", "task_args={\"seq_len\": 64}"]
     code, _, err = cli("schedule", "--host", server.url, "--package", "--cron", "0 0 2 * * *",
                        *[a for p in params for a in ("--param", p)])
     assert code == 0, err

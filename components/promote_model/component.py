@@ -23,7 +23,8 @@ def promote_model(
     Args:
         checkpoint: RUN/checkpoints/step_N, or a run directory (its latest checkpoint).
         dest: Destination directory or s3://bucket/prefix (credentials from the
-            environment, as boto3 finds them).
+            environment, as boto3 finds them). ``{run_id}`` in it is replaced by the name of the
+            run's directory (the pipeline run's id), so that each run of a schedule has its own.
         model: Output Model artifact: its URI is DEST; metadata carries step, bytes and the
             manifest digest.
         promotion: Output JSON artifact: the promotion record (source, both gate records, files).
@@ -33,7 +34,7 @@ def promote_model(
             (DEST already is a DCP checkpoint).
 
     Returns:
-        The destination the model was promoted to.
+        The destination the model was promoted to ({run_id} replaced).
 
     """
     import json
@@ -44,6 +45,7 @@ def promote_model(
     if export.strip() not in ("", *FORMATS):  # before promoting: a typo must not leave half the work done
         raise ValueError(f"export {export!r}: choose one of {', '.join(FORMATS)} (or empty for none)")
     outcome = promote(checkpoint, dest)
+    dest = outcome["dest"]  # {run_id} replaced
     record = read_promotion(dest)
     exported = None
     if export.strip():

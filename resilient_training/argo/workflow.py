@@ -301,7 +301,7 @@ def check_scheduled_run(values: dict[str, Any]) -> None:
     merged["storage"] = ARGO_STORAGE[0]  # the template's default (workflow_parameters)
     merged.update(values)
     try:
-        arguments.check(merged, cluster=True)
+        arguments.check(merged, cluster=True, recurring=True)
     except ValueError as exc:
         raise StepError(str(exc)) from None
 

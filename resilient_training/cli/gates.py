@@ -64,7 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "manifest and a record of both gates. Atomic and idempotent. Exit 0 promoted (or already), 1 refused.",
     )
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="RUN/checkpoints/step_N, or a run (its latest)")
-    p.add_argument("dest", metavar="DEST", help="destination directory or s3://bucket/prefix")
+    p.add_argument("dest", metavar="DEST",
+                   help="destination directory or s3://bucket/prefix; {run_id} in it is the run directory's name")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=promote_main)
 

@@ -272,7 +272,7 @@ def _note_default_schedule() -> None:
               f"({exc}); give the schedule's values with --cron-param KEY=VALUE", file=sys.stderr)
 
 
-def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any]) -> None:
+def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any], *, recurring: bool) -> None:
     """For this project's resilient-training pipeline: what its steps would refuse, refused before the run exists."""
     from resilient_training.pipelines import arguments
     from resilient_training.pipelines.resilient_training import resilient_training
@@ -282,7 +282,7 @@ def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any]) -> None
     values = {name: _ir_default(spec) for name, spec in compiled.inputs.items()}
     values.update(params)
     try:
-        arguments.check(values, cluster=True)  # a KFP server runs every step in a pod of its own
+        arguments.check(values, cluster=True, recurring=recurring)  # a KFP server runs every step in a pod of its own
     except ValueError as exc:
         raise ParamError(f"--param: {exc}") from None
 
@@ -341,11 +341,12 @@ def _upload(args: argparse.Namespace) -> int:
     return _run(body)
 
 
-def _prepare_run(args: argparse.Namespace, workdir: Path) -> tuple[CompiledPipeline, dict[str, Any], Auth]:
-    """Local checks shared by submit and schedule: the pipeline, typed params, credentials."""
+def _prepare_run(args: argparse.Namespace, workdir: Path, *, recurring: bool = False,
+                 ) -> tuple[CompiledPipeline, dict[str, Any], Auth]:
+    """Local checks shared by submit and schedule (``recurring``): the pipeline, typed params, credentials."""
     compiled = _local_pipeline(args, workdir, args.package)
     params = kfp_params.parse_params(args.param, compiled.inputs)
-    _check_arguments(compiled, params)
+    _check_arguments(compiled, params, recurring=recurring)
     return compiled, params, _auth(args)
 
 
@@ -382,7 +383,7 @@ def _schedule(args: argparse.Namespace) -> int:
                 f"--max-concurrency must be 1-{MAX_CONCURRENCY_LIMIT} (the KFP API's range), got {args.max_concurrency}"
             )
         with tempfile.TemporaryDirectory(prefix="rt-schedule-") as tmp:
-            compiled, params, auth = _prepare_run(args, Path(tmp))
+            compiled, params, auth = _prepare_run(args, Path(tmp), recurring=True)
             job_name = args.job_name or f"{compiled.name}-schedule"
             conn = _connect(args, auth)
             source = _source(args, conn, compiled)

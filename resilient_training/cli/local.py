@@ -107,6 +107,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--min-improvement must be a finite number, got {args.min_improvement}")
     _check_training_input(output, args.steps, args.checkpoint_every, args.faults, args.nproc, overrides, args.task,
                           args.task_arg)
+    from resilient_training.gates.convergence import ConvergenceConfig, check_reachable
+
+    try:
+        check_reachable(args.steps, ConvergenceConfig(min_improvement=args.min_improvement))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     task = _task_settings(args.task, args.task_arg)
     if args.export not in ("", "dcp", "torch", "safetensors", "hf"):
         raise UsageError(f"--export {args.export!r}: choose safetensors, torch or hf")
@@ -155,7 +161,10 @@ def run(args: argparse.Namespace) -> int:
               f"{m['infrastructure_goodput']:.1%}; {recovery['count']} recoveries, mean "
               f"{recovery['mean'] or 0:.1f} s, max {recovery['max'] or 0:.1f} s")
     from resilient_training.gates.export import PROMOTED_NAMES
+    from resilient_training.gates.promote import RUN_ID_FIELD
 
+    if RUN_ID_FIELD in promote_to and run_dir is not None:  # as the promote step filled it in
+        promote_to = promote_to.replace(RUN_ID_FIELD, run_dir.name)
     promoted = _promoted(promote_to)
     if promoted:
         print(f"promoted model:     {promote_to}")
@@ -188,7 +197,7 @@ def _output_dir(given: str) -> Path:
 
 def _promotion_dest(given: str | None, default: Path) -> str:
     """Where `run` promotes to: ``s3://bucket/prefix`` as given, a directory made absolute."""
-    from resilient_training.gates.promote import PromotionUsageError, parse_s3
+    from resilient_training.gates.promote import RUN_ID_FIELD, PromotionUsageError, check_dest_text
 
     if given is None:
         return str(default)
@@ -200,20 +209,21 @@ def _promotion_dest(given: str | None, default: Path) -> str:
         raise UsageError(f"--promote-to {given!r} contains a control character (a newline?): remove it")
     if given != given.strip():
         raise UsageError(f"--promote-to {given!r} has leading or trailing whitespace: remove it")
+    try:
+        check_dest_text(given)  # s3:// URL, and no field but {run_id}
+    except PromotionUsageError as exc:
+        raise UsageError(f"--promote-to: {exc}") from None
     if given.startswith("s3://"):
-        try:
-            parse_s3(given)
-        except PromotionUsageError as exc:
-            raise UsageError(f"--promote-to: {exc}") from None
         return given
     if "://" in given:
         raise UsageError(f"--promote-to {given!r}: only a directory or s3://bucket/prefix")
     from resilient_training.run.paths import check_writable
 
-    try:
-        return str(check_writable(given, "--promote-to", directory=True).resolve())
+    try:  # checked as the run will name it; {run_id} kept for the promote step to fill in
+        check_writable(given.replace(RUN_ID_FIELD, time.strftime("%Y%m%d-%H%M%S")), "--promote-to", directory=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    return str(Path(given).resolve())
 
 
 def _promoted(dest: str) -> bool:
@@ -309,7 +319,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(parser, steps=defaults.RUN_STEPS, every=defaults.RUN_CHECKPOINT_EVERY, faults=defaults.RUN_FAULTS)
     parser.add_argument("--promote-to", default=None, help="promotion directory or s3://bucket/prefix "
-                        "(default OUTPUT/promoted/<time>)")
+                        "({run_id} in it: the run's id; default OUTPUT/promoted/<time>)")
     parser.add_argument("--export", default="", metavar="FORMAT",
                         help="also export the promoted model: safetensors, torch or hf (inside the promotion directory)")
     parser.add_argument("--min-improvement", type=float, default=0.1, help="convergence gate: relative improvement")

@@ -37,7 +37,8 @@ from resilient_training.gates import metrics
 from resilient_training.gates.metrics import RunError
 from resilient_training.run import layout
 
-__all__ = ["ConvergenceConfig", "RunError", "Verdict", "check_convergence", "write_convergence_record"]
+__all__ = ["ConvergenceConfig", "RunError", "Verdict", "check_convergence", "check_reachable",
+           "write_convergence_record"]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -74,6 +75,16 @@ class ConvergenceConfig:
         if self.max_final_loss is not None and (not _is_real(self.max_final_loss) or not self.max_final_loss > 0
                                                 or not math.isfinite(self.max_final_loss)):
             raise ValueError(f"max_final_loss must be finite and > 0, got {self.max_final_loss!r}")
+
+
+def check_reachable(steps: int, config: ConvergenceConfig) -> None:
+    """Refuse (ValueError) a run the gate can never pass, before it trains: with one step, the
+    first and the final window are the same step, so the improvement is 0.
+    """
+    if steps < 2 and config.min_improvement > 0:
+        raise ValueError(f"steps {steps}: the convergence gate compares the loss of the first steps with that of the "
+                         f"last, and in a 1-step run they are the same step (no improvement), so min_improvement "
+                         f"{config.min_improvement:g} can never pass: train at least 2 steps, or set min_improvement 0")
 
 
 def _is_int(value: Any) -> bool:

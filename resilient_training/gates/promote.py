@@ -27,6 +27,11 @@ against concurrent promoters:
   digest and verifies DEST's content (every file's size and checksum) before it reports
   "already promoted"; damaged or missing content is refused, never trusted. DEST holding anything
   else, or DEST inside the source run, is refused.
+
+DEST may hold the field ``{run_id}``, replaced by the name of the checkpoint's run directory (in a
+pipeline run, ``runs/<run id>``: the KFP run's id or the Argo workflow's uid), so that each run
+of a schedule promotes to a place of its own (a fixed DEST already holds the first run's model,
+and every later run would be refused). Any other ``{...}`` is refused as a misspelt field.
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ S3_LOCK_NAME = ".promotion.lock"
 # Files of this size or more go to S3 as multipart uploads of this part size (s3transfer may
 # enlarge parts to stay within 10,000); the stored CRC32 is then the composite of the parts'.
 S3_PART_BYTES = 64 << 20
+# The one field DEST may hold: the run directory's name (see the module doc).
+RUN_ID_FIELD = "{run_id}"
+# What check_dest_text puts in RUN_ID_FIELD's place to check the rest (a run id's shape and length).
+_SAMPLE_RUN_ID = "00000000-0000-0000-0000-000000000000"
 _READ_CHUNK = 8 << 20
 
 
@@ -180,6 +189,11 @@ def promote(checkpoint: str | os.PathLike[str], dest: str, *, s3_client: Any = N
     to_s3 = dest.startswith("s3://")
     ckpt_dir = resolve_checkpoint(checkpoint)
     run_dir = gate_records.run_dir_of(ckpt_dir)
+    if RUN_ID_FIELD in dest:
+        if run_dir is None:
+            raise PromotionUsageError(f"DEST {dest!r} holds {RUN_ID_FIELD}, but {ckpt_dir} is not in a run "
+                                      "directory (RUN/checkpoints/step_N) to name it")
+        dest = dest.replace(RUN_ID_FIELD, run_dir.name)
     # DEST's own problems (inside the run, not creatable) are usage errors, found before the gates are read.
     local = _local_dest(dest, run_dir) if not to_s3 and run_dir is not None else None
     record = check_gates(ckpt_dir)  # refuses a checkpoint outside a run, too
@@ -197,15 +211,23 @@ def check_dest_text(dest: str) -> str:
     """DEST's own spelling, checked without touching anything (also before a pipeline run exists).
 
     Raises:
-        PromotionUsageError: empty, whitespace around it, a NUL byte, an invalid s3:// URL.
+        PromotionUsageError: empty, whitespace around it, a NUL byte, an invalid s3:// URL, a
+            ``{...}`` other than ``{run_id}``.
 
     """
     if not dest.strip():
         raise PromotionUsageError("DEST is empty")
     if dest != dest.strip() or "\0" in dest:
         raise PromotionUsageError(f"DEST {dest!r} has leading or trailing whitespace or a NUL byte")
-    if dest.startswith("s3://"):
-        parse_s3(dest)  # a bad URL is a usage error before the checkpoint is even read
+    # A misspelt field ({runid}, {run-id}, {{run_id}}) would otherwise become a literal directory
+    # name, the same for every run: refused, as is a brace anywhere else.
+    if "{" in dest.replace(RUN_ID_FIELD, "") or "}" in dest.replace(RUN_ID_FIELD, ""):
+        raise PromotionUsageError(f"DEST {dest!r} has a '{{' or '}}' that is not the field {RUN_ID_FIELD} (the name "
+                                  "of the run's directory; the only field)")
+    if dest.startswith("s3://"):  # a bad URL is a usage error before the checkpoint is even read
+        if RUN_ID_FIELD in dest.removeprefix("s3://").partition("/")[0]:
+            raise PromotionUsageError(f"DEST {dest!r}: {RUN_ID_FIELD} belongs in the prefix, not the bucket name")
+        parse_s3(dest.replace(RUN_ID_FIELD, _SAMPLE_RUN_ID))
     return dest
 
 

@@ -189,6 +189,27 @@ def check_task(config: cfg.TrainConfig, *, world_size: int) -> None:
         raise LaunchError(str(exc)) from None
 
 
+# Tasks shipped in this package: the trainer image holds the same release, so making one here
+# says what its workers would say.
+SHIPPED_TASKS = "resilient_training.tasks."
+
+
+def check_shipped_task(config: cfg.TrainConfig) -> None:
+    """For a cluster run, before it exists: a task shipped in this package is made with the run's
+    task arguments (no model, no data), so a misspelt or out-of-range ``task_args`` value is one
+    LaunchError now, not every worker's failure minutes (or, scheduled, nights) later. A user's own
+    task lives in the user's image, whose version this process may not have: its workers check it.
+    """
+    if not config.task.startswith(SHIPPED_TASKS) or (config.task == cfg.DEFAULT_TASK and not config.task_args):
+        return
+    from resilient_training.runtime import task as tk
+
+    try:
+        tk.load_task(config.task, tk.effective_args(config))
+    except tk.TaskError as exc:
+        raise LaunchError(str(exc)) from None
+
+
 def run_local(
     config: cfg.TrainConfig,
     *,

@@ -9,6 +9,7 @@ from resilient_training.gates.convergence import (
     ConvergenceConfig,
     RunError,
     check_convergence,
+    check_reachable,
     write_convergence_record,
 )
 from resilient_training.run import gate_records
@@ -184,3 +185,26 @@ def test_config_rejects_nonsense() -> None:
         ConvergenceConfig(window=0)
     with pytest.raises(ValueError, match="jump_rtol"):
         ConvergenceConfig(jump_rtol=-1)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_check_reachable_refuses_exactly_the_runs_the_gate_can_never_pass(tmp_path: Path, steps: int) -> None:
+    # What check_reachable claims before a run trains, proved on the gate itself: one step is both
+    # windows (improvement 0); two steps are two windows of one step, which can pass.
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, steps, checkpoint_every=steps, loss=lambda s: 4.0 / s)
+    log.end()
+    log.close()
+    write_checkpoint(tmp_path, step=steps)
+    config = ConvergenceConfig(max_final_loss=5.0, min_improvement=0.1)
+    verdict = check_convergence(tmp_path, config)
+    assert verdict.passed is (steps == 2), verdict.format()
+    if steps == 1:
+        assert verdict.check("improvement").values["improvement"] == 0
+        with pytest.raises(ValueError, match="min_improvement 0.1 can never pass"):
+            check_reachable(steps, config)
+        check_reachable(steps, ConvergenceConfig(min_improvement=0.0))  # nothing asked of it: it may run
+    else:
+        check_reachable(steps, config)

@@ -276,3 +276,36 @@ def test_s3_refuses_when_the_gate_failed(gated_run: Path, s3) -> None:
     with pytest.raises(PromotionRefused):
         promote(gated_run / CKPT, "s3://models/gpt", s3_client=s3)
     assert keys(s3) == []
+
+
+def test_run_id_in_dest_gives_each_run_of_a_schedule_its_own_place(gated_run: Path, other_gated_run: Path,
+                                                                    tmp_path: Path) -> None:
+    from tests.support.gates import copy_run
+
+    second = copy_run(other_gated_run, tmp_path / "nightly-2")
+    dest = str(tmp_path / "models" / "{run_id}" / "gpt")
+    first = promote(gated_run / CKPT, dest)
+    assert first["dest"] == str(tmp_path / "models" / "run" / "gpt")  # the run directory's name
+    assert promote(second / CKPT, dest)["dest"] == str(tmp_path / "models" / "nightly-2" / "gpt")
+    assert read_promotion(str(tmp_path / "models/run/gpt"))["source"]["run_id"] != read_promotion(
+        str(tmp_path / "models/nightly-2/gpt"))["source"]["run_id"]
+    assert promote(gated_run / CKPT, dest)["already_promoted"] is True  # a retry finds its own
+    # A fixed DEST: the second run of a schedule is refused (what {run_id} is for).
+    promote(gated_run / CKPT, str(tmp_path / "fixed"))
+    with pytest.raises(PromotionRefused):
+        promote(second / CKPT, str(tmp_path / "fixed"))
+
+
+@pytest.mark.parametrize("dest", ["models/{runid}", "models/{run-id}", "models/{{run_id}}", "models/{run_id",
+                                  "s3://models/{RUN_ID}", "s3://{run_id}/gpt"])
+def test_a_misspelt_field_in_dest_is_refused_and_nothing_created(gated_run: Path, tmp_path: Path, dest: str) -> None:
+    target = dest if dest.startswith("s3://") else str(tmp_path / dest)
+    with pytest.raises(PromotionUsageError, match=r"\{run_id\}"):
+        promote(gated_run / CKPT, target)
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_run_id_in_an_s3_prefix(gated_run: Path, s3) -> None:
+    outcome = promote(gated_run / CKPT, "s3://models/nightly/{run_id}", s3_client=s3)
+    assert outcome["dest"] == "s3://models/nightly/run"
+    assert read_promotion("s3://models/nightly/run", s3_client=s3)["source"]["step"] == 4
