@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_suite.sh SUITE [OUT_DIR]
 #   SUITE: smoke | probe | recovery | efficiency | goodput | goodput-half | goodput-product | recovery+efficiency | all
-#          | spare | matrix-1b (MODEL_SIZE=1b) | call1 .. call11 (what fits one 10-minute device call each;
+#          | spare | matrix-1b, matrix-1b-full (MODEL_SIZE=1b) | call1 .. call11 (what fits one 10-minute device call each;
 #            call4 wants OLD_TREE=.old holding the previous commit's tree)
 #          | fault-matrix | spare (a killed rank through ft_launcher: cold workers, then warm spares)
 #          | restart-profile (short: where each layer's restart time goes; exit_teardown.py first)
@@ -72,7 +72,9 @@ TIMEOUTS+=(--gpu-reclaim-timeout 10 --gpu-reclaim-tolerance-mb 6144)
 run() {  # run NAME ARGS...: one training run; keep its events and launcher log, drop its checkpoints
   local name=$1; shift
   local dir=$runs/$name start=$SECONDS rc=0
-  (cd /tmp && exec python3 -m resilient_training.cli train --nproc "$nproc" --run-dir "$dir" "${MODEL[@]}" "${TIMEOUTS[@]}" "$@") \
+  # RUN_TIMEOUT (seconds; 0: none) ends a run that would outlast the device call, so its events are still kept.
+  (cd /tmp && exec timeout --kill-after=20 "${RUN_TIMEOUT:-0}" python3 -m resilient_training.cli train --nproc "$nproc" \
+      --run-dir "$dir" "${MODEL[@]}" "${TIMEOUTS[@]}" "$@") \
     > "$runs/$name.out" 2>&1 || rc=$?
   echo "== $name rc=$rc $((SECONDS - start))s: $(grep -E '^(done|FAILED)' "$runs/$name.out" | tail -1)"
   [ $rc -eq 0 ] || tail -25 "$dir/logs/launcher.log" 2>/dev/null || tail -25 "$runs/$name.out" || true
@@ -185,6 +187,15 @@ case $suite in
     local=(--keep-last 1); [ "$nproc" -gt 1 ] && local=(--local-checkpoint-every 20)
     run matrix_1b --steps "${FM_STEPS:-220}" --checkpoint-every 40 "${local[@]}" --warm-spare --memory-snapshot-every 5 \
         --faults "exception@50:0,sigkill@90:$r1,hang@130:$r1,oom@160:$r1,nan@190:0"
+    ;;
+  matrix-1b-full)  # every fault type once (fault-matrix's schedule) on the ~1.3B model (run with MODEL_SIZE=1b),
+    # with warm spares and memory snapshots; as matrix-1b, one checkpoint kept and, on one GPU, no node-local tier
+    local=(--keep-last 1); [ "$nproc" -gt 1 ] && local=(--local-checkpoint-every 25)
+    run matrix_1b_full --steps "${FM_STEPS:-450}" --checkpoint-every 50 "${local[@]}" --warm-spare --memory-snapshot-every 5 \
+        --faults "exception@60:0,sigkill@110:$r1,oom@160:$r1,nan@210:0,ckpt-kill@250:$r1,hang@300:$r1,writer-kill@350:0,ckpt-hang@400:$r1,exception@420:0,load-hang@401:$r1"
+    ;;
+  call29)  # one device call: matrix-1b-full (each run ended by 540 s so that its events are kept)
+    MODEL_SIZE=1b RUN_TIMEOUT=540 "$0" matrix-1b-full "$out"
     ;;
   verify)  # the writer layer, a hang inside a save and a plain hang, after this round's fixes (short)
     # Spaced so that each is over before the next: a writer-kill tears the file only once the
