@@ -25,6 +25,9 @@ NESTED_FROM_PARAMETERS = {("checkpoint", "every"): "checkpoint_every", ("checkpo
 # What the steps' validators call a setting, and the parameter a user gives it as.
 _PARAMETER_NAMES = (("subnet_id", "fsx_subnet_id"), ("file system id", "fsx_file_system_id"),
                     ("capacity_gib", "fsx_capacity_gib"), ("deployment_type", "fsx_deployment_type"),
+                    ("PERSISTENT_2 needs per_unit_throughput",
+                     "fsx_deployment_type PERSISTENT_2 needs fsx_per_unit_throughput"),
+                    ("per_unit_throughput", "fsx_per_unit_throughput"),
                     ("image ", "trainer_image "), ("security group", "fsx_security_group_ids: security group"))
 # What the pipeline passes that is not a parameter (pipelines/resilient_training.py).
 MOUNT_PATH = "/mnt/run"
@@ -90,7 +93,8 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool) -> None
         mount_path=MOUNT_PATH, local_root=values["local_root"], pvc_name=values["pvc_name"],
         fsx_file_system_id=values["fsx_file_system_id"], fsx_subnet_id=values["fsx_subnet_id"],
         fsx_security_group_ids=values["fsx_security_group_ids"], fsx_capacity_gib=values["fsx_capacity_gib"],
-        fsx_deployment_type=values["fsx_deployment_type"], region=values["region"],
+        fsx_deployment_type=values["fsx_deployment_type"], fsx_per_unit_throughput=values["fsx_per_unit_throughput"],
+        region=values["region"],
     )
     ref = provision.planned_ref(request)
     train = dict(values["train_overrides"] or {})

@@ -93,6 +93,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         fsx_security_group_ids: str = "",
         fsx_capacity_gib: int = 1200,
         fsx_deployment_type: str = "SCRATCH_2",
+        fsx_per_unit_throughput: int = 0,
         region: str = "",
         promote_to: str = "promoted",
         export: str = EXPORT,
@@ -133,6 +134,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             fsx_security_group_ids: Security groups for a new FSx file system, comma-separated.
             fsx_capacity_gib: Capacity of a new FSx file system (1200, 2400 or a multiple of 2400).
             fsx_deployment_type: SCRATCH_2 or PERSISTENT_2.
+            fsx_per_unit_throughput: PERSISTENT_2 only (and then required): 125, 250, 500 or 1000 MB/s per TiB.
             region: AWS region (default: the client's).
             promote_to: Where a model that passed both gates is copied: a directory or s3://bucket/prefix;
                 {run_id} in it becomes the run's id (a schedule needs it: each run promotes to its own place).
@@ -156,7 +158,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
                 run_id=run_id, storage=storage, namespace=namespace, mount_path=MOUNT_PATH, local_root=local_root,
                 pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
                 fsx_security_group_ids=fsx_security_group_ids, fsx_capacity_gib=fsx_capacity_gib,
-                fsx_deployment_type=fsx_deployment_type, region=region,
+                fsx_deployment_type=fsx_deployment_type, fsx_per_unit_throughput=fsx_per_unit_throughput,
+                region=region,
             ).set_display_name("provision storage")
             side_effecting(provisioned, PROVISION_RETRY if retries else None)
             claim = provisioned.outputs["pvc_name"]

@@ -295,6 +295,11 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
          "region 'us-east-1 ' is not an AWS region name"),
         (["storage=fsx", "fsx_subnet_id=subnet-1", "fsx_security_group_ids=sg-0123456789abcdef0"],
          "fsx_subnet_id 'subnet-1' is not a subnet id"),
+        # A PERSISTENT_2 file system could not be made from the pipeline (no throughput parameter; stranger trial).
+        (["storage=fsx", "fsx_subnet_id=subnet-0123456789abcdef0", "fsx_security_group_ids=sg-0123456789abcdef0",
+          "promote_to=s3://models/x", "fsx_deployment_type=PERSISTENT_2"],
+         "--param: fsx_deployment_type PERSISTENT_2 needs fsx_per_unit_throughput in (125, 250, 500, 1000) MB/s/TiB, "
+         "got 0"),
         (["storage=pvc", "pvc_name=data", "launcher=pytorchjob", "promote_to=s3://models/x",
           "trainer_image=ghcr.io/org/trainer@sha256:" + "a" * 32], "trainer_image 'ghcr.io/org/trainer@sha256:"),
         (["nodes=٤"], "parameter 'nodes' must be an integer, got '٤'"),
@@ -326,6 +331,16 @@ def test_a_schedule_must_promote_each_run_to_a_place_of_its_own(cli, server):
     code, _, err = cli("submit", "--host", server.url, "--package",
                        *[a for p in [*base, "promote_to=/mnt/run/promoted"] for a in ("--param", p)])
     assert code == 0, err
+
+
+def test_a_persistent_2_file_system_is_requested_with_its_throughput(cli, server):
+    params = ["storage=fsx", "fsx_subnet_id=subnet-0123456789abcdef0", "fsx_security_group_ids=sg-0123456789abcdef0",
+              "promote_to=s3://models/x", "fsx_deployment_type=PERSISTENT_2", "fsx_per_unit_throughput=250",
+              "fsx_capacity_gib=2400"]
+    code, _, err = cli("submit", "--host", server.url, "--package", *[a for p in params for a in ("--param", p)])
+    assert code == 0, err
+    [run] = server.runs.values()
+    assert run["runtime_config"]["parameters"]["fsx_per_unit_throughput"] == 250
 
 
 def test_good_arguments_of_the_resilient_training_pipeline_are_sent(cli, server):

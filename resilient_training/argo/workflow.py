@@ -124,7 +124,7 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
         Step("provision-storage", "provision_storage", {
             "run_id": RunId(), **_params("storage", "namespace"), "mount_path": Const(MOUNT_PATH),
             **_params("local_root", "pvc_name", "fsx_file_system_id", "fsx_subnet_id", "fsx_security_group_ids",
-                      "fsx_capacity_gib", "fsx_deployment_type", "region"),
+                      "fsx_capacity_gib", "fsx_deployment_type", "fsx_per_unit_throughput", "region"),
         }),
         Step("launch-training", "launch_training", {
             "storage_ref": Output("provision-storage", "storage_ref"), "run_id": RunId(),
