@@ -95,3 +95,28 @@ def test_oom_is_a_real_allocation_failure_and_restores_the_limit():
     with pytest.raises(flt.InjectedOOM, match="out of memory"):
         flt.allocate_past_limit(64)
     assert resource.getrlimit(resource.RLIMIT_AS) == before
+
+
+@pytest.mark.slow
+def test_a_relative_yaml_schedule_is_recorded_absolute_so_the_report_reads_the_run_s_own(tmp_path, monkeypatch):
+    # Stranger trial: config.json kept "sched.yaml" as given, and the report read whatever file of that
+    # name was in its own directory: here one with a fault this run never had, claimed "never fired".
+    import json
+    import subprocess
+    import sys
+
+    from resilient_training.gates.metrics import compute_metrics
+    from resilient_training.run import layout
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "sched.yaml").write_text("faults:\n  - {type: exception, step: 3, rank: 0}\n")
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", "run", "--nproc", "1",
+                           "--steps", "4", "--checkpoint-every", "2", "--faults", "sched.yaml"],
+                          cwd=tmp_path / "a", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_dir = tmp_path / "a" / "run"
+    assert json.loads(layout.config_path(run_dir).read_text())["faults"] == str(tmp_path / "a" / "sched.yaml")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "sched.yaml").write_text("faults:\n  - {type: load-hang, step: 2, rank: 0}\n")
+    monkeypatch.chdir(tmp_path / "b")
+    assert compute_metrics(run_dir)["faults_not_injected"] == []

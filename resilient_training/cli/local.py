@@ -97,7 +97,10 @@ def _failure_reason(exc: BaseException) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from resilient_training.run import config as cfg
     from resilient_training.run import gate_records
+
+    args.faults = cfg.absolute_faults(args.faults)  # the steps run elsewhere
 
     output = _output_dir(args.output_dir)
     overrides = _json_flag(args.train_overrides, "--train-overrides") if args.train_overrides else {}
@@ -251,6 +254,9 @@ def _reasons(record: dict[str, Any]) -> list[str]:
 
 
 def bench(args: argparse.Namespace) -> int:
+    from resilient_training.run import config as cfg
+
+    args.faults = cfg.absolute_faults(args.faults)  # the steps run elsewhere
     output = _output_dir(args.output_dir)
     strategies = _json_flag(args.strategies, "--strategies") if args.strategies else None
     if strategies is not None and not (isinstance(strategies, list) and all(isinstance(s, dict) for s in strategies)):

@@ -54,6 +54,7 @@ def _main(args: argparse.Namespace) -> int:
     try:
         config = cfg.from_namespace(args)
         config.task = cfg.absolute_task(config.task)  # the workers may start in another directory
+        config.faults = cfg.absolute_faults(config.faults)
         _check_local_dir(config)
         if args.nodes is None:
             result = run_local(config, nproc=args.nproc)

@@ -179,6 +179,19 @@ def absolute_task(spec: str) -> str:
     return spec
 
 
+def absolute_faults(spec: str) -> str:
+    """A fault schedule given as a YAML file named relative to this directory, made absolute: the
+    workers, the pipeline's steps and the report (which names scheduled faults that never fired,
+    from config.json) read it from elsewhere. A compact schedule is returned unchanged.
+    """
+    import os
+
+    text = spec.strip()
+    if text and (text.endswith((".yaml", ".yml")) or os.path.isfile(text)):
+        return os.path.abspath(os.path.expanduser(text))
+    return spec
+
+
 def parse_task_arg(item: str) -> tuple[str, str]:
     """``KEY=VALUE`` (one ``--task-arg``) as a pair; the value may contain ``=``."""
     key, sep, value = item.partition("=")
