@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,3 +151,16 @@ def test_training_into_a_run_of_the_old_format_is_refused_before_anything_starts
     assert "is in checkpoint format 1; this version reads format 2 (PyTorch DCP directories) only" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before  # nothing written
+
+
+def test_stale_writes_are_earlier_rounds_uncommitted_saves_only(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    for name in ("step_8", ".tmp-step_12-aaaa0000i0", ".tmp-step_12-aaaa0000i3", ".tmp-step_16-bbbb1111i0",
+                 ".tmp-replaced-step_4-77", ".tmp-pruned-step_4-1234abcd"):
+        (root / name).mkdir(parents=True)
+    (root / ".tmp-latest.99").write_text("step_8\n")  # an atomic write's file: not a save
+    # This round's (aaaa0000: an in-process restart's abandoned write is still written) stay; the
+    # pruned one is prune's; a committed step is never touched.
+    assert [p.name for p in fmt.stale_writes(root, live_tag_prefix="aaaa0000i")] == [
+        ".tmp-replaced-step_4-77", ".tmp-step_16-bbbb1111i0"]
+    assert fmt.stale_writes(root, live_tag_prefix="") == []

@@ -97,6 +97,32 @@ def step_dirname(step: int) -> str:
     return f"step_{step}"
 
 
+def write_dirname(step: int, tag: str) -> str:
+    """The temporary directory a save of ``step`` is written into before its commit renames it."""
+    return f"{TMP_PREFIX}{step_dirname(step)}-{tag}"
+
+
+def stale_writes(root: str | os.PathLike[str], *, live_tag_prefix: str) -> list[Path]:
+    """Temporary directories no process will commit: saves whose tag does not start with
+    ``live_tag_prefix`` (a process killed while it wrote, or a save abandoned by an earlier round),
+    and the ``replaced-`` leftovers of a commit killed while it deleted. Each can be a whole
+    checkpoint's size: on one H200 a 1.3B run's killed saves (16 GB each) filled the 64 GB disk
+    and the writer died of ENOSPC (2026-12-02). An empty ``live_tag_prefix`` names none.
+    """
+    if not live_tag_prefix:
+        return []
+    found = []
+    for child in Path(root).iterdir():
+        name = child.name
+        if name.startswith(f"{TMP_PREFIX}replaced-"):
+            found.append(child)
+        elif name.startswith(f"{TMP_PREFIX}step_") and child.is_dir():
+            tag = name.partition("-")[2].partition("-")[2]  # ".tmp-step_N-<tag>"
+            if not tag.startswith(live_tag_prefix):
+                found.append(child)
+    return sorted(found)
+
+
 def parse_step_dirname(name: str) -> int | None:
     match = _STEP_DIR.fullmatch(name)
     return int(match.group(1)) if match else None

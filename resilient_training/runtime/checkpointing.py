@@ -1175,6 +1175,22 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ restore
 
+    def _remove_stale_writes(self) -> None:
+        """Hand earlier rounds' uncommitted saves to the remover: called with every rank past its
+        commits (find_restorable's barrier) and before this round's first save. The tag is
+        "<round>i<iteration>" (the trainer's): an in-process restart's abandoned write is this
+        round's, still being written by this process's writer, which removes it once idle.
+        """
+        live = self._tag[: self._tag.rfind("i") + 1]
+        roots = ([self.root] if self.rank == 0 else []) + ([self.local_root] if self.local_root is not None else [])
+        for root in roots:
+            try:
+                stale = fmt.stale_writes(root, live_tag_prefix=live)
+            except OSError:
+                continue  # a listing that failed frees nothing; the restore still goes on
+            for path in stale:
+                self.remover(path)
+
     def find_restorable(self, *, in_memory: bool = False, after_nan: bool = False) -> tuple[Path | None, dict[str, Any]]:
         """(checkpoint to restore, its manifest): the newest committed one every rank can load.
 
@@ -1193,6 +1209,7 @@ class Checkpointer:
             # Rank 0 commits the persistent tier on its committer thread: no rank reads `latest`
             # before rank 0's commit in flight is done (rank 0 joins this only after settling).
             torch.distributed.all_reduce(torch.zeros(1, device=_flag_device()))
+        self._remove_stale_writes()
         persistent = fmt.read_latest(self.root)
         persistent_id = None
         if persistent is not None:
@@ -1502,7 +1519,7 @@ class Checkpointer:
         begin = time.time()
         self._emit("ckpt_begin", step, mode="async" if self.config.checkpoint.async_save else "sync", tier=tier)
         root = self.root if tier == PERSISTENT else self.local_root
-        tmp_dir = root / f"{fmt.TMP_PREFIX}{fmt.step_dirname(step)}-{self._tag}"
+        tmp_dir = root / fmt.write_dirname(step, self._tag)
         tmp_dir.mkdir(parents=True, exist_ok=True)
         shard = self.stage(step, state, data_state, replicated=self.rank == 0 or tier == LOCAL)
         job = (str(tmp_dir), self.rank, shard, torn_write)

@@ -282,13 +282,25 @@ def build_once(cache_root: str | os.PathLike[str], name: str, build: Callable[[P
 
     Lets test folders that cannot share a fixture (each has its own conftest) share the
     expensive artefacts of one test session: pass ``tmp_path_factory.getbasetemp()``.
+    With pytest-xdist workers, one worker builds it for all (the others wait on a lock): each
+    worker built its own before, two trainer-run builds at once on two cores, ~100 s each.
     """
-    final = Path(cache_root) / "shared-artefacts" / name
-    if not final.exists():
-        staging = final.with_name(f"{cf.TMP_PREFIX}{name}-{os.getpid()}")
-        staging.mkdir(parents=True)
-        build(staging)
-        staging.rename(final)
+    import fcntl
+
+    root = Path(cache_root)
+    if "PYTEST_XDIST_WORKER" in os.environ and root.name.startswith("popen-gw"):
+        root = root.parent  # the session's temporary root, shared by its workers
+    final = root / "shared-artefacts" / name
+    if final.exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.with_name(f".{name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, or by the kernel if this worker dies
+        if not final.exists():
+            staging = final.with_name(f"{cf.TMP_PREFIX}{name}-{os.getpid()}")
+            staging.mkdir(parents=True)
+            build(staging)
+            staging.rename(final)
     return final
 
 
