@@ -260,3 +260,25 @@ def test_a_writer_exits_when_its_worker_is_sigkilled(tmp_path: Path, when: str) 
         worker.kill()
         if "writer_pid" in locals() and _running(writer_pid):
             os.kill(writer_pid, signal.SIGKILL)
+
+
+def test_a_full_disk_is_named_where_a_dead_writer_could_not_say_why(tmp_path):
+    """A writer that dies of ENOSPC often cannot write its reason file (the disk is full): the death
+    is then described with the free space where it wrote (a 1.3B run on one H200 said only "exited
+    with code 1"). On a real full file system: a 1 MiB tmpfs (needs mount permission)."""
+    import subprocess
+
+    from resilient_training.run.paths import low_space
+
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        with pytest.raises(OSError, match="No space left"), open(full / "fill", "wb") as handle:
+            handle.write(b"\0" * (2 << 20))
+            handle.flush()
+        assert low_space([tmp_path, full]) == f" ({full} has 0 MiB free: a full disk?)"
+    finally:
+        subprocess.run(["umount", str(full)], check=False)
+    assert low_space([tmp_path]) == ""  # this machine's /tmp has more than 1 GiB free

@@ -38,6 +38,7 @@ from torch import nn
 from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import gate_records, layout
 from resilient_training.run.config import DEFAULT_TASK, TrainConfig
+from resilient_training.run.paths import low_space
 from resilient_training.runtime.nvrx_adapter import CheckpointWriterDied
 
 _PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every CUDA context of the process
@@ -1563,8 +1564,10 @@ class Checkpointer:
                 durable = self._writer.poll()
             except CheckpointWriterDied as exc:  # the rank's shard went with it
                 durable, lost = True, str(exc)
-                with contextlib.suppress(OSError):  # what the write itself failed with, if it said
+                try:  # what the write itself failed with, if it could say (not on a full disk)
                     lost += f": {(in_flight.tmp_dir / fmt.error_name(self.rank)).read_text().strip()}"
+                except OSError:
+                    lost += low_space([in_flight.tmp_dir.parent])
         if self._writer.death is not None:
             self._writer.replace()
         if in_flight is None:

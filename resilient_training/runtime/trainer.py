@@ -25,7 +25,9 @@ import torch
 from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import events as ev
 from resilient_training.run import faults as flt
+from resilient_training.run import layout
 from resilient_training.run.config import TrainConfig
+from resilient_training.run.paths import low_space
 from resilient_training.runtime import gpu_reclaim, nvrx_adapter
 from resilient_training.runtime import task as tk
 from resilient_training.runtime.checkpointing import (
@@ -636,7 +638,11 @@ class Trainer:
         """Called on the writer's watch thread the moment its process exits unasked: logged now;
         the training thread replaces it at its next step (:meth:`Checkpointer.local_done`).
         """
-        self.events.emit("failure_detected", self.step or None, cause="writer_died", message=death.describe(),
+        roots = [layout.checkpoints_dir(self.config.run_dir)]
+        if self.config.checkpoint.local_every:
+            roots.append(local_tier_root(self.config, self.rank))
+        message = death.describe() + ("" if death.signal else low_space([p for p in roots if p.is_dir()]))
+        self.events.emit("failure_detected", self.step or None, cause="writer_died", message=message,
                          pid=death.pid, exitcode=death.exitcode, signal=death.signal)
 
     def _writer_ready(self, seconds: float, pid: int | None, replacements: int) -> None:
