@@ -10,6 +10,7 @@ from tests.support.gates import copy_run
 
 def test_component_validates_and_records(kfp_local: Path, trainer_runs: Path, tmp_path: Path) -> None:
     run = copy_run(trainer_runs / "killed-mid-save", tmp_path / "run")
+    (run / "checkpoints" / ".tmp-step_10-0badcafei0").mkdir()  # a killed save's leftover: ignored, named
     task = validate_checkpoint(run_dir=str(run))
     assert task.outputs["Output"] is True
     metrics = task.outputs["metrics"].metadata
