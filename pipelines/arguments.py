@@ -181,6 +181,11 @@ def _check_promote_path(dest: str, ref: Any) -> None:
     if not path.is_absolute():
         raise ValueError(f"promote_to {dest!r} is relative: on a cluster it lands on the promote step's own pod "
                          f"and is lost with it; give s3://bucket/prefix or a path on the claim under {ref.mount_path}")
+    mount = PurePosixPath(ref.mount_path)
+    if ".." not in path.parts and path != mount and mount not in path.parents:
+        raise ValueError(f"promote_to {dest!r} is not on the run's claim ({ref.mount_path}): it lands on the promote "
+                         f"step's own pod and is lost with it; give s3://bucket/prefix or a path under "
+                         f"{ref.mount_path}")
     run_dir = PurePosixPath(ref.run_dir)
     if ".." in path.parts or path == PurePosixPath("/") or path in run_dir.parents:
         raise ValueError(f"promote_to {dest!r} contains the run directory ({run_dir.parent}/<run id>) or is not a "

@@ -127,6 +127,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-promote-to-blank", ["run", "--promote-to", " \n"], "--promote-to is empty"),
     ("run-promote-to-newline", ["run", "--promote-to", "{work}/model\n"], "control character"),
     ("run-promote-to-misspelt-field", ["run", "--promote-to", "{work}/models/{runid}"], "not the field {run_id}"),
+    # stranger trial: each trained the whole run, then failed at promotion with a traceback
+    ("run-promote-to-inside-a-run", ["run", "--output-dir", "{work}/o", "--promote-to", "{work}/o/runs/{run_id}/m"],
+     "is inside or around"),
+    ("run-promote-to-output-dir", ["run", "--output-dir", "{work}/o", "--promote-to", "{work}/o"], "is inside or around"),
+    ("run-promote-to-uppercase-s3", ["run", "--promote-to", "S3://models/x"], "(lowercase s3://)"),
     # stranger trial: a 1-step run trained, then its gate could never pass (one step is both windows)
     ("run-one-step-cannot-converge", ["run", "--steps", "1", "--faults", ""], "min_improvement 0.1 can never pass"),
     ("run-promote-to-space", ["run", "--promote-to", "{work}/model "], "leading or trailing whitespace"),

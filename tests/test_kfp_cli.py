@@ -276,7 +276,10 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
          "promote_to: DEST 's3://models/x ' has leading or trailing whitespace"),
         (["storage=pvc", "pvc_name=data", "promote_to=promoted"], "promote_to 'promoted' is relative"),
         (["storage=pvc", "pvc_name=data", "promote_to=/mnt/run/runs"], "contains the run directory"),
-        (["storage=pvc", "pvc_name=data", "promote_to=/"], "contains the run directory"),
+        (["storage=pvc", "pvc_name=data", "promote_to=/"], "is not on the run's claim (/mnt/run)"),
+        # Lost with the promote step's pod as a relative path is (stranger trial): refused too.
+        (["storage=pvc", "pvc_name=data", "promote_to=/tmp/models"], "promote_to '/tmp/models' is not on the run's claim"),
+        (["storage=pvc", "pvc_name=data", "promote_to=S3://models/x"], "only a directory or s3://bucket/prefix (lowercase"),
         (["storage=pvc", "pvc_name=data", "promote_to=/mnt/run/promoted", "export=hf"],
          "export 'hf' writes a transformers model"),
         (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "train_overrides={\"steps\": 5}"],

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if args.export not in ("", "dcp", "torch", "safetensors", "hf"):
         raise UsageError(f"--export {args.export!r}: choose safetensors, torch or hf")
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    promote_to = _promotion_dest(args.promote_to, output / "promoted" / stamp)
+    promote_to = _promotion_dest(args.promote_to, output / "promoted" / stamp, runs_root=output / "runs")
     kfp_root = _init_local(output)
     from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
 
@@ -198,8 +198,10 @@ def _output_dir(given: str) -> Path:
         raise UsageError(str(exc)) from None
 
 
-def _promotion_dest(given: str | None, default: Path) -> str:
-    """Where `run` promotes to: ``s3://bucket/prefix`` as given, a directory made absolute."""
+def _promotion_dest(given: str | None, default: Path, *, runs_root: Path) -> str:
+    """Where `run` promotes to: ``s3://bucket/prefix`` as given, a directory made absolute; refused
+    inside or around ``runs_root`` (where each run's directory is made), before anything trains.
+    """
     from resilient_training.gates.promote import RUN_ID_FIELD, PromotionUsageError, check_dest_text
 
     if given is None:
@@ -226,7 +228,13 @@ def _promotion_dest(given: str | None, default: Path) -> str:
         check_writable(given.replace(RUN_ID_FIELD, time.strftime("%Y%m%d-%H%M%S")), "--promote-to", directory=True)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return str(Path(given).resolve())
+    path = Path(given).resolve()
+    runs = runs_root.resolve()
+    sample = Path(str(path).replace(RUN_ID_FIELD, "run"))
+    if sample == runs or runs in sample.parents or sample in runs.parents:
+        raise UsageError(f"--promote-to {given!r} is inside or around {runs}, where each run gets its directory "
+                         f"(promotion refuses a place in its own run): promote beside it, e.g. {runs.parent}/promoted")
+    return str(path)
 
 
 def _promoted(dest: str) -> bool:

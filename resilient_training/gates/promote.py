@@ -224,6 +224,8 @@ def check_dest_text(dest: str) -> str:
     if "{" in dest.replace(RUN_ID_FIELD, "") or "}" in dest.replace(RUN_ID_FIELD, ""):
         raise PromotionUsageError(f"DEST {dest!r} has a '{{' or '}}' that is not the field {RUN_ID_FIELD} (the name "
                                   "of the run's directory; the only field)")
+    if "://" in dest and not dest.startswith("s3://"):
+        raise PromotionUsageError(f"DEST {dest!r}: only a directory or s3://bucket/prefix (lowercase s3://)")
     if dest.startswith("s3://"):  # a bad URL is a usage error before the checkpoint is even read
         if RUN_ID_FIELD in dest.removeprefix("s3://").partition("/")[0]:
             raise PromotionUsageError(f"DEST {dest!r}: {RUN_ID_FIELD} belongs in the prefix, not the bucket name")
@@ -244,6 +246,11 @@ def _local_dest(dest: str, run_dir: Path) -> Path:
         raise PromotionUsageError(f"DEST {dest} lies inside the source run {run_dir}: promote to a place outside it")
     if path in run_dir.parents:
         raise PromotionUsageError(f"DEST {dest} contains the source run {run_dir}: promote to a place outside it")
+    # Inside another promoted model: its files would gain a stranger's, and its own check (and an
+    # idempotent repeat of its promotion) would then refuse it (stranger trial).
+    for parent in path.parents:
+        if (parent / PROMOTION_NAME).is_file():
+            raise PromotionUsageError(f"DEST {dest} lies inside the promoted model {parent}: promote beside it")
     try:  # DEST, and the staging directory beside it, can be created: found out before anything is written
         check_writable(path, "DEST", directory=True)
         check_writable(path.parent / f"{STAGING_PREFIX}{path.name}-{os.getpid()}", "DEST (its staging name)",

@@ -309,3 +309,18 @@ def test_run_id_in_an_s3_prefix(gated_run: Path, s3) -> None:
     outcome = promote(gated_run / CKPT, "s3://models/nightly/{run_id}", s3_client=s3)
     assert outcome["dest"] == "s3://models/nightly/run"
     assert read_promotion("s3://models/nightly/run", s3_client=s3)["source"]["step"] == 4
+
+
+def test_a_dest_inside_another_promoted_model_is_refused_and_that_model_stays_whole(
+        gated_run: Path, other_gated_run: Path, tmp_path: Path) -> None:
+    # Stranger trial: a second promotion inside the first one's directory made the first fail its
+    # own repeat ("also holds ..."), and validation of it found an unexpected file.
+    from tests.support.gates import copy_run
+
+    first = promote(gated_run / CKPT, str(tmp_path / "models" / "{run_id}"))["dest"]
+    before = snapshot(Path(first))
+    second = copy_run(other_gated_run, tmp_path / "second")
+    with pytest.raises(PromotionUsageError, match="lies inside the promoted model"):
+        promote(second / CKPT, str(Path(first) / "nested"))
+    assert snapshot(Path(first)) == before
+    assert promote(gated_run / CKPT, str(tmp_path / "models" / "{run_id}"))["already_promoted"] is True
