@@ -218,10 +218,8 @@ def _promotion_dest(given: str | None, default: Path, *, runs_root: Path) -> str
         check_dest_text(given)  # s3:// URL, and no field but {run_id}
     except PromotionUsageError as exc:
         raise UsageError(f"--promote-to: {exc}") from None
-    if given.startswith("s3://"):
+    if given.startswith("s3://"):  # check_dest_text refused any other URL
         return given
-    if "://" in given:
-        raise UsageError(f"--promote-to {given!r}: only a directory or s3://bucket/prefix")
     from resilient_training.run.paths import check_writable
 
     try:  # checked as the run will name it; {run_id} kept for the promote step to fill in

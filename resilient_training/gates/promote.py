@@ -221,7 +221,8 @@ def check_dest_text(dest: str) -> str:
         raise PromotionUsageError(f"DEST {dest!r} has leading or trailing whitespace or a NUL byte")
     # A misspelt field ({runid}, {run-id}, {{run_id}}) would otherwise become a literal directory
     # name, the same for every run: refused, as is a brace anywhere else.
-    if "{" in dest.replace(RUN_ID_FIELD, "") or "}" in dest.replace(RUN_ID_FIELD, ""):
+    rest = dest.replace(RUN_ID_FIELD, "")
+    if "{" in rest or "}" in rest:
         raise PromotionUsageError(f"DEST {dest!r} has a '{{' or '}}' that is not the field {RUN_ID_FIELD} (the name "
                                   "of the run's directory; the only field)")
     if "://" in dest and not dest.startswith("s3://"):
