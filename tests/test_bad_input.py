@@ -112,6 +112,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train-warm-spare-value", ["train", "--run-dir", "r", "--warm-spare=yes"], "ignored explicit argument"),
     ("run-min-improvement-nan", ["run", "--min-improvement", "nan"], "--min-improvement must be a finite number"),
     ("run-min-improvement-inf", ["run", "--min-improvement=-inf"], "--min-improvement must be a finite number"),
+    ("run-max-final-loss-nan", ["run", "--max-final-loss", "nan"], "--max-final-loss must be a finite number > 0"),
+    ("run-max-final-loss-zero", ["run", "--max-final-loss", "0"], "--max-final-loss must be a finite number > 0"),
     ("run-promote-to-no-bucket", ["run", "--promote-to", "s3://"], "names no valid bucket"),
     ("run-promote-to-bad-bucket", ["run", "--promote-to", "s3://Bad_Bucket/x"], "names no valid bucket"),
     ("run-promote-to-dotdot", ["run", "--promote-to", "s3://models/a/../b"], "'..' part"),

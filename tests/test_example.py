@@ -111,11 +111,18 @@ def test_the_whole_local_pipeline_runs_the_example_and_exports_the_promoted_mode
 
     proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "run", "--output-dir", str(tmp_path / "out"),
                            "--task", TASK, "--task-arg", "lr=0.05", "--steps", "16", "--checkpoint-every", "4",
-                           "--faults", "sigkill@6:1", "--export", "safetensors"],
+                           "--faults", "sigkill@6:1", "--export", "safetensors", "--max-final-loss", "50"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "validation:         PASSED" in proc.stdout and "convergence:        PASSED" in proc.stdout
+    convergence = Path(proc.stdout.split("convergence:        PASSED  (")[1].split(")")[0])
+    thresholds = json.loads(convergence.read_text())["thresholds"]
+    assert (thresholds["max_final_loss"], thresholds["max_final_loss_from"]) == (50.0, "given")
     exported = Path(proc.stdout.split("exported model:")[1].split()[0])
     assert exported.name == "model.safetensors" and (exported.parent / "promotion.json").is_file()
     model = tk.load_task(TASK, {"lr": "0.05"}).build_model()
     model.load_state_dict(load_file(str(exported)), strict=True)
+    # The promoted directory, export inside, validates on its own (a stranger trial found it INVALID).
+    check = subprocess.run([sys.executable, "-m", "resilient_training.cli", "validate-checkpoint",
+                            str(exported.parent)], capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0 and check.stdout.startswith("VALID"), check.stdout + check.stderr

@@ -33,9 +33,33 @@ def test_validate_then_gate_then_promote(run: Path, tmp_path: Path, capsys: pyte
     assert verdict["passed"] and [c["name"] for c in verdict["checks"]] == [
         "finite", "completed", "final_loss", "improvement", "continuity"]
     assert main(["promote", str(run), str(dest), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["already_promoted"] is False
+    outcome = json.loads(capsys.readouterr().out)
+    assert outcome["promoted"] is True and outcome["already_promoted"] is False
     assert main(["promote", str(run / "checkpoints/step_30"), str(dest)]) == 0
     assert "already promoted (no-op)" in capsys.readouterr().out
+
+
+def test_promote_and_export_json_say_why_when_refused(run: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by a stranger trial: ``--json`` printed nothing on a refusal, so a script reading stdout
+    saw no outcome at all. Each refusal and usage error is JSON on stdout and one line on stderr."""
+    cases = [
+        (["promote", str(run), str(tmp_path / "dest"), "--json"], 1, "promoted", "refused", "never validated"),
+        (["promote", str(run), "s3://BAD/x", "--json"], 2, "promoted", "usage_error", "bucket"),
+        (["export", str(run), "--format", "safetensors", "-o", str(tmp_path / "m.st"), "--json"], 1,
+         "exported", "refused", "validat"),
+        (["export", str(run), "--format", "pickle", "-o", str(tmp_path / "m"), "--json"], 2,
+         "exported", "usage_error", "pickle"),
+    ]
+    for argv, code, key, kind, words in cases:
+        assert main(argv) == code, argv
+        captured = capsys.readouterr()
+        outcome = json.loads(captured.out)
+        assert outcome[key] is False and outcome["outcome"] == kind and outcome["exit_code"] == code, argv
+        assert words in outcome["error"], (argv, outcome)
+        line = captured.err.strip()
+        assert "\n" not in line and line.startswith("refused: " if code == 1 else "error: ") and words in line
+    assert not (tmp_path / "dest").exists() and not (tmp_path / "m.st").exists()
 
 
 def test_invalid_checkpoint_exits_1_with_json_findings(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,3 +107,12 @@ def test_console_script_is_installed(run: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["checkpoints"][0]["step"] == 30
     assert not (run / "gates").exists()
+
+
+def test_report_json_names_the_run_absolutely(run: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a stranger trial: ``report RUN --json`` from inside the run said ``"run_dir": "."``,
+    which names nothing once the JSON is kept elsewhere."""
+    monkeypatch.chdir(run)
+    assert main(["report", ".", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_dir"] == str(run.resolve())

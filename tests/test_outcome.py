@@ -52,9 +52,9 @@ def test_a_restart_with_no_checkpoint_to_restore_is_shown_as_starting_again(tmp_
     """
     from resilient_training.launch.local import ProgressPrinter
 
-    def load(ts: float, rank: int, attempt: int, iteration: int, step: int) -> ev.Event:
+    def load(ts: float, rank: int, attempt: int, iteration: int, step: int, source: str = "storage") -> ev.Event:
         return ev.Event(ts=ts, rank=rank, attempt=attempt, iteration=iteration, event="load_done", step=step,
-                        fields={"source": "storage"})
+                        fields={"source": source})
 
     _write(tmp_path, [
         load(1.0, 0, 0, 0, 0),  # the first start: nothing lost, nothing to say
@@ -63,10 +63,14 @@ def test_a_restart_with_no_checkpoint_to_restore_is_shown_as_starting_again(tmp_
         load(4.0, 0, 1, 1, 0),  # an in-process restart, still before the first commit
         load(5.0, 0, 0, 0, 0),  # a replaced pod counts its attempts from 0 again
         load(6.0, 0, 2, 0, 4),
+        load(7.0, 0, 2, 1, 6, "memory (staged, not yet committed)"),  # never read from disk: say so
+        load(8.0, 0, 2, 2, 8, "storage (resharded)"),
     ])
     lines: list[str] = []
     printer = ProgressPrinter(tmp_path, 10, since=0.0, emit=lines.append)
     printer.start()
     printer.stop()
     again = "  ⤓ no checkpoint yet: starting again from step 1"
-    assert lines == [again, again, again, "  ⤓ restored step 4"]
+    assert lines == [again, again, again, "  ⤓ restored step 4",
+                     "  ⤓ restored step 6 from memory (staged, not yet committed)",
+                     "  ⤓ restored step 8 from storage (resharded)"]

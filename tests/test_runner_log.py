@@ -88,3 +88,12 @@ def test_skipped_tasks_get_one_line_with_the_runners_reason():
     lines = [line.split(" ", 1)[1] for line in console.getvalue().splitlines()]
     assert lines == ["– condition-2 skipped: condition evaluated to False",
                      "– promote-model skipped: upstream task(s) ['check-convergence'] failed."]
+
+
+def test_a_failed_steps_reason_has_no_colour_codes() -> None:
+    """Found by a stranger trial: `run`'s FAILED line showed kfp.local's colour codes raw."""
+    from resilient_training.cli.local import _failure_reason
+
+    exc = RuntimeError("Pipeline failed.\nTask \x1b[96m'launch-training'\x1b[0m finished with status "
+                       "\x1b[91mFAILURE\x1b[0m\x1b[K")
+    assert _failure_reason(exc) == "Task 'launch-training' finished with status FAILURE"

@@ -32,7 +32,8 @@ def test_a_task_file_and_its_arguments():
     task = tk.load_task(f"{USER_TASK}:make", {"width": "4"})
     assert task.width == 4 and task.lr == 0.05
     assert tk.load_task(f"{USER_TASK}:make") is not task  # a callable makes a new task each time
-    with pytest.raises(tk.TaskError, match="does not accept these --task-arg settings: got an unexpected keyword"):
+    with pytest.raises(tk.TaskError, match="does not accept these --task-arg settings: got an unexpected keyword"
+                       r".*'depth' \(it takes: width, lr\)$"):
         tk.load_task(f"{USER_TASK}:make", {"depth": "3"})
     with pytest.raises(tk.TaskError, match="is an object, so it takes no --task-arg"):
         tk.load_task(f"{USER_TASK}:model_raises", {"width": "3"})

@@ -61,12 +61,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "promote",
         help="copy a validated and gated checkpoint to a directory or s3://bucket/prefix",
         description="Copy a checkpoint that passed validate-checkpoint and check-convergence in its run, with its "
-        "manifest and a record of both gates. Atomic and idempotent. Exit 0 promoted (or already), 1 refused.",
+        "manifest and a record of both gates. Atomic and idempotent. Exit 0 promoted (or already), 1 refused, "
+        "2 usage error. With --json the outcome is printed as JSON whatever it is ({\"promoted\": false, "
+        "\"error\": ...} when refused or unusable).",
     )
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="RUN/checkpoints/step_N, or a run (its latest)")
     p.add_argument("dest", metavar="DEST",
                    help="destination directory or s3://bucket/prefix; {run_id} in it is the run directory's name")
-    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON (a refusal too)")
     p.set_defaults(func=promote_main)
 
     p = subparsers.add_parser(
@@ -75,14 +77,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Export a checkpoint that passed validate-checkpoint in its run, in a format other tools load: "
         "dcp (a copy of the step directory), torch (dcp_to_torch_save), safetensors (the model's full tensors), "
         "hf (save_pretrained, for transformers models). Atomic; never overwrites. Exit 0 exported (or already), "
-        "1 refused, 2 usage error.",
+        "1 refused, 2 usage error. With --json the outcome is printed as JSON whatever it is.",
     )
     p.add_argument("run", metavar="RUN", help="run directory (or RUN/checkpoints/step_N)")
     p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the run's latest)")
     # Checked by export() rather than argparse: a bad value is one line, not usage plus error.
     p.add_argument("--format", dest="fmt", default=None, metavar="{dcp,torch,safetensors,hf}", help="output format")
     p.add_argument("-o", "--output", default=None, metavar="PATH", help="file (torch, safetensors) or directory")
-    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON (a refusal too)")
     p.set_defaults(func=export_main)
 
     p = subparsers.add_parser(
@@ -116,6 +118,16 @@ def _plain_path(value: str, name: str) -> str | None:
 
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=1, sort_keys=True, allow_nan=True, default=str))
+
+
+def _not_done(as_json: bool, key: str, kind: str, message: str, code: int) -> int:
+    """A refusal (exit 1) or usage error (exit 2): one line on stderr, and with ``--json`` the
+    outcome on stdout as well, so a script reading stdout sees why rather than nothing.
+    """
+    print(f"{'refused' if code == EXIT_FAILED else 'error'}: {message}", file=sys.stderr)
+    if as_json:
+        _print_json({key: False, "outcome": kind, "error": message, "exit_code": code})
+    return code
 
 
 def validate_main(args: argparse.Namespace) -> int:
@@ -179,16 +191,15 @@ def promote_main(args: argparse.Namespace) -> int:
     from resilient_training.gates.promote import PromotionRefused, PromotionUsageError, promote
 
     if problem := _plain_path(args.checkpoint, "CHECKPOINT"):  # DEST: promote() checks it
-        return _fail_usage(problem)
+        return _not_done(args.json, "promoted", "usage_error", problem, EXIT_USAGE)
     try:
         outcome = promote(args.checkpoint, args.dest)
     except PromotionUsageError as exc:
-        return _fail_usage(str(exc))
+        return _not_done(args.json, "promoted", "usage_error", str(exc), EXIT_USAGE)
     except PromotionRefused as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return _not_done(args.json, "promoted", "refused", str(exc), EXIT_FAILED)
     if args.json:
-        _print_json(outcome)
+        _print_json({"promoted": True, **outcome})
     else:
         state = "already promoted (no-op)" if outcome["already_promoted"] else "promoted"
         print(f"{state}: step {outcome['step']} -> {outcome['dest']} ({outcome['bytes']} bytes)")
@@ -208,18 +219,18 @@ def export_main(args: argparse.Namespace) -> int:
     from resilient_training.gates.export import ExportRefused, ExportUsageError, export
 
     if args.fmt is None or args.output is None:
-        return _fail_usage("give --format dcp|torch|safetensors|hf and -o PATH")
+        return _not_done(args.json, "exported", "usage_error", "give --format dcp|torch|safetensors|hf and -o PATH",
+                         EXIT_USAGE)
     if problem := _plain_path(args.run, "RUN"):
-        return _fail_usage(problem)
+        return _not_done(args.json, "exported", "usage_error", problem, EXIT_USAGE)
     try:
         outcome = export(args.run, fmt=args.fmt, out=args.output, step=args.step)
     except ExportUsageError as exc:
-        return _fail_usage(str(exc))
+        return _not_done(args.json, "exported", "usage_error", str(exc), EXIT_USAGE)
     except ExportRefused as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return _not_done(args.json, "exported", "refused", str(exc), EXIT_FAILED)
     if args.json:
-        _print_json(outcome)
+        _print_json({"exported": True, **outcome})
     else:
         state = "already exported (no-op)" if outcome["already_exported"] else "exported"
         print(f"{state}: step {outcome['step']} as {outcome['format']} -> {outcome['out']} ({outcome['bytes']} bytes)")

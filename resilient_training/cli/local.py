@@ -89,7 +89,8 @@ def _log_path(output: Path, pipeline: str, stamp: str) -> Path:
 
 
 def _failure_reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    # kfp.local colours the task name in its exception text: shown raw in a stranger trial's summary.
+    text = runner_log.strip_ansi(str(exc)).strip().splitlines()
     return text[-1] if text else type(exc).__name__
 
 
@@ -108,12 +109,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--train-overrides must be a JSON object")
     if not math.isfinite(args.min_improvement):
         raise UsageError(f"--min-improvement must be a finite number, got {args.min_improvement}")
+    if args.max_final_loss is not None and not (math.isfinite(args.max_final_loss) and args.max_final_loss > 0):
+        raise UsageError(f"--max-final-loss must be a finite number > 0, got {args.max_final_loss}")
     _check_training_input(output, args.steps, args.checkpoint_every, args.faults, args.nproc, overrides, args.task,
                           args.task_arg)
     from resilient_training.gates.convergence import ConvergenceConfig, check_reachable
 
     try:
-        check_reachable(args.steps, ConvergenceConfig(min_improvement=args.min_improvement))
+        check_reachable(args.steps, ConvergenceConfig(max_final_loss=args.max_final_loss,
+                                                      min_improvement=args.min_improvement))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     task = _task_settings(args.task, args.task_arg)
@@ -136,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 faults=args.faults, procs_per_node=args.nproc, local_root=str(output),
                 promote_to=str(promote_to), export=args.export, train_overrides=overrides,
                 min_improvement=args.min_improvement,
+                max_final_loss=-1.0 if args.max_final_loss is None else args.max_final_loss,
                 **task,
             )
         except Exception as exc:  # kfp.local raises when a task fails; teardown has run by then
@@ -335,6 +340,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--export", default="", metavar="FORMAT",
                         help="also export the promoted model: safetensors, torch or hf (inside the promotion directory)")
     parser.add_argument("--min-improvement", type=float, default=0.1, help="convergence gate: relative improvement")
+    parser.add_argument("--max-final-loss", type=float, default=None,
+                        help="convergence gate: the final window's mean loss must be below this (default: derived "
+                        "from the task's vocab_size, 0.8 x ln(vocab_size); a task without one needs this flag)")
     parser.add_argument("--train-overrides", default="", help='trainer settings as JSON, e.g. \'{"nan_guard": false}\'')
     parser.set_defaults(func=_guard(run))
     parser = subparsers.add_parser(

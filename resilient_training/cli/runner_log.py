@@ -18,7 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal colour and cursor codes (kfp.local colours what it prints)."""
+    return _ANSI.sub("", text)
+
+
 # kfp.local's own log lines (kfp/local/task_dispatcher.py, orchestrator), after the timestamp.
 _STARTED = re.compile(r" - INFO - Executing task '([^']+)'$")
 _FINISHED = re.compile(r" - (?:INFO|ERROR) - Task '([^']+)' finished with status (\w+)$")

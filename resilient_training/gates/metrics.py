@@ -512,7 +512,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     ends = [e for e in events if e.event == "end"]
     final = next((e for e in reversed(ends) if e.rank <= 0), ends[-1] if ends else None)
     return {
-        "run_dir": str(run_dir),
+        "run_dir": str(Path(run_dir).resolve()),  # as typed (".") it named nothing once copied elsewhere
         "reference_rank": ref,
         "wall_seconds": wall,
         "status": final.get("status") if final else "unknown",

@@ -486,8 +486,11 @@ class _Checker:
                       f"lists {name}, which is no file of the ranks {self.expected_ranks} of world size "
                       f"{self.manifest['world_size']}")
             ok = False
+        # A promoted model directory (promote's copy) also holds its promotion record and the
+        # exports promote_model wrote inside it; check_commit judges the record.
+        allowed = {cf.MANIFEST_NAME, *self._promoted_extras()}
         for child in sorted(self.dir.iterdir()):
-            if child.name not in self.expected_files and child.name != cf.MANIFEST_NAME:
+            if child.name not in self.expected_files and child.name not in allowed:
                 self.find("unexpected_file", child.name, "unknown file inside a committed checkpoint")
                 ok = False
         if ok:
@@ -534,6 +537,9 @@ class _Checker:
         from resilient_training.run import gate_records
 
         run_dir = gate_records.run_dir_of(self.dir)
+        if run_dir is None and self._promoted_extras():
+            self.check_promotion()
+            return
         if run_dir is None:
             self.find("world_size_unverified", cf.MANIFEST_NAME, "the checkpoint lies outside a run directory: "
                       "no event log to prove it holds every rank the run trained with")
@@ -564,6 +570,51 @@ class _Checker:
         else:
             self.result.checks.append(f"the manifest is the one the run committed at step {step} (its digest is "
                                       "in the run's event log)")
+
+    def _promoted_extras(self) -> tuple[str, ...]:
+        """The names a promoted model directory holds besides the checkpoint (none elsewhere)."""
+        from resilient_training.gates.promote import EXPORTS_INSIDE_DEST, PROMOTION_NAME
+        from resilient_training.run import gate_records
+
+        if not (self.dir / PROMOTION_NAME).is_file() or gate_records.run_dir_of(self.dir) is not None:
+            return ()
+        return (PROMOTION_NAME, *EXPORTS_INSIDE_DEST)
+
+    def check_promotion(self) -> None:
+        """Outside its run, a promoted copy is proven by its promotion record instead of the event
+        log: the record names this manifest's digest, with the run's passing validation (which
+        checked the world size against the run's event log) and convergence of that same manifest.
+        A checkpoint rewritten after promotion, or a record copied from another promotion, differs.
+        """
+        from resilient_training.gates.promote import PROMOTION_NAME
+
+        digest = self.result.manifest_checksum
+        try:
+            record = json.loads((self.dir / PROMOTION_NAME).read_text())
+            source, validation, convergence = record["source"], record["validation"], record["convergence"]
+            validated = validation["checkpoints"][source["checkpoint"]]
+            recorded = source["manifest_checksum"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+            self.find("promotion_invalid", PROMOTION_NAME, "is not a readable promotion record (source, validation "
+                      "and convergence of the promoted checkpoint): cannot prove which checkpoint this is")
+            return
+        if recorded != digest:
+            self.find("not_the_promoted_checkpoint", cf.MANIFEST_NAME,
+                      f"manifest digest {digest}, but {PROMOTION_NAME} promoted the manifest with digest {recorded}: "
+                      "this checkpoint was changed after its promotion, or the record belongs to another")
+            return
+        problems = [what for what, gate, passed in (
+            ("validation", validated, isinstance(validated, dict) and validated.get("valid") is True),
+            ("convergence", convergence, isinstance(convergence, dict) and convergence.get("passed") is True))
+            if not passed or not isinstance(gate, dict) or gate.get("manifest_checksum") != digest]
+        if problems:
+            self.find("promotion_invalid", PROMOTION_NAME,
+                      f"does not record a passed {' and '.join(problems)} of this manifest (digest {digest})")
+            return
+        self.result.checks.append(
+            f"world size {self.manifest['world_size']} and manifest are those validated in run "
+            f"{source.get('run_dir')} at {source['checkpoint']} before promotion ({PROMOTION_NAME} records this "
+            "manifest's digest with passed validation and convergence)")
 
     # 3. contents -------------------------------------------------------------------------
     def check_metadata(self) -> bool:

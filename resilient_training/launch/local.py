@@ -344,7 +344,10 @@ def describe(event: ev.Event, steps: int, *, restarted: bool = False) -> str | N
         return f"  ↻ restarted ({event['layer']} layer, attempt {event.attempt}, iteration {event.iteration})"
     if event.event == "load_done" and event.rank == 0:
         if event.step:
-            return f"  ⤓ restored step {event.step}"
+            # Where from, unless plain storage: a memory restore replays nothing from disk, and a
+            # stranger trial could not tell it from a commit's (its step may never be committed).
+            source = event.get("source")
+            return f"  ⤓ restored step {event.step}" + (f" from {source}" if source and source != "storage" else "")
         # A restart with nothing to restore (a fault before the first commit) loses every step so far:
         # say so, rather than show nothing as the first start does. A replaced pod counts its attempts
         # from 0 again: ``restarted`` (rank 0 loaded before) tells its start from the first one.

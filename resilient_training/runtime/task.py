@@ -121,7 +121,8 @@ def load_task(spec: str, task_args: dict[str, str] | None = None) -> Any:
             try:
                 signature.bind(**task_args)
             except TypeError as exc:
-                raise TaskError(f"task {spec} does not accept these --task-arg settings: {exc}") from None
+                raise TaskError(f"task {spec} does not accept these --task-arg settings: {exc}"
+                                f"{_accepted(signature)}") from None
         try:
             task = target(**task_args)
         except TaskError:
@@ -134,6 +135,13 @@ def load_task(spec: str, task_args: dict[str, str] | None = None) -> Any:
     if missing:
         raise TaskError(f"task {spec} lacks {', '.join(missing)} (a task needs {', '.join(REQUIRED)})")
     return task
+
+
+def _accepted(signature: inspect.Signature) -> str:
+    """What the task does take, for the error (a stranger trial had to read the source to find out)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = [p.name for p in signature.parameters.values() if p.kind in kinds]
+    return f" (it takes: {', '.join(names)})" if names else " (it takes no settings)"
 
 
 def _is_task(obj: Any) -> bool:

@@ -1,0 +1,94 @@
+"""validate-checkpoint on a promoted model directory (found by a stranger trial: it said INVALID for
+every promotion, ``promotion.json`` being an "unknown file", and could not tell the world size).
+
+Outside its run the promotion record stands in for the event log: it must name this very manifest,
+with the run's passed validation and convergence of it. Each way to make it say VALID wrongly is a
+case here.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from resilient_training.gates.promote import PROMOTION_NAME, promote
+from resilient_training.gates.validate import validate
+from tests.support.gates import rewrite_manifest
+
+CKPT = "checkpoints/step_4"
+
+
+@pytest.fixture
+def promoted(gated_run: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "models" / "gpt"
+    promote(gated_run / CKPT, str(dest))
+    return dest
+
+
+def _codes(path: Path) -> list[str]:
+    return sorted(f.code for f in validate(path, load=False).all_findings)
+
+
+def test_a_promoted_model_validates_with_its_exports_beside_it(promoted: Path) -> None:
+    (promoted / "model.safetensors").write_bytes(b"an export promote_model wrote")
+    (promoted / "hf").mkdir()
+    report = validate(promoted)  # the full check: bytes, contents, a strict load
+    assert report.valid, [f.message for f in report.all_findings]
+    assert any("before promotion (promotion.json records this manifest's digest" in c for c in report.checkpoints[0].checks)
+    assert sorted(p.name for p in promoted.iterdir()) == sorted(
+        ["__0_0.distcp", "__1_0.distcp", ".metadata", "data_rank_0.pt", "data_rank_1.pt", "manifest.json",
+         PROMOTION_NAME, "model.safetensors", "hf"])  # validation wrote nothing into it
+
+
+def test_a_foreign_file_is_still_unexpected(promoted: Path) -> None:
+    (promoted / "notes.txt").write_text("x")
+    assert _codes(promoted) == ["unexpected_file"]
+
+
+def test_a_manifest_rewritten_after_promotion_is_caught(promoted: Path) -> None:
+    rewrite_manifest(promoted, lambda m: m.update(run_id="someone-else"))  # every checksum still holds
+    assert _codes(promoted) == ["not_the_promoted_checkpoint"]
+
+
+def test_a_record_rewritten_to_match_still_needs_the_gates_of_that_manifest(promoted: Path) -> None:
+    """The attacker rewrites the manifest and the record's source digest consistently: the
+    validation and convergence recorded in it were of the old manifest, so it is refused."""
+    from resilient_training.run.gate_records import manifest_digest
+
+    rewrite_manifest(promoted, lambda m: m.update(run_id="someone-else"))
+    record = json.loads((promoted / PROMOTION_NAME).read_text())
+    record["source"]["manifest_checksum"] = manifest_digest(promoted)
+    (promoted / PROMOTION_NAME).write_text(json.dumps(record))
+    assert _codes(promoted) == ["promotion_invalid"]
+    assert "does not record a passed validation and convergence" in validate(promoted, load=False).all_findings[0].message
+
+
+@pytest.mark.parametrize("gate", ["validation", "convergence"])
+def test_a_record_whose_gate_did_not_pass_is_refused(promoted: Path, gate: str) -> None:
+    record = json.loads((promoted / PROMOTION_NAME).read_text())
+    if gate == "validation":
+        record["validation"]["checkpoints"][CKPT]["valid"] = "true"  # not the JSON true
+    else:
+        record["convergence"]["passed"] = False
+    (promoted / PROMOTION_NAME).write_text(json.dumps(record))
+    findings = validate(promoted, load=False).all_findings
+    assert [f.code for f in findings] == ["promotion_invalid"] and gate in findings[0].message
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[]", '{"source": {}}'])
+def test_an_unreadable_record_is_a_finding(promoted: Path, text: str) -> None:
+    (promoted / PROMOTION_NAME).write_text(text)
+    assert _codes(promoted) == ["promotion_invalid"]
+
+
+def test_another_promotions_record_does_not_vouch(promoted: Path, other_gated_run: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other-model"
+    promote(other_gated_run / CKPT, str(other))
+    shutil.copy(other / PROMOTION_NAME, promoted / PROMOTION_NAME)
+    assert _codes(promoted) == ["not_the_promoted_checkpoint"]
+
+
+def test_without_a_record_it_stays_unverified(promoted: Path) -> None:
+    (promoted / PROMOTION_NAME).unlink()
+    assert _codes(promoted) == ["world_size_unverified"]
