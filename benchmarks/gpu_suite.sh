@@ -252,6 +252,19 @@ case $suite in
     python3 benchmarks/host_snapshot_read.py --device cuda --gb 3.2 --repeat 3 2>&1 | tee "$out/host-snapshot-read.txt"
     "$0" call8 "$out"
     ;;
+  call31)  # one device call: how fast 16 GB of staging buffers can be page-locked (1, 2, 4 threads), and a
+    # pageable save copy instead, alone and beside training (the 1.3B first-save deferral), then 3.2 GB
+    python3 benchmarks/pin_rate.py --gb 16 2>&1 | tee "$out/pin-rate-16gb.txt" || true
+    python3 benchmarks/pin_rate.py --gb 3.2 2>&1 | tee "$out/pin-rate-3gb.txt" || true
+    ;;
+  pin-1b)  # the 1.3B model: how long a new process's 16 GB of staging buffers take to page-lock, whether
+    # the first save waits for them, and a killed rank's restart once a checkpoint is committed
+    run pin_1b --steps "${FM_STEPS:-200}" --checkpoint-every 50 --keep-last 1 --warm-spare --memory-snapshot-every 5 \
+        --faults "sigkill@120:0"
+    ;;
+  call32)  # one device call: pin-1b (staging buffers page-locked from one thread, no thread per call)
+    MODEL_SIZE=1b RUN_TIMEOUT=500 "$0" pin-1b "$out"
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"

@@ -275,3 +275,25 @@ def test_promote_then_export_to_s3_uploads_the_hf_directory_under_dest(llama_run
         assert "llama/v1/promotion.json" in keys and outcome["out"] == "s3://models/llama/v1/hf"
         body = client.get_object(Bucket="models", Key="llama/v1/hf/export.json")["Body"].read()
         assert json.loads(body)["source"]["checkpoint"] == "checkpoints/step_12"
+
+
+def test_a_repeat_is_a_no_op_only_for_the_same_bytes(llama_run, tmp_path, capsys):
+    """Found by a stranger trial: repeating a torch export was refused (no record to recognise it),
+    and a safetensors export with a flipped weight byte, or another run's, was "already exported"
+    (only its header's source was read). A repeat now compares with a fresh export, byte for byte."""
+    for fmt, name in (("torch", "m.pt"), ("safetensors", "m.st"), ("dcp", "dcp"), ("hf", "hf")):
+        out = tmp_path / name
+        assert main(["export", str(llama_run), "--format", fmt, "-o", str(out)]) == 0, fmt
+        capsys.readouterr()
+        assert main(["export", str(llama_run), "--format", fmt, "-o", str(out), "--json"]) == 0, fmt
+        assert json.loads(capsys.readouterr().out)["already_exported"] is True, fmt
+        target = out if out.is_file() else max((p for p in out.rglob("*") if p.is_file() and p.name != "export.json"),
+                                               key=lambda p: p.stat().st_size)
+        data = bytearray(target.read_bytes())
+        data[-100] ^= 0x01  # inside the tensor data of every format's largest file
+        target.write_bytes(bytes(data))
+        assert main(["export", str(llama_run), "--format", fmt, "-o", str(out)]) == 2, fmt
+        err = capsys.readouterr().err
+        assert "is not byte for byte this checkpoint's" in err and err.count("\n") == 1, (fmt, err)
+        assert target.read_bytes() == bytes(data), fmt  # refused, never overwritten
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-export-")]  # no verification left behind

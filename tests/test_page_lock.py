@@ -33,7 +33,8 @@ class Driver:
         monkeypatch.setattr(checkpointing, "page_lock", self.lock)
         monkeypatch.setattr(checkpointing, "page_unlock", self.unlock)
 
-    def lock(self, ptr: int, nbytes: int, *, device: torch.device | None = None, pause: bool = False) -> bool:
+    def lock(self, ptr: int, nbytes: int, *, device: torch.device | None = None, pause: bool = False,
+             direct: bool = False) -> bool:
         assert device == GPU, "locked with no device or another one current"
         assert ptr not in self.locked, "registered twice (CUDA: resource already mapped)"
         self.calls += 1

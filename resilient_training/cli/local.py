@@ -158,6 +158,11 @@ def run(args: argparse.Namespace) -> int:
                 if not record.get("passed"):
                     for reason in _reasons(record):
                         print(f"                    - {reason}")
+                for name, check in (record.get("checks") or {}).items():
+                    # A pass without one of its checks says which (a stranger trial's task had no
+                    # vocab_size, so no final-loss threshold, and saw only PASSED).
+                    if isinstance(check, dict) and check.get("skipped") and name != "continuity":
+                        print(f"                    (skipped {name}: {str(check.get('reason', '')).removeprefix('skipped: ')})")
     if report is not None:
         print(f"resilience report:  {report}")
     numbers = _task_output(kfp_root, started, "resilience-report", "numbers")
@@ -342,7 +347,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--min-improvement", type=float, default=0.1, help="convergence gate: relative improvement")
     parser.add_argument("--max-final-loss", type=float, default=None,
                         help="convergence gate: the final window's mean loss must be below this (default: derived "
-                        "from the task's vocab_size, 0.8 x ln(vocab_size); a task without one needs this flag)")
+                        "from the task's vocab_size, 0.8 x ln(vocab_size); for a task without one the check is "
+                        "skipped, and the summary says so, unless this flag sets it)")
     parser.add_argument("--train-overrides", default="", help='trainer settings as JSON, e.g. \'{"nan_guard": false}\'')
     parser.set_defaults(func=_guard(run))
     parser = subparsers.add_parser(

@@ -106,7 +106,7 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
     if names:  # a manifest naming paths outside its own directory (forged along with its record)
         raise ExportRefused(f"{ckpt_dir / cf.MANIFEST_NAME} lists files outside the checkpoint: {names[:3]}")
     _refuse_inside_run(out, Path(record["source"]["run_dir"]))  # the run that validated it, if moved since
-    if _already_exported(out, fmt, record):
+    if _already_exported(out, fmt, record, ckpt_dir):
         return _outcome(out, fmt, record, already=True)
     _probe(out)
     _verify_files(ckpt_dir, record)
@@ -150,11 +150,16 @@ def _outcome(out: Path, fmt: str, record: dict[str, Any], *, already: bool) -> d
             "already_exported": already}
 
 
-def _already_exported(out: Path, fmt: str, record: dict[str, Any]) -> bool:
-    """True when ``out`` holds this very export; refuses to touch anything else there."""
+def _already_exported(out: Path, fmt: str, record: dict[str, Any], ckpt_dir: Path) -> bool:
+    """True when ``out`` holds this very export, byte for byte; refuses to touch anything else there.
+
+    The record names the checkpoint but vouches for no byte of the export (a stranger trial
+    flipped a weight, or put another run's file there, and got "already exported"): the export is
+    made again beside ``out`` and compared (torch's file has no record: only the comparison).
+    """
     if not out.exists() and not out.is_symlink():
         return False
-    existing = None
+    existing: Any = {"format": fmt, "source": record["source"]} if fmt == "torch" and out.is_file() else None
     if fmt in ("dcp", "hf") and (out / RECORD_NAME).is_file():
         try:
             existing = json.loads((out / RECORD_NAME).read_text())
@@ -164,8 +169,92 @@ def _already_exported(out: Path, fmt: str, record: dict[str, Any]) -> bool:
         existing = _safetensors_record(out)
     if isinstance(existing, dict) and existing.get("format") == fmt and isinstance(existing.get("source"), dict) \
             and existing["source"].get("manifest_checksum") == record["source"]["manifest_checksum"]:
-        return True
+        if _same_as_fresh_export(out, fmt, record, ckpt_dir):
+            return True
+        raise ExportUsageError(f"{out} already exists and is not byte for byte this checkpoint's {fmt} export "
+                               "(damaged or changed since): refusing to overwrite it; remove it and export again")
     raise ExportUsageError(f"{out} already exists (and is not this export of this checkpoint): refusing to overwrite it")
+
+
+def _same_as_fresh_export(out: Path, fmt: str, record: dict[str, Any], ckpt_dir: Path) -> bool:
+    """``out`` has the bytes an export of ``ckpt_dir`` made now has (the record file aside: it
+    holds the time it was made). Exports are deterministic; the cost is one more export.
+    """
+    import filecmp
+
+    fresh = out.parent / f"{STAGING_PREFIX}{out.name}-verify{os.getpid()}"  # a crash's leftover: export cleans it
+    shutil.rmtree(fresh, ignore_errors=True) if fresh.is_dir() else fresh.unlink(missing_ok=True)
+    try:
+        _verify_files(ckpt_dir, record)
+        WRITERS[fmt](ckpt_dir, fresh, record)
+
+        def files(root: Path) -> dict[str, Path] | None:
+            if root.is_symlink() or not (root.is_file() or root.is_dir()):
+                return None
+            if root.is_file():
+                return {"": root}
+            found = {p.relative_to(root).as_posix(): p for p in root.rglob("*") if not p.is_dir() or p.is_symlink()}
+            if any(p.is_symlink() or not p.is_file() for p in found.values()):
+                return None  # a link's bytes live elsewhere and can change
+            found.pop(RECORD_NAME, None)
+            return found
+
+        have, want = files(out), files(fresh)
+        safetensors = fmt == "safetensors"
+        return have is not None and want is not None and have.keys() == want.keys() and all(
+            _same_safetensors(have[name], want[name]) if safetensors or name.endswith(".safetensors")
+            else filecmp.cmp(have[name], want[name], shallow=False) for name in want)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True) if fresh.is_dir() else fresh.unlink(missing_ok=True)
+
+
+def _same_safetensors(a: Path, b: Path) -> bool:
+    """The same safetensors content: the library writes its header's maps in no fixed order (two
+    exports of one checkpoint differ there), so the headers are compared as JSON, the data as bytes.
+    """
+    import filecmp
+    import struct
+
+    def header(path: Path) -> tuple[int, Any]:
+        with open(path, "rb") as handle:
+            size = struct.unpack("<Q", handle.read(8))[0]
+            if size > 100 << 20:
+                raise ValueError("header too large")
+            return 8 + size, json.loads(handle.read(size))
+
+    try:
+        (start_a, head_a), (start_b, head_b) = header(a), header(b)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError):
+        return filecmp.cmp(a, b, shallow=False)
+    if head_a != head_b or a.stat().st_size - start_a != b.stat().st_size - start_b:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        fa.seek(start_a)
+        fb.seek(start_b)
+        while chunk := fa.read(1 << 24):
+            if chunk != fb.read(len(chunk)):
+                return False
+    return True
+
+
+def verify_promoted_exports(dest: Path, ckpt_dir: Path) -> None:
+    """Each export ``promote_model`` wrote inside a promoted ``dest`` is this checkpoint's, byte for
+    byte (ExportRefused otherwise): the file a consumer loads is checked like the checkpoint's.
+    """
+    try:
+        checked = promote.check_validated(ckpt_dir)
+    except promote.PromotionRefused as exc:
+        raise ExportRefused(str(exc)) from None
+    for fmt, name in PROMOTED_NAMES.items():
+        out = dest / name
+        if not out.exists() and not out.is_symlink():
+            continue
+        record = {"format": fmt, "source": checked["source"], "task": checked["manifest"].get("task"),
+                  "task_args": checked["manifest"].get("task_args"), "files": checked["files"]}
+        try:
+            _already_exported(out, fmt, record, ckpt_dir)
+        except ExportUsageError as exc:
+            raise ExportRefused(str(exc)) from None
 
 
 def _safetensors_record(path: Path) -> dict[str, Any] | None:

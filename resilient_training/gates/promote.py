@@ -113,7 +113,7 @@ def check_validated(ckpt_dir: Path) -> dict[str, Any]:
         validation = gate_records.read_record(run_dir, gate_records.VALIDATION)
     except cf.CheckpointError as exc:
         raise PromotionRefused(str(exc)) from None
-    rel = os.path.relpath(ckpt_dir.resolve(), run_dir.resolve())
+    rel = os.path.relpath(os.path.abspath(ckpt_dir), run_dir)  # as named (see run_dir_of)
     if validation is None:
         raise PromotionRefused(f"{rel} was never validated in {run_dir} (run validate-checkpoint first)")
     checkpoints = validation.get("checkpoints") if isinstance(validation, dict) else None
@@ -372,6 +372,17 @@ def _holder(record: dict[str, Any]) -> dict[str, Any]:
 EXPORTS_INSIDE_DEST = ("model.pt", "model.safetensors", "hf")
 
 
+def _verify_exports(dest: Path, ckpt_dir: Path) -> None:
+    """The exports inside DEST (``EXPORTS_INSIDE_DEST``) are this checkpoint's, byte for byte."""
+    from resilient_training.gates.export import ExportRefused, verify_promoted_exports
+
+    try:
+        verify_promoted_exports(dest, ckpt_dir)
+    except ExportRefused as exc:
+        raise PromotionRefused(f"{dest} is marked as this checkpoint's promotion but its export is not this "
+                               f"checkpoint's: {exc}") from None
+
+
 def _verify_local_copy(dest: Path, record: dict[str, Any]) -> None:
     """DEST holds exactly the files of this checkpoint, byte for byte, and its marker."""
     expected = set(_files_to_copy(record)) | {PROMOTION_NAME}
@@ -422,6 +433,7 @@ def _promote_local(ckpt_dir: Path, dest: Path, record: dict[str, Any]) -> dict[s
                 raise PromotionRefused(f"{dest}: cannot read {PROMOTION_NAME}: {exc}") from None
             _promotion_of(text, record, str(dest))
             _verify_local_copy(dest, record)
+            _verify_exports(dest, ckpt_dir)
             return {"already_promoted": True, "files": files}
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise PromotionRefused(f"{dest} exists and is not an empty directory: refusing to overwrite it")

@@ -370,6 +370,9 @@ class _Checker:
         self.result.findings.append(Finding(code, self.where(name), message, tensor))
 
     def run(self) -> None:
+        if self.dir.is_symlink():  # the trainer never makes one: its files live wherever the link leads
+            self.find("not_a_regular_file", ".", f"the checkpoint directory is a symbolic link (to "
+                      f"{os.readlink(self.dir)}): a committed checkpoint is a directory of its own run")
         if not self.check_manifest():
             return
         self.check_files()

@@ -70,8 +70,13 @@ def read_record(run_dir: str | os.PathLike[str], gate: str) -> dict[str, Any] | 
 
 
 def run_dir_of(ckpt_dir: str | os.PathLike[str]) -> Path | None:
-    """The run holding ``RUN/checkpoints/step_N``, or None for a checkpoint outside a run."""
-    ckpt_dir = Path(ckpt_dir).resolve()
+    """The run holding ``RUN/checkpoints/step_N``, or None for a checkpoint outside a run.
+
+    Read from the path as named, not where its links lead: a ``step_N`` (or ``checkpoints/``)
+    that is a symbolic link to another run's belongs to the run named, whose event log and gate
+    records then disown it (a stranger trial had a swapped-in link judged by its target's log).
+    """
+    ckpt_dir = Path(os.path.abspath(ckpt_dir))
     if ckpt_dir.parent.name == layout.CHECKPOINTS_DIRNAME:
         return ckpt_dir.parent.parent
     return None

@@ -324,3 +324,39 @@ def test_a_dest_inside_another_promoted_model_is_refused_and_that_model_stays_wh
         promote(second / CKPT, str(Path(first) / "nested"))
     assert snapshot(Path(first)) == before
     assert promote(gated_run / CKPT, str(tmp_path / "models" / "{run_id}"))["already_promoted"] is True
+
+
+def test_a_step_linked_to_another_gated_run_is_refused(gated_run: Path, other_gated_run: Path, tmp_path: Path) -> None:
+    """Found by a stranger trial: with ``step_N`` a link to another run's (gated) checkpoint, promote
+    followed the link and promoted the other run's model on that run's records. The run named is
+    the one whose records count: its validation names another manifest."""
+    import shutil
+
+    shutil.rmtree(gated_run / CKPT)
+    (gated_run / CKPT).symlink_to(other_gated_run / CKPT, target_is_directory=True)
+    with pytest.raises(PromotionRefused, match="changed since"):
+        promote(gated_run, str(tmp_path / "dest"))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_an_export_inside_dest_is_verified_on_a_repeat(gated_run: Path, other_gated_run: Path, tmp_path: Path) -> None:
+    """Found by a stranger trial: a repeat promote said "already promoted" with another run's
+    model.safetensors, or a made-up hf/, inside DEST: names of exports were never checked."""
+    import shutil
+
+    from resilient_training.gates.export import export, export_promoted
+
+    dest = tmp_path / "dest"
+    promote(gated_run / CKPT, str(dest))
+    export_promoted(str(gated_run / CKPT), str(dest), "safetensors")
+    assert promote(gated_run / CKPT, str(dest))["already_promoted"] is True  # its own export: fine
+    foreign = tmp_path / "other.safetensors"
+    export(other_gated_run, fmt="safetensors", out=foreign)
+    shutil.copy(foreign, dest / "model.safetensors")
+    with pytest.raises(PromotionRefused, match="its export is not this checkpoint's"):
+        promote(gated_run / CKPT, str(dest))
+    (dest / "model.safetensors").unlink()
+    (dest / "hf").mkdir()
+    (dest / "hf" / "config.json").write_text("{}")
+    with pytest.raises(PromotionRefused, match="its export is not this checkpoint's"):
+        promote(gated_run / CKPT, str(dest))

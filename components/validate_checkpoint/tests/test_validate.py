@@ -363,6 +363,40 @@ def test_a_checkpoint_swapped_in_from_another_run_is_not_the_one_this_run_commit
     assert "this is not the checkpoint the run saved" in report.all_findings[0].message
 
 
+@pytest.mark.parametrize("link", ["step", "checkpoints"])
+def test_a_link_to_another_runs_checkpoint_is_not_this_runs(synthetic_run: Path, tmp_path: Path, link: str) -> None:
+    """Found by a stranger trial: ``step_N`` replaced by a symbolic link to another run's was VALID,
+    judged by the *target's* event log (the run was taken from where the link led)."""
+    from tests.support.gates import TINY, write_checkpoint
+
+    other = tmp_path / "other"
+    write_checkpoint(other, cfg=TINY, step=4, seed=999, world_size=2)
+    run = copy_run(synthetic_run, tmp_path / "run")
+    if link == "step":
+        shutil.rmtree(run / STEP4)
+        (run / STEP4).symlink_to(other / STEP4, target_is_directory=True)
+        expected = [("not_a_regular_file", "checkpoints/step_4"),
+                    ("not_committed_by_run", "checkpoints/step_4/manifest.json")]
+    else:
+        shutil.rmtree(run / "checkpoints")
+        (run / "checkpoints").symlink_to(other / "checkpoints", target_is_directory=True)
+        expected = [("not_committed_by_run", "checkpoints/step_4/manifest.json")]
+    report = validate(run, load=False)
+    assert [(f.code, f.file) for f in report.all_findings] == expected
+    from resilient_training.gates.validate import write_validation_record
+
+    write_validation_record(run, report)  # recorded in the run named, not in the link's target
+    assert not (other / "gates").exists() and (run / "gates" / "validation.json").is_file()
+
+
+def test_checkpoints_kept_elsewhere_behind_a_link_are_still_the_runs(synthetic_run: Path, tmp_path: Path) -> None:
+    """A run whose checkpoints/ is a link to another volume (its own checkpoints moved there) validates."""
+    run = copy_run(synthetic_run, tmp_path / "run")
+    (run / "checkpoints").rename(tmp_path / "fast-volume")
+    (run / "checkpoints").symlink_to(tmp_path / "fast-volume", target_is_directory=True)
+    assert validate(run, load=False).valid
+
+
 def test_values_rewritten_with_every_checksum_re_recorded_are_not_the_committed_checkpoint(run_copy: Path) -> None:
     rewrite_chunk(run_copy / STEP4, "model.head.weight", 1, set_value(0.5), rerecord="all")
     report = validate(run_copy)
