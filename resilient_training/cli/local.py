@@ -162,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
                     # A pass without one of its checks says which (a stranger trial's task had no
                     # vocab_size, so no final-loss threshold, and saw only PASSED).
                     if isinstance(check, dict) and check.get("skipped") and name != "continuity":
-                        print(f"                    (skipped {name}: {str(check.get('reason', '')).removeprefix('skipped: ')})")
+                        why = str(check.get("reason", "")).removeprefix("skipped: ")
+                        print(f"                    (skipped {name}: {why})")
     if report is not None:
         print(f"resilience report:  {report}")
     numbers = _task_output(kfp_root, started, "resilience-report", "numbers")
