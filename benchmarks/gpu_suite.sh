@@ -265,6 +265,14 @@ case $suite in
   call32)  # one device call: pin-1b (staging buffers page-locked from one thread, no thread per call)
     MODEL_SIZE=1b RUN_TIMEOUT=500 "$0" pin-1b "$out"
     ;;
+  call33)  # one device call: pin_rate.py with the ways of making the buffers, then pin-1b (staging buffers
+    # made in shared memory directly, no private copy)
+    python3 benchmarks/pin_rate.py --gb 16 2>&1 | tee "$out/pin-rate-16gb.txt" || true
+    MODEL_SIZE=1b RUN_TIMEOUT=400 "$0" pin-1b "$out"
+    ;;
+  call34)  # one device call: pin-1b with the staging buffers' pages written before they are page-locked
+    MODEL_SIZE=1b RUN_TIMEOUT=400 "$0" pin-1b "$out"
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"

@@ -30,9 +30,21 @@ from torch import nn
 from resilient_training.runtime.checkpointing import page_lock, page_unlock
 
 
-def _buffers(total: int, each: int) -> list[torch.Tensor]:
-    return [torch.empty(min(each, total - start), dtype=torch.uint8).share_memory_()
-            for start in range(0, total, each)]
+def _buffers(total: int, each: int, how: str = "share_memory_") -> list[torch.Tensor]:
+    """``share_memory_``: as the trainer made them (a private tensor copied into new shared memory);
+    ``new_shared``: shared memory made directly (``UntypedStorage._new_shared``), nothing copied;
+    ``new_shared+zero``: the same, every page then written."""
+    out = []
+    for start in range(0, total, each):
+        n = min(each, total - start)
+        if how == "share_memory_":
+            out.append(torch.empty(n, dtype=torch.uint8).share_memory_())
+            continue
+        buffer = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))
+        if how == "new_shared+zero":
+            buffer.zero_()
+        out.append(buffer)
+    return out
 
 
 def _lock(buffers: list[torch.Tensor], threads: int) -> tuple[float, list[int]]:
@@ -91,6 +103,15 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 (one failed measurement must not lose the others)
             print(f"| {what} | failed: {type(exc).__name__}: {str(exc)[:120]} | | | | |", flush=True)
 
+    for how in ("new_shared", "new_shared+zero"):  # each way made, then page-locked from one thread
+        def made(how: str = how) -> None:
+            start = time.perf_counter()
+            made = _buffers(total, each, how)
+            row(f"allocate ({how})", time.perf_counter() - start)
+            seconds, locked = _lock(made, 1)
+            row(f"cudaHostRegister of those, 1 thread ({len(locked)}/{len(made)} ok)", seconds)
+            _unlock(locked)
+        attempt(how, made)
     start = time.perf_counter()
     buffers = _buffers(total, each)
     row("allocate (share_memory_, pages written)", time.perf_counter() - start)
@@ -145,6 +166,21 @@ def main() -> None:
             lambda: during("pageable copy from a second thread, while training", lambda: _copy(sources, buffers, side)))
     attempt("register while training",
             lambda: during("cudaHostRegister x1 (unpaced), while training", lambda: _lock_and_release(buffers)))
+    buffers.clear()  # the next rows make their own
+    for how in ("share_memory_", "new_shared"):  # what a new process does while it trains: make, then lock
+        attempt(f"{how} while training", lambda how=how: during(
+            f"allocate ({how}) then cudaHostRegister x1, while training", lambda: _make_and_lock(total, each, how)))
+
+
+def _make_and_lock(total: int, each: int, how: str) -> float:
+    start = time.perf_counter()
+    made = _buffers(total, each, how)
+    allocated = time.perf_counter() - start
+    _, locked = _lock(made, 1)
+    seconds = time.perf_counter() - start
+    print(f"|   (of which allocating {allocated:.2f} s) | | | | | |", flush=True)
+    _unlock(locked)
+    return seconds
 
 
 def _lock_and_release(buffers: list[torch.Tensor]) -> float:

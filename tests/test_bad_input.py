@@ -292,6 +292,18 @@ CASES: list[tuple[str, list[str], str]] = [
     ("report-into-gates", ["report", "{run}", "-o", "{run}/gates/report.html"], "the run's own records"),
     ("report-not-a-run", ["report", "{dir}", "-o", "r.html"], "no events/"),
     ("unknown-command", ["bogus"], "invalid choice"),
+    # found by a stranger trial: an input name past NAME_MAX, or a loop of links, was a traceback
+    ("validate-name-max", ["validate-checkpoint", f"{{work}}/{LONG}"], "longer than the file system allows"),
+    ("convergence-name-max", ["check-convergence", f"{{work}}/{LONG}"], "longer than the file system allows"),
+    ("convergence-reference-name-max", ["check-convergence", "{run}", "--no-record", "--reference",
+                                        f"{{work}}/{LONG}"], "longer than the file system allows"),
+    ("promote-checkpoint-name-max", ["promote", f"{{work}}/{LONG}", "{work}/m"], "longer than the file system allows"),
+    ("promote-dest-name-max-300", ["promote", "{run}", f"{{work}}/{LONG}"], "longer than the file system allows"),
+    ("export-run-name-max", ["export", f"{{work}}/{LONG}", "--format", "torch", "-o", "m.pt"],
+     "longer than the file system allows"),
+    ("report-run-name-max", ["report", f"{{work}}/{LONG}", "-o", "r.html"], "longer than the file system allows"),
+    ("report-link-loop", ["report", "{work}/loop-a", "-o", "r.html"], "too many levels of symbolic links"),
+    ("validate-link-loop", ["validate-checkpoint", "{work}/loop-a"], "too many levels of symbolic links"),
 ]
 
 
@@ -324,7 +336,7 @@ def locked(tmp_path: Path) -> Path:
 
 
 def snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for root in roots for p in [root, *root.rglob("*")]}
+    return {str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for root in roots for p in [root, *root.rglob("*")]}
 
 
 @pytest.mark.parametrize(("argv", "reason"), [pytest.param(a, r, id=i) for i, a, r in CASES])
@@ -338,6 +350,8 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(
     (work / "dir").mkdir(parents=True)
     (work / "dir.yaml").mkdir()
     (work / "a-file").write_text("keep me")
+    (work / "loop-a").symlink_to(work / "loop-b")
+    (work / "loop-b").symlink_to(work / "loop-a")
     places = {"work": str(work), "dir": str(work / "dir"), "file": str(work / "a-file"), "run": str(shared_run),
               "locked": str(locked)}
     args = []

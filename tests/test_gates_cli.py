@@ -116,3 +116,30 @@ def test_report_json_names_the_run_absolutely(run: Path, capsys: pytest.CaptureF
     monkeypatch.chdir(run)
     assert main(["report", ".", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["run_dir"] == str(run.resolve())
+
+
+@pytest.mark.parametrize("command", ["validate-checkpoint", "check-convergence"])
+@pytest.mark.parametrize("case", ["gates-is-a-file", "record-is-a-dir"])
+def test_a_record_that_cannot_be_written_is_one_line_before_the_gate_runs(
+        run: Path, command: str, case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by a stranger trial: a traceback after the whole validation, and a temporary file left."""
+    gate = "validation" if command == "validate-checkpoint" else "convergence"
+    if case == "gates-is-a-file":
+        (run / "gates").write_text("not a directory")
+    else:
+        (run / "gates" / f"{gate}.json").mkdir(parents=True)
+    assert main([command, str(run)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "cannot be written" in captured.err
+    if case == "record-is-a-dir":
+        assert [p.name for p in (run / "gates").iterdir()] == [f"{gate}.json"]  # nothing left beside it
+
+
+@pytest.mark.parametrize("flags", [["--json"], []])  # a long output breaks while printing, a short one at the flush
+def test_output_to_a_reader_that_went_away_is_no_traceback(run: Path, flags: list[str]) -> None:
+    """Found by a stranger trial: `… | head -1` printed a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "resilient_training.cli", "check-convergence", str(run),
+                             "--no-record", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err

@@ -159,7 +159,8 @@ def test_saves_wait_for_page_locked_staging_buffers_without_holding_training(tmp
 
     release = threading.Event()
 
-    def slow_page_lock(ptr: int, nbytes: int, *, device: torch.device | None = None, pause: bool = False) -> bool:
+    def slow_page_lock(ptr: int, nbytes: int, *, device: torch.device | None = None, pause: bool = False,
+                       direct: bool = False) -> bool:
         release.wait(30)  # the driver, still locking
         return False  # (refused: nothing to unlock afterwards)
 

@@ -223,3 +223,31 @@ def test_the_built_in_task_from_the_runs_flags_starts_without_a_torch_import_in_
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, "r"], capture_output=True, text=True, check=True, cwd="/tmp")
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_task_that_breaks_its_interface_while_training_stops_at_once(tmp_path):
+    """Found by a stranger trial: a loss that is not a scalar was retried by 8 in-process restarts
+    (40 lines, the same TaskError each time). A task's broken contract is never retried."""
+    from resilient_training.run import events as ev
+
+    run = train(tmp_path / "run", "--nproc", "2", "--steps", "6", "--task", f"{USER_TASK}:loss_not_scalar")
+    assert run.returncode != 0
+    assert "FAILED: stopped without a restart: task loss() returned a tensor of shape [16, 1]" in run.output
+    events = ev.read_events(tmp_path / "run")
+    assert not [e for e in events if e.event in ("restart_begin", "restart_done")]
+    # Each rank finds it at its own step 1 (no collective before the check); one may be stopped first.
+    assert {e.rank for e in events if e.event == "failure_detected" and e["cause"] == "TaskError"} <= {0, 1}
+    assert [e for e in events if e.event == "failure_detected" and e["cause"] == "TaskError"]
+
+
+def test_a_task_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+    """Found by a stranger trial: `import mytask` from a task file failed unless PYTHONPATH named its folder."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "team_helpers_rt.py").write_text("WIDTH = '5'\n")
+    (tmp_path / "team_task_rt.py").write_text(
+        "import importlib.util, team_helpers_rt\n"
+        f"spec = importlib.util.spec_from_file_location('ut_rt', {USER_TASK!r})\n"
+        "ut = importlib.util.module_from_spec(spec); spec.loader.exec_module(ut)\n"
+        "def make():\n    return ut.make(width=team_helpers_rt.WIDTH)\n")
+    assert tk.load_task(f"{tmp_path / 'team_task_rt.py'}:make").width == 5

@@ -109,11 +109,9 @@ def _plain_path(value: str, name: str) -> str | None:
     """The one-line error for a path argument holding a control character (a pasted newline would
     split the error that names it over two lines), else None.
     """
-    from resilient_training.run.paths import has_control
+    from resilient_training.run.paths import input_problem
 
-    if has_control(value):
-        return f"{name} {value!r} contains a control character (a newline?): give the path without it"
-    return None
+    return input_problem(value, name)
 
 
 def _print_json(data: Any) -> None:
@@ -137,7 +135,12 @@ def validate_main(args: argparse.Namespace) -> int:
         return _fail_usage(f"--threads must be at least 1, got {args.threads}")
     if problem := _plain_path(args.path, "RUN_OR_CHECKPOINT"):
         return _fail_usage(problem)
+    from resilient_training.gates.validate import check_recordable
+    from resilient_training.run.gate_records import RecordError
+
     try:
+        if args.record:
+            check_recordable(args.path)  # before the validation's time is spent
         report = validate(args.path, all_checkpoints=args.all, load=args.load, threads=args.threads)
     except UsageError as exc:
         return _fail_usage(str(exc))
@@ -150,6 +153,8 @@ def validate_main(args: argparse.Namespace) -> int:
             print(f"error: the validation cannot be recorded: {exc} (is a training still running in "
                   f"{args.path}?)", file=sys.stderr)
             return EXIT_FAILED
+        except RecordError as exc:
+            return _fail_usage(str(exc))
     if args.json:
         _print_json(report.to_dict())
     else:
@@ -164,7 +169,12 @@ def convergence_main(args: argparse.Namespace) -> int:
         check_convergence,
         write_convergence_record,
     )
+    from resilient_training.run import gate_records
     from resilient_training.run.events import EventLogError
+
+    for value, name in ((args.run_dir, "RUN"), (args.reference, "--reference")):
+        if value is not None and (problem := _plain_path(value, name)):
+            return _fail_usage(problem)
 
     try:
         config = ConvergenceConfig(
@@ -175,11 +185,16 @@ def convergence_main(args: argparse.Namespace) -> int:
             jump_rtol=args.jump_rtol,
             reference_rtol=args.reference_rtol,
         )
+        if args.record:  # before the gate's time is spent (RecordError is a ValueError)
+            gate_records.check_recordable(args.run_dir, gate_records.CONVERGENCE)
         verdict = check_convergence(args.run_dir, config, reference_dir=args.reference)
     except (RunError, EventLogError, ValueError) as exc:  # EventLogError: FILE:LINE: what is wrong
         return _fail_usage(str(exc))
     if args.record:
-        write_convergence_record(args.run_dir, verdict)
+        try:
+            write_convergence_record(args.run_dir, verdict)
+        except gate_records.RecordError as exc:
+            return _fail_usage(str(exc))
     if args.json:
         _print_json(verdict.to_dict())
     else:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 import warnings
 from typing import NoReturn
@@ -62,7 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, not at exit, where a broken pipe could not be caught
+        return code
+    except BrokenPipeError:
+        # The reader went away (`| head -1`): as a Unix tool killed by SIGPIPE would, stop quietly
+        # (a stranger trial got a traceback); stdout goes to /dev/null so the exit's flush is silent.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

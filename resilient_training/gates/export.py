@@ -106,6 +106,7 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
     if names:  # a manifest naming paths outside its own directory (forged along with its record)
         raise ExportRefused(f"{ckpt_dir / cf.MANIFEST_NAME} lists files outside the checkpoint: {names[:3]}")
     _refuse_inside_run(out, Path(record["source"]["run_dir"]))  # the run that validated it, if moved since
+    _refuse_inside_promoted(out, fmt)
     if _already_exported(out, fmt, record, ckpt_dir):
         return _outcome(out, fmt, record, already=True)
     _probe(out)
@@ -141,6 +142,19 @@ def _refuse_inside_run(out: Path, run_dir: Path) -> None:
     """The run's records are the gates' evidence: no export lands there."""
     if inside := layout.evidence_holding(run_dir, out):
         raise ExportUsageError(f"{out} lies inside the run's {inside} (the gates' evidence): export elsewhere")
+
+
+def _refuse_inside_promoted(out: Path, fmt: str) -> None:
+    """No export lands inside a promoted model but its own (``DEST/model.safetensors``, ...): any
+    other file there makes the promotion's verified no-op refuse it (stranger trial).
+    """
+    resolved = Path(os.path.abspath(out))
+    for parent in resolved.parents:
+        if (parent / promote.PROMOTION_NAME).is_file():
+            if parent == resolved.parent and PROMOTED_NAMES.get(fmt) == resolved.name:
+                return  # promote_model's export option: the name promotion expects
+            raise ExportUsageError(f"{out} lies inside the promoted model {parent}: export beside it (only "
+                                   f"{', '.join(PROMOTED_NAMES.values())} directly inside, as promote_model writes)")
 
 
 def _outcome(out: Path, fmt: str, record: dict[str, Any], *, already: bool) -> dict[str, Any]:

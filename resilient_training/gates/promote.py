@@ -236,6 +236,10 @@ def check_dest_text(dest: str) -> str:
 
 def _local_dest(dest: str, run_dir: Path) -> Path:
     """DEST as an absolute real path, refused (usage) inside or around the source run or where it cannot be made."""
+    from resilient_training.run.paths import input_problem
+
+    if problem := input_problem(dest, "DEST"):
+        raise PromotionUsageError(problem)
     if Path(dest).is_symlink() and not Path(dest).exists():  # resolve() would follow it to wherever it points
         raise PromotionUsageError(f"DEST {dest} is a dangling symbolic link (to {os.readlink(dest)}): promote to a "
                                   "directory, or a link to an existing one")

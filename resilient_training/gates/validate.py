@@ -927,6 +927,19 @@ class _Checker:
             torch.random.set_rng_state(state)
 
 
+def check_recordable(path: str | os.PathLike[str]) -> None:
+    """UsageError when ``path``'s run could not take the validation record (see gate_records)."""
+    from resilient_training.run import gate_records
+
+    kind, location = resolve_target(path)
+    run_dir = location.parent if kind == "run" else gate_records.run_dir_of(location)
+    if run_dir is not None:
+        try:
+            gate_records.check_recordable(run_dir, gate_records.VALIDATION)
+        except gate_records.RecordError as exc:
+            raise UsageError(str(exc)) from None
+
+
 def write_validation_record(path: str | os.PathLike[str], report: ValidationReport) -> Path | None:
     """Record the verdict in ``RUN/gates/validation.json`` (when the target lies in a run).
 

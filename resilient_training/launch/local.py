@@ -280,6 +280,9 @@ def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Pat
         last = min((e for e in failures if (e.attempt, e.iteration) == (final.attempt, final.iteration)),
                    key=lambda e: e.ts)
         root = f"last failure on rank {last.rank} at step {last.step}: {last['cause']} ({last.get('message', '')})"
+    hopeless = [e for e in ends if "retrying cannot help" in e.get("reason", "")]
+    if hopeless:  # stopped on purpose, not after exhausting the restarts
+        return f"stopped without a restart: {hopeless[0]['reason']}"
     gave_up = [e for e in ends if "gave up" in e.get("reason", "")]
     if gave_up:
         return f"{gave_up[-1]['reason']}; {root}" if root else gave_up[-1]["reason"]

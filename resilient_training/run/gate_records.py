@@ -45,18 +45,39 @@ def checkpoint_identity(run_dir: str | os.PathLike[str], ckpt_dir: str | os.Path
     }
 
 
+class RecordError(ValueError):
+    """A gate's record cannot be written where it belongs (RUN/gates/GATE.json): one line, no traceback."""
+
+
+def check_recordable(run_dir: str | os.PathLike[str], gate: str) -> None:
+    """Refuse, before a gate spends its time, a run whose record could not be written: ``gates``
+    or the record is something else than a directory and a file (found by a stranger trial:
+    a traceback after the whole validation, and a temporary file left behind).
+    """
+    directory, path = gates_dir(run_dir), record_path(run_dir, gate)
+    if directory.exists() and not directory.is_dir():
+        raise RecordError(f"{directory} is not a directory: the {gate} record cannot be written (move it away)")
+    if path.is_dir():
+        raise RecordError(f"{path} is a directory: the {gate} record cannot be written (move it away)")
+
+
 def write_record(run_dir: str | os.PathLike[str], gate: str, record: dict[str, Any]) -> Path:
     """Replace the gate's record atomically (a crash leaves the old record or the new one)."""
+    check_recordable(run_dir, gate)
     directory = gates_dir(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
     path = record_path(run_dir, gate)
     body = {"gate": gate, "created": time.time(), **record}
     tmp = path.with_name(f"{cf.TMP_PREFIX}{path.name}.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(body, indent=1, sort_keys=True, allow_nan=True))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(body, indent=1, sort_keys=True, allow_nan=True))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RecordError(f"the {gate} record cannot be written to {path}: {exc.strerror or exc}") from None
     return path
 
 

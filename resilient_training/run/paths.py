@@ -7,6 +7,7 @@ directory where a file was asked for) is one clear ``ValueError`` before anythin
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -38,6 +39,28 @@ def low_space(paths: list[Path]) -> str:
 def has_control(text: str) -> bool:
     """A control character (a pasted newline, a tab): a mistake in a path, name or setting, never data."""
     return any(ch in _CONTROL for ch in text)
+
+
+def input_problem(path: str | os.PathLike[str], what: str) -> str | None:
+    """Why a path named as input cannot even be looked up (one line), else None: a control
+    character, a name past the file system's limit, a loop of symbolic links. Each of these was a
+    traceback in a stranger trial; a path that merely does not exist is the caller's to say.
+    """
+    text = os.fspath(path)
+    if has_control(text):
+        return f"{what} {text!r} contains a control character (a newline?): give the path without it"
+    try:
+        os.stat(text)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            longest = max(Path(text).parts or [text], key=lambda part: len(os.fsencode(part)))
+            return (f"{what}: the name {longest[:24]}... ({len(os.fsencode(longest))} bytes) is longer than the file "
+                    "system allows")
+        if exc.errno == errno.ELOOP:
+            return f"{what} {text}: too many levels of symbolic links (a loop?)"
+    except ValueError as exc:  # an embedded NUL
+        return f"{what} {text!r}: {exc}"
+    return None
 
 
 def check_writable(path: str | os.PathLike[str], what: str, *, directory: bool) -> Path:

@@ -87,6 +87,10 @@ def _import_target(spec: str) -> Any:
                 raise TaskError(f"task file {module_name} cannot be imported")
             module = importlib.util.module_from_spec(loader_spec)
             sys.modules[name] = module  # dataclasses and pickling look the module up by name
+            # Its folder is importable, as `python path/to/file.py` makes it: a task is rarely one
+            # file (a stranger trial's task could not import the module beside it).
+            if str(path.parent) not in sys.path:
+                sys.path.insert(0, str(path.parent))
             try:
                 loader_spec.loader.exec_module(module)
             except BaseException as exc:

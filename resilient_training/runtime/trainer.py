@@ -616,6 +616,16 @@ class Trainer:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
+        if isinstance(exc, tk.TaskError):
+            # The task's own code broke its contract (a loss that is not a scalar...): every retry
+            # fails the same way (a stranger trial watched 8 in-process restarts). Stop the run.
+            reason = f"{exc} (the task's code: retrying cannot help)"
+            self.events.emit("end", step or None, status="failed", reason=reason[:500])
+            print(f"resilient-training worker rank {self.rank}: {reason}", file=sys.stderr)
+            self.heartbeats.stop_workload(reason)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(nvrx_adapter.EXIT_DO_NOT_RESTART)
         if self.config.restart.inprocess:
             # Keep ft_launcher's heartbeat monitor satisfied while the in-process layer restarts;
             # a restart that overruns this is caught by ft_launcher.

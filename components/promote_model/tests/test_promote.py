@@ -360,3 +360,20 @@ def test_an_export_inside_dest_is_verified_on_a_repeat(gated_run: Path, other_ga
     (dest / "hf" / "config.json").write_text("{}")
     with pytest.raises(PromotionRefused, match="its export is not this checkpoint's"):
         promote(gated_run / CKPT, str(dest))
+
+
+def test_an_export_into_a_promoted_model_is_refused_but_its_own(gated_run: Path, tmp_path: Path) -> None:
+    """Found by a stranger trial: `export --format dcp -o DEST/inner` was accepted, and the
+    promotion's verified no-op then refused DEST for the stranger files."""
+    from resilient_training.gates.export import ExportUsageError, export
+
+    dest = tmp_path / "dest"
+    promote(gated_run / CKPT, str(dest))
+    (dest / "sub").mkdir()  # (then removed: the promotion's no-op takes no stranger)
+    for fmt, out in (("dcp", dest / "inner"), ("safetensors", dest / "sub" / "model.safetensors"),
+                     ("torch", dest / "model.safetensors")):
+        with pytest.raises(ExportUsageError, match="lies inside the promoted model"):
+            export(gated_run, fmt=fmt, out=out)
+    (dest / "sub").rmdir()
+    export(gated_run, fmt="safetensors", out=dest / "model.safetensors")  # the name promotion expects
+    assert promote(gated_run / CKPT, str(dest))["already_promoted"] is True
