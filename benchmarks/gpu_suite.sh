@@ -273,6 +273,9 @@ case $suite in
   call34)  # one device call: pin-1b with the staging buffers' pages written before they are page-locked
     MODEL_SIZE=1b RUN_TIMEOUT=400 "$0" pin-1b "$out"
     ;;
+  call35)  # one device call: pin-1b with the staging buffers' pages written from several threads first
+    MODEL_SIZE=1b RUN_TIMEOUT=400 "$0" pin-1b "$out"
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"

@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,12 +27,8 @@ from torch import nn
 from resilient_training.runtime.checkpointing import page_lock, page_unlock
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gb", type=float, default=6.4)
-    parser.add_argument("--dir", default="/dev/shm")
-    parser.add_argument("--run-mb", type=int, default=64)
-    args = parser.parse_args()
+def training_step() -> Callable[[], float]:
+    """A training-like step (48 linear layers, AdamW, synchronized), warmed up; returns its seconds."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(48)]).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -48,6 +45,16 @@ def main() -> None:
 
     for _ in range(10):  # warm-up: kernels chosen, optimizer state created
         step()
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=6.4)
+    parser.add_argument("--dir", default="/dev/shm")
+    parser.add_argument("--run-mb", type=int, default=64)
+    args = parser.parse_args()
+    step = training_step()
     size = int(args.gb * 1e9) // 4096 * 4096
     run = args.run_mb << 20
     rows = []

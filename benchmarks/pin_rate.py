@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch import nn
+from pin_contention import training_step  # beside this script (on sys.path when run as a script)
 
 from resilient_training.runtime.checkpointing import page_lock, page_unlock
 
@@ -132,22 +132,7 @@ def main() -> None:
         _unlock(locked)
     attempt("locked copy", locked_copy)
 
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(48)]).cuda()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(256, 2048, device="cuda")
-
-    def step() -> float:
-        begin = time.perf_counter()
-        loss = model(x).float().pow(2).mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        return time.perf_counter() - begin
-
-    for _ in range(10):
-        step()
+    step = training_step()
     alone = [step() for _ in range(50)]
     print(f"| training alone (50 steps) | – | – | 50 | {statistics.median(alone):.4f} | {max(alone):.3f} |", flush=True)
 

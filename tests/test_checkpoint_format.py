@@ -164,3 +164,16 @@ def test_stale_writes_are_earlier_rounds_uncommitted_saves_only(tmp_path: Path) 
     assert [p.name for p in fmt.stale_writes(root, live_tag_prefix="aaaa0000i")] == [
         ".tmp-replaced-step_4-77", ".tmp-step_16-bbbb1111i0"]
     assert fmt.stale_writes(root, live_tag_prefix="") == []
+
+
+def test_earlier_iterations_are_this_rounds_older_saves_only(tmp_path):
+    """What a commit may remove: saves that earlier in-process iterations of its round abandoned;
+    never a later iteration's (possibly being written) nor another round's."""
+    for tag in ("ab12i0", "ab12i1", "ab12i2", "ab12i10", "cd34i0"):
+        (tmp_path / fmt.write_dirname(4, tag)).mkdir()
+    (tmp_path / f"{fmt.TMP_PREFIX}replaced-step_4").mkdir()
+    (tmp_path / "step_4").mkdir()
+    names = [p.name.rpartition("-")[2] for p in fmt.earlier_iterations(tmp_path, "ab12i2")]
+    assert names == ["ab12i0", "ab12i1"]
+    assert fmt.earlier_iterations(tmp_path, "ab12i0") == []
+    assert fmt.earlier_iterations(tmp_path, "no-iteration") == []

@@ -126,6 +126,11 @@ def test_a_hang_during_a_save_or_a_restore_is_recovered_in_process(tmp_path, fau
         # timeout on the peer acts first; the restore that followed was measured under its name.
         calibrated = [e for e in found["events"] if e.event == "calibrated"]
         assert any("restore_memory" in e["timeouts"]["progress"] for e in calibrated), calibrated[-1].fields
+    if fault.startswith("ckpt-hang"):
+        # The save the hang abandoned is never committed; a completed run removes its temporary
+        # directory (a stranger trial found an empty .tmp-step_… left beside the checkpoints).
+        root = layout.checkpoints_dir(run.run_dir)
+        assert not list(root.glob(f"{fmt.TMP_PREFIX}*")), sorted(p.name for p in root.iterdir())
 
 
 def _step_before(events, event):

@@ -123,6 +123,24 @@ def stale_writes(root: str | os.PathLike[str], *, live_tag_prefix: str) -> list[
     return sorted(found)
 
 
+def earlier_iterations(root: str | os.PathLike[str], tag: str) -> list[Path]:
+    """Temporary directories of saves that earlier in-process iterations of ``tag``'s round left
+    ("<round>i<k>", k below ``tag``'s own): abandoned by their restart, never to be committed.
+    Never a later iteration's (it may be writing now) nor another round's (``stale_writes``).
+    """
+    round_tag, sep, current = tag.rpartition("i")
+    if not sep or not current.isdigit():
+        return []
+    found = []
+    for child in Path(root).iterdir():
+        if child.name.startswith(f"{TMP_PREFIX}step_") and child.is_dir():
+            other = child.name.partition("-")[2].partition("-")[2]  # ".tmp-step_N-<tag>"
+            other_round, sep, k = other.rpartition("i")
+            if sep and other_round == round_tag and k.isdigit() and int(k) < int(current):
+                found.append(child)
+    return sorted(found)
+
+
 def parse_step_dirname(name: str) -> int | None:
     match = _STEP_DIR.fullmatch(name)
     return int(match.group(1)) if match else None
