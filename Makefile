@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # pytest workers for `make test` (pytest-xdist; 0: one process). Two took the suite from 26 to 19-22 min on a
-# 2-core machine at 1100 tests (22-27 min at 1253); tests marked `alone` (they need a checkpoint writer up by
-# a given step) run while no other test does (tests/support/alone.py; docs/benchmarks.md#suite).
+# 2-core machine at 1100 tests (22-27 min at 1253; 12-13 min at 1253-1295 on a faster 2-core machine);
+# tests marked `alone` (they need a checkpoint writer up by a given step) run while no other test does
+# (tests/support/alone.py; docs/benchmarks.md#suite).
 TEST_WORKERS ?= 2
 
 .PHONY: demo test lint clean
