@@ -65,6 +65,7 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool) -> None
     from resilient_training.gates.export import FORMATS
     from resilient_training.launch import backends, jobshape
     from resilient_training.launch import local as launch_local
+    from resilient_training.run import config as cfg
     from resilient_training.run import faults as flt
     from resilient_training.storage import provision
 
@@ -113,6 +114,10 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool) -> None
             values["procs_per_node"] or 2):
         raise ValueError(f"min_world_size {config.restart.min_world_size} exceeds the world size "
                          f"{values['procs_per_node'] or 2} (procs_per_node, launcher=local)")
+    if given := cfg.builtin_task_flags(config):  # in train_overrides: ignored by another task
+        raise ValueError(f"train_overrides {', '.join(g.removeprefix('--').replace('-', '_') for g in given)}: the "
+                         f"built-in task's settings, which task {config.task} never reads: put what it takes in "
+                         "task_args")
     try:
         launch_local.check_shipped_task(config)
     except launch_local.LaunchError as exc:

@@ -55,6 +55,13 @@ CASES: list[tuple[str, list[str], str]] = [
     ("yaml-is-a-dir", ["train", "--run-dir", "r", "--faults", "{dir}.yaml"], "cannot read fault schedule"),
     # --- train: run directories and settings
     ("train-run-dir-empty", ["train", "--run-dir", ""], "run_dir must not be empty"),
+    # found by a stranger trial: accepted, written to config.json, and ignored by the task
+    ("train-lr-with-own-task", ["train", "--run-dir", "{work}/r", "--lr", "0.5", "--model-d-model", "32",
+                                "--task", "resilient_training.tasks.llama:task"],
+     "--model-d-model, --lr are settings of the built-in task, which task resilient_training.tasks.llama:task never"),
+    ("run-batch-size-with-own-task", ["run", "--train-overrides", '{"batch_size": 3}',
+                                      "--task", "resilient_training.tasks.llama:task"],
+     "--batch-size is a setting of the built-in task"),
     ("train-run-dir-blank", ["train", "--run-dir", "  "], "run_dir must not be empty"),
     ("train-run-dir-newline", ["train", "--run-dir", "r\n"], "control character"),
     ("train-run-dir-under-file", ["train", "--run-dir", "{file}/r"], "is a file, not a directory"),
@@ -304,6 +311,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("report-run-name-max", ["report", f"{{work}}/{LONG}", "-o", "r.html"], "longer than the file system allows"),
     ("report-link-loop", ["report", "{work}/loop-a", "-o", "r.html"], "too many levels of symbolic links"),
     ("validate-link-loop", ["validate-checkpoint", "{work}/loop-a"], "too many levels of symbolic links"),
+    ("validate-empty", ["validate-checkpoint", ""], "RUN_OR_CHECKPOINT is empty"),
+    ("convergence-reference-empty", ["check-convergence", "{run}", "--no-record", "--reference", ""],
+     "--reference is empty"),
 ]
 
 

@@ -312,6 +312,10 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
         (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "task=resilient_training.tasks.llama:task",
           "task_args={\"seqlen\": \"64\"}"], "task_args: task resilient_training.tasks.llama:task raised while being "
          "created: ValueError: llama task: unknown task arg seqlen (known: preset, data, seq_len,"),
+        # The built-in task's settings with another task were accepted and ignored (stranger trial).
+        (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "task=resilient_training.tasks.llama:task",
+          "train_overrides={\"lr\": 0.5}"], "train_overrides lr: the built-in task's settings, which task "
+         "resilient_training.tasks.llama:task never reads: put what it takes in task_args"),
     ],
 )
 def test_the_resilient_training_pipeline_s_arguments_are_checked_by_its_steps_rules(cli, server, params, message):

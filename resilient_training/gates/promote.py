@@ -122,6 +122,11 @@ def check_validated(ckpt_dir: Path) -> dict[str, Any]:
         findings = validation.get("findings")
         why = "; ".join(map(str, findings[:3])) if isinstance(findings, list) and findings else \
             f"{rel} is not among the validated checkpoints"
+        if isinstance(entry, dict) and entry.get("valid") is True and isinstance(findings, list) and findings:
+            # Another checkpoint's findings (validate --all) failed the record, not this one's.
+            raise PromotionRefused(f"the run's last validation failed elsewhere in the run ({why}), although "
+                                   f"{rel} itself was valid: validate it alone (validate-checkpoint {run_dir}) "
+                                   "and promote again")
         raise PromotionRefused(f"{rel} did not pass validation: {why}")
     if entry.get("manifest_checksum") != digest:
         raise PromotionRefused(f"{rel} changed since it was validated (manifest digest {digest}, validated "
@@ -137,7 +142,7 @@ def check_validated(ckpt_dir: Path) -> dict[str, Any]:
         _check_member_name(name, rel)
     return {
         "source": {"run_dir": str(run_dir), "checkpoint": rel, "step": manifest.get("step"),
-                   "run_id": manifest.get("run_id"), "manifest_checksum": digest},
+                   "run_id": gate_records.run_id_of(run_dir, manifest), "manifest_checksum": digest},
         "validation": validation,
         "manifest": manifest,
         "files": manifest["files"],

@@ -964,7 +964,7 @@ def write_validation_record(path: str | os.PathLike[str], report: ValidationRepo
             entry["valid"] = ckpt.valid
         # What was checked and what was not: promotion requires full_check.
         entry.update(checks=list(ckpt.checks), skipped=list(ckpt.skipped), full_check=ckpt.full_check)
-        checkpoints[os.path.relpath(ckpt_dir.resolve(), run_dir.resolve())] = entry
+        checkpoints[os.path.relpath(os.path.abspath(ckpt_dir), os.path.abspath(run_dir))] = entry  # as named
     return gate_records.write_record(run_dir, gate_records.VALIDATION, {
         "passed": report.valid,
         "full_check": report.valid and all(c.full_check for c in report.checkpoints),

@@ -179,6 +179,12 @@ def check_task(config: cfg.TrainConfig, *, world_size: int) -> None:
     rejects every value it would (sizes, divisibility, batch size), and the check would cost a
     torch import in this process (2.4-2.7 s on a 2-core machine) before every run.
     """
+    if given := cfg.builtin_task_flags(config):
+        # Found by a stranger trial: --lr with its own task was accepted, recorded in config.json
+        # as if used, and ignored (the task's optimizer made its own).
+        raise LaunchError(f"{', '.join(given)} {'is a setting' if len(given) == 1 else 'are settings'} of the "
+                          f"built-in task, which task {config.task} never reads: pass what your task takes as "
+                          "--task-arg KEY=VALUE")
     if config.task == cfg.DEFAULT_TASK and not config.task_args:
         return
     from resilient_training.runtime import task as tk

@@ -469,3 +469,17 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 def dumps(config: TrainConfig) -> str:
     return json.dumps(config.to_dict(), indent=1, sort_keys=True)
+
+def builtin_task_flags(config: TrainConfig) -> list[str]:
+    """The built-in task's own flags (``--model-*``, ``--batch-size``, ``--lr``) that ``config``
+    sets away from their defaults while naming another task, which never reads them.
+    """
+    if config.task == DEFAULT_TASK:
+        return []
+    given = [f"--model-{f.name.replace('_', '-')}" for f in fields(ModelConfig)
+             if getattr(config.model, f.name) != f.default]
+    if config.data.batch_size != DataConfig.__dataclass_fields__["batch_size"].default:
+        given.append("--batch-size")
+    if config.lr != TrainConfig.__dataclass_fields__["lr"].default:
+        given.append("--lr")
+    return given

@@ -38,11 +38,20 @@ def checkpoint_identity(run_dir: str | os.PathLike[str], ckpt_dir: str | os.Path
     ckpt_dir = Path(ckpt_dir)
     manifest = cf.read_manifest(ckpt_dir)
     return {
-        "checkpoint": os.path.relpath(ckpt_dir.resolve(), Path(run_dir).resolve()),
+        # As named (see run_dir_of): a checkpoints/ linked to another volume keeps its run's names.
+        "checkpoint": os.path.relpath(os.path.abspath(ckpt_dir), os.path.abspath(run_dir)),
         "step": manifest.get("step"),
-        "run_id": manifest.get("run_id"),
+        "run_id": run_id_of(run_dir, manifest),
         "manifest_checksum": manifest_digest(ckpt_dir),
     }
+
+
+def run_id_of(run_dir: str | os.PathLike[str], manifest: dict[str, Any]) -> str:
+    """The run's id: the manifest's, else the run directory's name (what the trainer's runs have,
+    and what a ``{run_id}`` in a promotion DEST becomes; a stranger trial found ``null`` in every
+    export's metadata).
+    """
+    return str(manifest.get("run_id") or Path(os.path.abspath(run_dir)).name)
 
 
 class RecordError(ValueError):

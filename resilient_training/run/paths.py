@@ -47,6 +47,8 @@ def input_problem(path: str | os.PathLike[str], what: str) -> str | None:
     traceback in a stranger trial; a path that merely does not exist is the caller's to say.
     """
     text = os.fspath(path)
+    if not text.strip():  # an unset variable: "" would be read as the current directory
+        return f"{what} is empty"
     if has_control(text):
         return f"{what} {text!r} contains a control character (a newline?): give the path without it"
     try:

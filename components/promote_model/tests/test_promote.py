@@ -377,3 +377,16 @@ def test_an_export_into_a_promoted_model_is_refused_but_its_own(gated_run: Path,
     (dest / "sub").rmdir()
     export(gated_run, fmt="safetensors", out=dest / "model.safetensors")  # the name promotion expects
     assert promote(gated_run / CKPT, str(dest))["already_promoted"] is True
+
+
+def test_a_run_validation_failed_on_another_checkpoint_says_so(gated_run: Path, tmp_path: Path) -> None:
+    """Found by a stranger trial: after `validate --all` failed on step_10 only, the refusal said
+    step_20 "did not pass validation" while quoting step_10's finding."""
+    path = gated_run / "gates/validation.json"
+    record = json.loads(path.read_text())
+    record["passed"] = False
+    record["findings"] = ["checksum_mismatch: checkpoints/step_2/__0_0.distcp"]
+    path.write_text(json.dumps(record))
+    with pytest.raises(PromotionRefused, match=r"failed elsewhere in the run \(checksum_mismatch: checkpoints/step_2"
+                                               r".*although checkpoints/step_4 itself was valid: validate it alone"):
+        promote(gated_run, str(tmp_path / "dest"))

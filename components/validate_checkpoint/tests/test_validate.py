@@ -394,7 +394,14 @@ def test_checkpoints_kept_elsewhere_behind_a_link_are_still_the_runs(synthetic_r
     run = copy_run(synthetic_run, tmp_path / "run")
     (run / "checkpoints").rename(tmp_path / "fast-volume")
     (run / "checkpoints").symlink_to(tmp_path / "fast-volume", target_is_directory=True)
-    assert validate(run, load=False).valid
+    report = validate(run, load=False)
+    assert report.valid
+    from resilient_training.gates.validate import write_validation_record
+
+    write_validation_record(run, report)  # under the name promotion looks for, not ../fast-volume/...
+    record = json.loads((run / "gates" / "validation.json").read_text())
+    assert list(record["checkpoints"]) == ["checkpoints/step_4"]
+    assert record["checkpoints"]["checkpoints/step_4"]["run_id"]  # never null
 
 
 def test_values_rewritten_with_every_checksum_re_recorded_are_not_the_committed_checkpoint(run_copy: Path) -> None:
