@@ -223,3 +223,20 @@ def test_a_persistent_save_owed_at_an_inprocess_restart_is_made_after_it(tmp_pat
     again.carry_owed(before.owed, restored=3)  # restored before it: step 4 comes again, on schedule
     again.maybe_commit(2.0)
     assert again.owed is None and again.tier_for(3) is None and again.tier_for(4) == "persistent"
+
+
+def test_staging_buffers_are_made_in_shared_memory_and_populated_in_pieces() -> None:
+    """The staging path of GPU machines (checkpointing.shared_empty, populate), on the CPU: buffers
+    in shared memory directly, every page written (zeroed) from several threads, pieces of any size."""
+    from resilient_training.runtime.checkpointing import populate, shared_empty
+
+    shapes = [(3, 5), (0, 4), (), (70_000,)]  # the last is split into pieces (4 kB each here)
+    buffers = [shared_empty(torch.Size(shape), dtype) for shape, dtype in
+               zip(shapes, (torch.float32, torch.bfloat16, torch.int64, torch.float32), strict=True)]
+    for buffer, shape in zip(buffers, shapes, strict=True):
+        assert buffer.is_shared() and buffer.is_contiguous() and tuple(buffer.shape) == shape
+        assert buffer.untyped_storage().nbytes() == buffer.numel() * buffer.element_size()
+        if buffer.numel():
+            buffer.fill_(7)
+    populate(buffers, threads=3, piece_bytes=4096)
+    assert all(not buffer.any() for buffer in buffers)

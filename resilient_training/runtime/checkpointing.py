@@ -77,8 +77,7 @@ def page_lock(ptr: int, nbytes: int, *, device: torch.device | None = None, paus
 
     ``direct``: call from this thread, a background thread whose current device is ``device``
     already and that launches no kernels (a refused call's pending error stays there): no thread
-    per call. Buffer by buffer, a thread per call made 16 GB of staging buffers take 18-21 s on
-    one H200 while the registrations alone take 1.4 s (``benchmarks/pin_rate.py``).
+    started per call, for the ~900 buffers of a 1.3B model's state.
     """
     start = time.perf_counter()
     register = lambda: torch.cuda.cudart().cudaHostRegister(ptr, nbytes, _PORTABLE)  # noqa: E731
@@ -102,7 +101,7 @@ def shared_empty(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> tor
     return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
 
 
-def populate(buffers: list[torch.Tensor], threads: int | None = None) -> None:
+def populate(buffers: list[torch.Tensor], threads: int | None = None, piece_bytes: int = 256 << 20) -> None:
     """Write every page of ``buffers`` from several threads at once (``zero_`` lets go of the GIL).
 
     Page-locking memory whose pages are not there yet faults them in under the CUDA driver's lock
@@ -110,7 +109,7 @@ def populate(buffers: list[torch.Tensor], threads: int | None = None) -> None:
     0.6 s. Written from one thread beside training, the 1.3B model's 16 GB took 9-12 s (call34).
     """
     pieces = [piece for buffer in buffers if buffer.numel()
-              for piece in buffer.view(-1).split(max(1, (256 << 20) // buffer.element_size()))]
+              for piece in buffer.view(-1).split(max(1, piece_bytes // buffer.element_size()))]
     if not pieces:
         return
     from concurrent.futures import ThreadPoolExecutor
@@ -299,17 +298,20 @@ class StagingBuffers:
         start = time.perf_counter()
         buffer = shared_empty(shape, dtype)
         if device is not None and buffer.numel():
-            nbytes = buffer.numel() * buffer.element_size()
             # Pages written here first: cudaHostRegister then locks resident pages (25 GB/s on one
             # H200) instead of faulting them in under the driver's lock (2.8 GB/s, and training's
             # CUDA calls wait meanwhile: median step 1.2 s instead of 0.014 s; pin_rate.py, call33).
             buffer.zero_()
             self.pin_report.allocate_seconds += time.perf_counter() - start
-            ok = page_lock(buffer.data_ptr(), nbytes, device=device, pause=pause, direct=direct)
-            self.pin_report.add(nbytes, ok)
-            if ok:
-                self._pinned[buffer.data_ptr()] = device
+            self._lock(buffer, device, pause=pause, direct=direct)
         return buffer
+
+    def _lock(self, buffer: torch.Tensor, device: torch.device, *, pause: bool, direct: bool) -> None:
+        nbytes = buffer.numel() * buffer.element_size()
+        ok = page_lock(buffer.data_ptr(), nbytes, device=device, pause=pause, direct=direct)
+        self.pin_report.add(nbytes, ok)
+        if ok:
+            self._pinned[buffer.data_ptr()] = device
 
     def _replace(self, name: str, buffer: torch.Tensor) -> None:
         old = self._buffers.get(name)
@@ -341,11 +343,7 @@ class StagingBuffers:
             self.pin_report.allocate_seconds = time.perf_counter() - start
             for name, buffer, device in made:
                 if device is not None and buffer.numel():
-                    nbytes = buffer.numel() * buffer.element_size()
-                    ok = page_lock(buffer.data_ptr(), nbytes, device=device, pause=True, direct=direct)
-                    self.pin_report.add(nbytes, ok)
-                    if ok:
-                        self._pinned[buffer.data_ptr()] = device
+                    self._lock(buffer, device, pause=True, direct=direct)
                 self._replace(name, buffer)
             self.pin_report.finish(time.perf_counter() - start)
 
