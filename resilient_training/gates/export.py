@@ -149,12 +149,11 @@ def _refuse_inside_promoted(out: Path, fmt: str) -> None:
     other file there makes the promotion's verified no-op refuse it (stranger trial).
     """
     resolved = Path(os.path.abspath(out))
-    for parent in resolved.parents:
-        if (parent / promote.PROMOTION_NAME).is_file():
-            if parent == resolved.parent and PROMOTED_NAMES.get(fmt) == resolved.name:
-                return  # promote_model's export option: the name promotion expects
-            raise ExportUsageError(f"{out} lies inside the promoted model {parent}: export beside it (only "
-                                   f"{', '.join(PROMOTED_NAMES.values())} directly inside, as promote_model writes)")
+    parent = promote.promoted_model_above(resolved)
+    if parent is None or (parent == resolved.parent and PROMOTED_NAMES.get(fmt) == resolved.name):
+        return  # none, or promote_model's export option: the name promotion expects
+    raise ExportUsageError(f"{out} lies inside the promoted model {parent}: export beside it (only "
+                           f"{', '.join(PROMOTED_NAMES.values())} directly inside, as promote_model writes)")
 
 
 def _outcome(out: Path, fmt: str, record: dict[str, Any], *, already: bool) -> dict[str, Any]:

@@ -258,9 +258,8 @@ def _local_dest(dest: str, run_dir: Path) -> Path:
         raise PromotionUsageError(f"DEST {dest} contains the source run {run_dir}: promote to a place outside it")
     # Inside another promoted model: its files would gain a stranger's, and its own check (and an
     # idempotent repeat of its promotion) would then refuse it (stranger trial).
-    for parent in path.parents:
-        if (parent / PROMOTION_NAME).is_file():
-            raise PromotionUsageError(f"DEST {dest} lies inside the promoted model {parent}: promote beside it")
+    if (parent := promoted_model_above(path)) is not None:
+        raise PromotionUsageError(f"DEST {dest} lies inside the promoted model {parent}: promote beside it")
     try:  # DEST, and the staging directory beside it, can be created: found out before anything is written
         check_writable(path, "DEST", directory=True)
         check_writable(path.parent / f"{STAGING_PREFIX}{path.name}-{os.getpid()}", "DEST (its staging name)",
@@ -268,6 +267,11 @@ def _local_dest(dest: str, run_dir: Path) -> Path:
     except ValueError as exc:
         raise PromotionUsageError(str(exc)) from None
     return path
+
+
+def promoted_model_above(path: Path) -> Path | None:
+    """The promoted model (a directory holding ``promotion.json``) that ``path`` lies inside, if any."""
+    return next((parent for parent in path.parents if (parent / PROMOTION_NAME).is_file()), None)
 
 
 def _files_to_copy(record: dict[str, Any]) -> list[str]:
