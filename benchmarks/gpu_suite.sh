@@ -259,8 +259,9 @@ case $suite in
     ;;
   pin-1b)  # the 1.3B model: how long a new process's 16 GB of staging buffers take to page-lock, whether
     # the first save waits for them, and a killed rank's restart once a checkpoint is committed
-    run pin_1b --steps "${FM_STEPS:-200}" --checkpoint-every 50 --keep-last 1 --warm-spare --memory-snapshot-every 5 \
-        --faults "sigkill@120:0"
+    # WRITE_THREADS: DCP files per rank (a restore reads them in parallel)
+    run "${RUN_NAME:-pin_1b}" --steps "${FM_STEPS:-200}" --checkpoint-every 50 --keep-last 1 --warm-spare --memory-snapshot-every 5 \
+        ${WRITE_THREADS:+--checkpoint-write-threads "$WRITE_THREADS"} --faults "sigkill@120:0"
     ;;
   call32)  # one device call: pin-1b (staging buffers page-locked from one thread, no thread per call)
     MODEL_SIZE=1b RUN_TIMEOUT=500 "$0" pin-1b "$out"
@@ -275,6 +276,11 @@ case $suite in
     ;;
   call35)  # one device call: pin-1b with the staging buffers' pages written from several threads first
     MODEL_SIZE=1b RUN_TIMEOUT=400 "$0" pin-1b "$out"
+    ;;
+  call38)  # one device call: pin-1b with 16 DCP files per rank (a 1.3B restore read 16 GB from 4 files
+    # in 5.3 s), then the reference schedule with the node-local tier every 10 steps instead of 25
+    MODEL_SIZE=1b RUN_TIMEOUT=200 WRITE_THREADS=16 RUN_NAME=pin_1b_16 "$0" pin-1b "$out"
+    SPARE=1 LOCAL_EVERY=10 RUN_NAME=product_local10 RUN_TIMEOUT=330 "$0" goodput-product "$out"
     ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)

@@ -251,3 +251,76 @@ def test_a_task_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
         "ut = importlib.util.module_from_spec(spec); spec.loader.exec_module(ut)\n"
         "def make():\n    return ut.make(width=team_helpers_rt.WIDTH)\n")
     assert tk.load_task(f"{tmp_path / 'team_task_rt.py'}:make").width == 5
+
+
+EXITING_TASK = """\
+import importlib.util, os, sys
+WHERE = os.environ.get("RT_TASK_EXIT", "")
+if WHERE == "import-os":
+    os._exit(0)
+if WHERE == "import-sys":
+    sys.exit(0)
+spec = importlib.util.spec_from_file_location("ut_exiting", {user_task!r})
+ut = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ut)
+
+
+class Exiting(ut.Task):
+    def build_model(self):
+        if WHERE == "build_model":
+            os._exit(0)
+        return super().build_model()
+
+    def build_optimizer(self, model):
+        if WHERE == "build_optimizer":
+            sys.exit(0)
+        return super().build_optimizer(model)
+
+
+def make(width="16", lr="0.05"):
+    if WHERE == "factory":
+        sys.exit(0)
+    return Exiting(int(width), float(lr))
+"""
+
+
+@pytest.fixture(scope="module")
+def exiting_task_run(tmp_path_factory):
+    """A run of a task that ends the process when ``RT_TASK_EXIT`` names where; validated without it."""
+    root = tmp_path_factory.mktemp("exiting")
+    task_file = root / "exiting_task.py"
+    task_file.write_text(EXITING_TASK.format(user_task=USER_TASK))
+    run = train(root / "run", "--nproc", "1", "--steps", "2", "--checkpoint-every", "2", "--task", f"{task_file}:make")
+    assert run.returncode == 0, run.output[-3000:]
+    valid = _cli("validate-checkpoint", str(root / "run"), where="")  # recorded: export needs it
+    assert valid.returncode == 0, valid.stdout + valid.stderr
+    return root / "run"
+
+
+def _cli(*args: str, where: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "resilient_training.cli", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "RT_TASK_EXIT": where})
+
+
+@pytest.mark.parametrize("where, said", [
+    ("import-os", "failed to import: TaskError: the run's task tried to end the process (os._exit(0))"),
+    ("import-sys", "failed to import: SystemExit: 0"),  # an import's SystemExit was always caught
+    ("factory", "the run's task tried to end the process (sys.exit(0))"),
+    ("build_model", "the run's task tried to end the process (os._exit(0))"),
+    ("build_optimizer", "the run's task tried to end the process (sys.exit(0))")], ids=lambda v: v if " " not in v else "")
+def test_a_task_that_ends_the_process_is_not_a_valid_checkpoint(exiting_task_run, where, said):
+    """Found by a stranger trial: a task calling os._exit(0) while the gate built its model made
+    validate-checkpoint exit 0, a "yes" that nothing had judged."""
+    proc = _cli("validate-checkpoint", str(exiting_task_run), "--no-record", where=where)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "INVALID" in proc.stdout and "load_failed" in proc.stdout, proc.stdout
+    assert said in proc.stdout, proc.stdout
+
+
+def test_an_hf_export_whose_task_ends_the_process_is_refused(exiting_task_run, tmp_path):
+    proc = _cli("export", str(exiting_task_run), "--format", "hf", "-o", str(tmp_path / "hf"), where="build_model")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the run's task tried to end the process (os._exit(0))" in proc.stderr, proc.stderr
+    assert not (tmp_path / "hf").exists()

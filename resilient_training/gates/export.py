@@ -385,8 +385,18 @@ def _write_hf(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
         from transformers import PreTrainedModel
     except ImportError:
         raise ExportUsageError("--format hf needs transformers (pip install 'resilient-training[llama]')") from None
+    from resilient_training.runtime import task as tk
+
+    try:
+        with tk.cannot_exit("the run's task"):  # an exit there would read as a finished export
+            _write_hf_model(ckpt_dir, staging, record, PreTrainedModel)
+    except tk.TaskError as exc:
+        raise ExportUsageError(f"the run's task cannot be built here: {exc}") from None
+
+
+def _write_hf_model(ckpt_dir: Path, staging: Path, record: dict[str, Any], pretrained: type) -> None:
     task, model = build_task_model(record)
-    if not isinstance(model, PreTrainedModel):
+    if not isinstance(model, pretrained):
         raise ExportUsageError(f"the run's task ({record['task']}) builds a {type(model).__name__}, not a transformers "
                                "model: export it with --format safetensors (or torch, dcp)")
     from transformers.utils import logging as hf_logging

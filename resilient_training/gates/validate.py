@@ -848,6 +848,18 @@ class _Checker:
 
     # 4. load -----------------------------------------------------------------------------
     def check_load(self) -> None:
+        """:meth:`_check_load`, where the task's code cannot end the process (its exit would read
+        as this gate's verdict).
+        """
+        from resilient_training.runtime import task as tk
+
+        try:
+            with tk.cannot_exit("the run's task"):
+                self._check_load()
+        except tk.TaskError as exc:
+            self.find("load_failed", cf.MANIFEST_NAME, f"{exc}"[:600])
+
+    def _check_load(self) -> None:
         """Load the checkpoint through DCP into a freshly built model, optimizer (and scheduler) of the
         run's task, in this one process (world size 1: DCP's reader reshards from the saved world
         size), strictly both ways, and prove every loaded model value hashes the same as the chunk

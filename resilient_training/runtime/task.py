@@ -14,10 +14,13 @@ task's methods are duck-typed; :class:`Task` is the shape, for editors and type 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
+import posix
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +71,27 @@ class Task(Protocol):
 
 class TaskError(ValueError):
     """The task cannot be loaded or breaks the interface: the message names what and which method."""
+
+
+@contextlib.contextmanager
+def cannot_exit(what: str) -> Iterator[None]:
+    """Task code run by a gate may not end the process: a task whose import or method called
+    ``sys.exit(0)`` or ``os._exit(0)`` made ``validate-checkpoint`` exit 0, a "yes" with no
+    verdict. Inside, either raises :class:`TaskError` naming ``what`` instead. (A task reaching
+    the C library's ``exit`` directly, through ctypes, is not covered.)
+    """
+    real = os._exit, posix._exit
+
+    def refuse(status: int = 0) -> None:
+        raise TaskError(f"{what} tried to end the process (os._exit({status}))")
+
+    os._exit = posix._exit = refuse  # type: ignore[assignment]
+    try:
+        yield
+    except SystemExit as exc:
+        raise TaskError(f"{what} tried to end the process (sys.exit({exc.code!r}))") from None
+    finally:
+        os._exit, posix._exit = real  # type: ignore[assignment]
 
 
 def _import_target(spec: str) -> Any:
