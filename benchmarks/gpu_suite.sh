@@ -282,6 +282,19 @@ case $suite in
     MODEL_SIZE=1b RUN_TIMEOUT=200 WRITE_THREADS=16 RUN_NAME=pin_1b_16 "$0" pin-1b "$out"
     SPARE=1 LOCAL_EVERY=10 RUN_NAME=product_local10 RUN_TIMEOUT=330 "$0" goodput-product "$out"
     ;;
+  call39)  # one device call, A/B on one machine (call38's ran 1.8x faster steps than call36's): the 1.3B
+    # restart with the default files per rank (now 16 at 1.3B) and with 4, then the reference schedule with
+    # the node-local tier every 25 and every 10 steps (the last only while the call has time for it)
+    MODEL_SIZE=1b RUN_TIMEOUT=200 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    MODEL_SIZE=1b RUN_TIMEOUT=200 WRITE_THREADS=4 RUN_NAME=pin_1b_4 "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-4.tar.gz"
+    SPARE=1 RUN_TIMEOUT=$(( 560 - SECONDS )) "$0" goodput-product "$out"
+    mv "$out/events-goodput-product.tar.gz" "$out/events-product-local25.tar.gz"
+    if [ $(( 560 - SECONDS )) -gt 150 ]; then
+      SPARE=1 LOCAL_EVERY=10 RUN_NAME=product_local10 RUN_TIMEOUT=$(( 560 - SECONDS )) "$0" goodput-product "$out"
+    fi
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"

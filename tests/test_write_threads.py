@@ -177,3 +177,12 @@ def test_a_manifest_rewritten_to_another_model_size_is_a_finding_not_a_crash(thr
     result = validate_checkpoint_dir(ckpt, display_base=ckpt, load=True)
     assert not result.valid
     assert any(f.code == "load_failed" and "Size mismatch" in f.message for f in result.findings), result.findings
+
+
+def test_the_default_on_gpus_is_a_file_per_gb_of_the_ranks_part_from_4_to_16() -> None:
+    from resilient_training.runtime.checkpointing import default_write_threads
+
+    gb = 2**30
+    assert default_write_threads(16 * gb, on_gpu=False) == 1
+    assert [default_write_threads(n, on_gpu=True) for n in (0, int(3.2 * gb), 4 * gb, 4 * gb + 1, 16 * gb, 100 * gb)] \
+        == [4, 4, 4, 5, 16, 16]

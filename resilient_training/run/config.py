@@ -68,7 +68,7 @@ class CheckpointConfig:
                             "each run keeps its own folder inside", "local_checkpoint_dir")
     async_save: bool = _f(True, "write checkpoints in NVRx's background process", "async_checkpoint")
     write_threads: int = _f(0, "each rank writes its part of a checkpoint as this many DCP files, in parallel "
-                               "(0 = 4 on GPUs, 1 on CPU)", "checkpoint_write_threads")
+                               "(0 = one per GB of the rank's part, 4 to 16, on GPUs; 1 on CPU)", "checkpoint_write_threads")
     memory_every: int = _f(0, "also copy the training state within the device's memory every N steps, which an "
                               "in-process restart resumes from (0 = off; it holds one more copy of the weights "
                               "and optimizer state)", "memory_snapshot_every")

@@ -1132,8 +1132,18 @@ def run_key(run_dir: str) -> str:
 # sum is negative, so every rank learns at the same step that the save is abandoned.
 ABANDONED = -1.0e6
 # Files (and threads) per rank and save on GPUs: one DCP writer thread moves ~1 GB/s into /dev/shm
-# (benchmarks/probe_io.py), too slow for a save every few seconds of 1.6 GB per rank.
+# (benchmarks/probe_io.py), too slow for a save every few seconds of 1.6 GB per rank. Larger parts
+# get a file per GB, up to 16: a 1.3B model's 16 GB as 4 files took 9-12 s to commit and 5.3 s to
+# read back in a restart, as 16 files 6.6-7.0 s and 2.8 s (docs/benchmarks.md#sixteenth-round).
 DEFAULT_GPU_WRITE_THREADS = 4
+MAX_DEFAULT_WRITE_THREADS = 16
+
+
+def default_write_threads(nbytes: int, *, on_gpu: bool) -> int:
+    """Files a rank writes its ``nbytes`` of a save as, when ``--checkpoint-write-threads`` is 0."""
+    if not on_gpu:
+        return 1
+    return max(DEFAULT_GPU_WRITE_THREADS, min(MAX_DEFAULT_WRITE_THREADS, -(-nbytes // 2**30)))
 
 
 @dataclass(slots=True)
@@ -1494,9 +1504,10 @@ class Checkpointer:
         items = [item for name in names for item in plan[name]]
         tensors = {name: buffers[name] for name in names if name in buffers}
         meta = {"step": step, "optimizer_step": step, "data_position": step}
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values() if isinstance(t, torch.Tensor))
         return {"items": items, "tensors": tensors, "blobs": blobs, "paths": paths,
                 "data_state": self._staging.data_state, "meta": meta,
-                "threads": self.config.checkpoint.write_threads or (DEFAULT_GPU_WRITE_THREADS if on_gpu else 1)}
+                "threads": self.config.checkpoint.write_threads or default_write_threads(nbytes, on_gpu=on_gpu)}
 
     def _write_plan(self, flat: dict[str, Any]) -> dict[str, list[Any]]:
         """DCP's write items of every value, by flat name. Made once and reused while every value
