@@ -26,8 +26,25 @@ class Run:
 
 def train(run_dir: Path, *args: str, timeout: float = 240) -> Run:
     command = [sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(run_dir), *args]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        # A run that never ends leaves only its console line otherwise: say where it stood.
+        raise AssertionError(f"train did not end in {timeout:.0f} s\n{_where_it_stood(run_dir)}") from exc
     return Run(proc.returncode, proc.stdout + proc.stderr, run_dir)
+
+
+def _where_it_stood(run_dir: Path) -> str:
+    lines = []
+    try:
+        lines += [f"{e.ts:.2f} r{e.rank} a{e.attempt} {e.event} step={e.step} "
+                  f"{ {k: v for k, v in e.fields.items() if k in ('cause', 'reason', 'layer', 'fault')} }"
+                  for e in ev.read_events(run_dir)[-40:]]
+    except Exception as exc:  # the log itself may be what broke
+        lines.append(f"(events unreadable: {exc})")
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        lines += [f"--- {log.name}", *log.read_text(errors="replace").splitlines()[-30:]]
+    return "\n".join(lines)
 
 
 def rank0_losses(events: list[ev.Event]) -> list[tuple[float, int, float]]:
