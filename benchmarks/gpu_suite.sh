@@ -261,7 +261,7 @@ case $suite in
     # the first save waits for them, and a killed rank's restart once a checkpoint is committed
     # WRITE_THREADS: DCP files per rank (a restore reads them in parallel)
     run "${RUN_NAME:-pin_1b}" --steps "${FM_STEPS:-200}" --checkpoint-every 50 --keep-last 1 --warm-spare --memory-snapshot-every 5 \
-        ${WRITE_THREADS:+--checkpoint-write-threads "$WRITE_THREADS"} --faults "sigkill@120:0"
+        ${WRITE_THREADS:+--checkpoint-write-threads "$WRITE_THREADS"} --faults "${FAULTS:-sigkill@120:0}"
     ;;
   call32)  # one device call: pin-1b (staging buffers page-locked from one thread, no thread per call)
     MODEL_SIZE=1b RUN_TIMEOUT=500 "$0" pin-1b "$out"
@@ -291,6 +291,16 @@ case $suite in
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-4.tar.gz"
     SPARE=1 RUN_TIMEOUT=$(( 560 - SECONDS )) "$0" goodput-product "$out"
     mv "$out/events-goodput-product.tar.gz" "$out/events-product-local25.tar.gz"
+    if [ $(( 560 - SECONDS )) -gt 150 ]; then
+      SPARE=1 LOCAL_EVERY=10 RUN_NAME=product_local10 RUN_TIMEOUT=$(( 560 - SECONDS )) "$0" goodput-product "$out"
+    fi
+    ;;
+  call40)  # one device call: call39's A/B again with the kill at step 140 (on call39's machine the write of
+    # step 50 took 10-12 s and was still running at 120, so both restarts began at step 0), then node-local every 10
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 WRITE_THREADS=4 RUN_NAME=pin_1b_4 "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-4.tar.gz"
     if [ $(( 560 - SECONDS )) -gt 150 ]; then
       SPARE=1 LOCAL_EVERY=10 RUN_NAME=product_local10 RUN_TIMEOUT=$(( 560 - SECONDS )) "$0" goodput-product "$out"
     fi
