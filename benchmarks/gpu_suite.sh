@@ -261,7 +261,8 @@ case $suite in
     # the first save waits for them, and a killed rank's restart once a checkpoint is committed
     # WRITE_THREADS: DCP files per rank (a restore reads them in parallel)
     run "${RUN_NAME:-pin_1b}" --steps "${FM_STEPS:-200}" --checkpoint-every 50 --keep-last 1 --warm-spare --memory-snapshot-every 5 \
-        ${WRITE_THREADS:+--checkpoint-write-threads "$WRITE_THREADS"} ${HOST:+--host-snapshot} --faults "${FAULTS:-sigkill@120:0}"
+        ${WRITE_THREADS:+--checkpoint-write-threads "$WRITE_THREADS"} ${HOST:+--host-snapshot} \
+        ${LOCAL_EVERY:+--local-checkpoint-every "$LOCAL_EVERY"} --faults "${FAULTS:-sigkill@120:0}"
     ;;
   call32)  # one device call: pin-1b (staging buffers page-locked from one thread, no thread per call)
     MODEL_SIZE=1b RUN_TIMEOUT=500 "$0" pin-1b "$out"
@@ -309,11 +310,18 @@ case $suite in
     # instead of 16 GB from disk: call40 read it in 4.9 s), then the reference schedule with --host-snapshot
     # on another machine than call37's (2.23 s lost per fault)
     df -h /dev/shm | tee "$out/shm.txt" || true
-    MODEL_SIZE=1b RUN_TIMEOUT=200 HOST=1 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_host "$0" pin-1b "$out"
+    MODEL_SIZE=1b RUN_TIMEOUT=200 HOST=1 LOCAL_EVERY=25 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_host "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-host.tar.gz"
     if [ $(( 560 - SECONDS )) -gt 150 ]; then
       SPARE=1 HOST=1 RUN_NAME=product_host RUN_TIMEOUT=$(( 560 - SECONDS )) "$0" goodput-product "$out"
     fi
+    ;;
+  call42)  # one device call: call41's 1.3B run (it lacked the node-local tier --host-snapshot needs), then
+    # the same run without --host-snapshot on the same machine (the restore read from disk)
+    MODEL_SIZE=1b RUN_TIMEOUT=200 HOST=1 LOCAL_EVERY=25 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_host "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-host.tar.gz"
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
     ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
