@@ -180,3 +180,49 @@ def test_a_phase_never_measured_can_have_a_shorter_default_than_a_restart_s_set_
         assert guard.phase_allowance("restore_memory", default=0.1) == 0.3  # never below the floor
     finally:
         guard.close()
+
+
+class _WindDown:
+    """A checkpointer whose last commit takes ``seconds`` (the 1.3B run's wind-down: over 6 s)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def finish(self) -> None:
+        time.sleep(self.seconds)
+
+    def drop_local_tier(self) -> None:
+        pass
+
+
+def _trainer_after_the_last_save(guard: ProgressGuard):
+    from types import SimpleNamespace
+
+    guard.observe("save", 0.01)  # the save phase's allowance: the soft timeout, 0.6 s
+    return SimpleNamespace(guard=guard, _save_phase=(guard.begin_phase("save"), 10),
+                           remover=SimpleNamespace(wait=lambda: None), _worker_record=lambda: None)
+
+
+def test_the_wind_down_after_the_last_step_is_not_held_to_the_last_save_s_allowance(guard_and_recorder):
+    """On one H200 a 1.3B run's guard reported a hang "in save" after its last commit (call42): the
+    save phase begun at the last step had no next step to end it."""
+    from resilient_training.runtime.trainer import Trainer
+
+    guard, recorder = guard_and_recorder
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    _steps(guard, WARM_UP_STEPS + 2, 0.01)
+    trainer = _trainer_after_the_last_save(guard)
+    Trainer._wind_down(trainer, _WindDown(1.0))  # past the save's 0.6 s, within a phase's default 1.5 s
+    assert recorder.expired == []
+    assert trainer._save_phase is None and guard.slowest_phase["save"] == 0.01  # not measured
+    assert 1.0 <= guard.slowest_phase["finish"] < 1.5
+
+
+def test_a_wind_down_that_hangs_is_still_caught_and_said_to_be_there(guard_and_recorder):
+    from resilient_training.runtime.trainer import Trainer
+
+    guard, recorder = guard_and_recorder
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    _steps(guard, WARM_UP_STEPS + 2, 0.01)
+    Trainer._wind_down(_trainer_after_the_last_save(guard), _WindDown(2.0))
+    assert len(recorder.expired) == 1 and "in finish" in recorder.expired[0][1]
