@@ -126,6 +126,22 @@ def test_deleting_a_foreign_pv_is_refused_through_old_object(foreign):
     assert message in (admit(_policy(), "DELETE", LAUNCHER, pv) or "admitted")
 
 
+@pytest.mark.parametrize("overlay, username", [
+    ("base", LAUNCHER),
+    ("overlays/kubeflow-profile", "system:serviceaccount:kubeflow-user-example-com:default-editor"),
+])
+def test_deleting_another_namespace_s_pv_is_refused(overlay, username):
+    """A stranger trial: DELETE skipped the claim's namespace check, so any namespace's launcher
+    account could delete another team's resilient-training PV (a well-formed one: FSx, labelled,
+    Retain)."""
+    policy = _policy(overlay)
+    own = username.split(":")[2]
+    assert "pre-bound (claimRef)" in (admit(policy, "DELETE", username, our_pv(namespace="team-b")) or "admitted")
+    assert "pre-bound (claimRef)" in (admit(policy, "DELETE", username, our_pv(namespace=own[:-1])) or "admitted")
+    assert "pre-bound (claimRef)" in (admit(policy, "DELETE", username, _changed(spec__claimRef=None)) or "admitted")
+    assert admit(policy, "DELETE", username, our_pv(namespace=own)) is None
+
+
 @pytest.mark.parametrize("username", [
     "system:serviceaccount:other-team:resilient-training-launcher",  # our name in any namespace: bounded too
     "system:serviceaccount:team-a:resilient-training-launcher",
