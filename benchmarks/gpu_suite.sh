@@ -260,7 +260,7 @@ case $suite in
   pin-1b)  # the 1.3B model: how long a new process's 16 GB of staging buffers take to page-lock, whether
     # the first save waits for them, and a killed rank's restart once a checkpoint is committed
     # WRITE_THREADS: DCP files per rank (a restore reads them in parallel)
-    run "${RUN_NAME:-pin_1b}" --steps "${FM_STEPS:-200}" --checkpoint-every 50 --keep-last 1 --warm-spare --memory-snapshot-every 5 \
+    run "${RUN_NAME:-pin_1b}" --steps "${FM_STEPS:-200}" --checkpoint-every "${CKPT_EVERY:-50}" --keep-last 1 --warm-spare --memory-snapshot-every 5 \
         ${WRITE_THREADS:+--checkpoint-write-threads "$WRITE_THREADS"} ${HOST:+--host-snapshot} \
         ${LOCAL_EVERY:+--local-checkpoint-every "$LOCAL_EVERY"} --faults "${FAULTS:-sigkill@120:0}"
     ;;
@@ -320,6 +320,13 @@ case $suite in
     # the same run without --host-snapshot on the same machine (the restore read from disk)
     MODEL_SIZE=1b RUN_TIMEOUT=200 HOST=1 LOCAL_EVERY=25 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_host "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-host.tar.gz"
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    ;;
+  call43)  # one device call: the 1.3B killed rank restored from the node-local tier (/dev/shm, every 50
+    # steps; persistent saves only at the end) instead of from disk, then from disk on the same machine
+    MODEL_SIZE=1b RUN_TIMEOUT=200 CKPT_EVERY=500 LOCAL_EVERY=50 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_local "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-local.tar.gz"
     MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
     ;;
