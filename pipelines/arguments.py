@@ -1,4 +1,4 @@
-"""The resilient-training pipeline's arguments, checked before a run or a schedule is created.
+"""The resilient-training (and recovery-benchmark) pipeline's arguments, checked before a run or a schedule is created.
 
 A KFP server (and an Argo CronWorkflow) accepts any value of the right type: ``nodes=-1``,
 ``launcher=bogus``, ``faults=garbage`` or a claim name with capitals would each be found by a step
@@ -15,6 +15,7 @@ from typing import Any
 from resilient_training.run.paths import has_control
 
 PIPELINE_NAME = "resilient-training"
+BENCHMARK_NAME = "recovery-benchmark"
 # Settings the pipeline sets from its own parameters: the same name in train_overrides would be
 # overwritten without a word (launch_training's component), so it is refused instead.
 FROM_PARAMETERS = {"steps": "steps", "checkpoint_every": "checkpoint_every", "faults": "faults",
@@ -35,7 +36,8 @@ MOUNT_PATH = "/mnt/run"
 PLACEHOLDER_RUN_ID = "00000000-0000-0000-0000-000000000000"
 
 
-def check(values: Mapping[str, Any], *, cluster: bool = False, recurring: bool = False) -> None:
+def check(values: Mapping[str, Any], *, cluster: bool = False, recurring: bool = False,
+          local_launcher: bool = True) -> None:
     """Refuse arguments the run's steps would refuse.
 
     Args:
@@ -44,13 +46,54 @@ def check(values: Mapping[str, Any], *, cluster: bool = False, recurring: bool =
         recurring: the values are a schedule's (KFP recurring run, Argo CronWorkflow): every run gets
             them, so ``promote_to`` must hold ``{run_id}`` (a fixed place holds the first run's model,
             and promote refuses every later one).
+        local_launcher: with ``cluster``, whether ``launcher=local`` may run (ft_launcher inside the step's
+            own pod): not on a KFP server, whose components image has no torch or NVRx.
 
     Raises:
         ValueError: one line naming the parameter and what is wrong with it.
 
     """
+    _renamed(_check, values, cluster=cluster, recurring=recurring, local_launcher=local_launcher)
+
+
+def check_benchmark(values: Mapping[str, Any], *, cluster: bool = False, local_launcher: bool = True) -> None:
+    """Refuse recovery-benchmark arguments its steps would refuse, by the same rules as :func:`check`
+    (each strategy's training as ``run_strategies`` would build it); the benchmark has no gates.
+
+    Raises:
+        ValueError: one line naming the parameter (or the strategy) and what is wrong with it.
+
+    """
+    _renamed(_check_benchmark, values, cluster=cluster, local_launcher=local_launcher)
+
+
+def check_convergence_step(values: Mapping[str, Any]) -> None:
+    """The convergence gate step's own arguments (its inputs, defaults filled in) as the gate would refuse
+    them, and a run (or reference) directory that is not there, before the step runs.
+
+    Raises:
+        ValueError: one line naming the input.
+
+    """
+    from pathlib import Path
+
+    from resilient_training.gates.convergence import ConvergenceConfig
+
+    max_final_loss = values["max_final_loss"]
+    ConvergenceConfig(
+        max_final_loss=None if max_final_loss < 0 else max_final_loss, min_improvement=values["min_improvement"],
+        window=values["window"], continuity_rtol=values["continuity_rtol"], jump_rtol=values["jump_rtol"],
+        reference_rtol=values["reference_rtol"],
+    )
+    for key in ("run_dir", "reference_run_dir"):
+        if values.get(key) and not Path(values[key]).is_dir():
+            raise ValueError(f"{key} {values[key]!r} is not a directory (the run's directory on its storage)")
+
+
+def _renamed(checker: Any, values: Mapping[str, Any], **kwargs: Any) -> None:
+    """Run ``checker``; a step validator's field name in its message becomes the parameter's name."""
     try:
-        _check(values, cluster=cluster, recurring=recurring)
+        checker(values, **kwargs)
     except ValueError as exc:
         message = str(exc)
         for field, parameter in _PARAMETER_NAMES:
@@ -60,22 +103,11 @@ def check(values: Mapping[str, Any], *, cluster: bool = False, recurring: bool =
         raise ValueError(message) from None
 
 
-def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool) -> None:
+def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool, local_launcher: bool) -> None:
     from resilient_training.gates.convergence import ConvergenceConfig, check_reachable
     from resilient_training.gates.export import FORMATS
-    from resilient_training.launch import backends, jobshape
-    from resilient_training.launch import local as launch_local
-    from resilient_training.run import config as cfg
-    from resilient_training.run import faults as flt
-    from resilient_training.storage import provision
 
-    storage, launcher = values["storage"], values["launcher"]
-    for name in ("storage", "launcher", "namespace", "pvc_name", "trainer_image", "task", "promote_to", "export",
-                 "local_root", "fsx_file_system_id", "fsx_subnet_id", "fsx_security_group_ids", "region"):
-        if has_control(str(values[name])):
-            raise ValueError(f"{name} {values[name]!r} contains a control character (a newline?)")
-    if launcher not in backends.LAUNCHERS:  # before the storage: its message names the launcher
-        raise ValueError(f"launcher must be one of {', '.join(backends.LAUNCHERS)}, got {launcher!r}")
+    _check_text(values, ("promote_to", "export"))
     overrides = values["train_overrides"] or {}
     for key in overrides:
         if key in FROM_PARAMETERS:
@@ -85,19 +117,7 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool) -> None
         if isinstance(overrides.get(group), dict) and key in overrides[group]:
             raise ValueError(f"train_overrides sets {group}.{key}, which the pipeline's {parameter} parameter "
                              f"overwrites: give it as {parameter}=...")
-    if values["region"] and values["fsx_file_system_id"]:  # reused: no FsxRequest checks it, the clients need it
-        from resilient_training.storage import fsx
-
-        fsx.check_region(values["region"])
-    request = provision.provision_request(
-        backend=storage, run_id=PLACEHOLDER_RUN_ID, namespace=values["namespace"] or "default",
-        mount_path=MOUNT_PATH, local_root=values["local_root"], pvc_name=values["pvc_name"],
-        fsx_file_system_id=values["fsx_file_system_id"], fsx_subnet_id=values["fsx_subnet_id"],
-        fsx_security_group_ids=values["fsx_security_group_ids"], fsx_capacity_gib=values["fsx_capacity_gib"],
-        fsx_deployment_type=values["fsx_deployment_type"], fsx_per_unit_throughput=values["fsx_per_unit_throughput"],
-        region=values["region"],
-    )
-    ref = provision.planned_ref(request)
+    ref = _storage_ref(values)
     train = dict(values["train_overrides"] or {})
     train.update(steps=values["steps"], checkpoint_every=values["checkpoint_every"], faults=values["faults"],
                  async_checkpoint=values["async_checkpoint"], inprocess=values["inprocess"],
@@ -106,6 +126,97 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool) -> None
         train["task"] = values["task"]
     if values["task_args"]:
         train["task_args"] = values["task_args"]
+    config = _check_training(values, ref, train)
+    max_final_loss = values["max_final_loss"]
+    check_reachable(config.steps, ConvergenceConfig(max_final_loss=None if max_final_loss < 0 else max_final_loss,
+                                                    min_improvement=values["min_improvement"]))
+    export = values["export"].strip()
+    if export not in ("", *FORMATS):
+        raise ValueError(f"export {values['export']!r}: choose one of {', '.join(FORMATS)} (or empty for none)")
+    from resilient_training.run.config import DEFAULT_TASK
+
+    if export == "hf" and config.task == DEFAULT_TASK:
+        raise ValueError("export 'hf' writes a transformers model, and the built-in GPT task's is not one: "
+                         "use safetensors or torch, or a transformers task")
+    _check_promote_to(values["promote_to"], ref, recurring=recurring)
+    _check_on_a_cluster(values, cluster=cluster, local_launcher=local_launcher)
+
+
+def _check_benchmark(values: Mapping[str, Any], *, cluster: bool, local_launcher: bool) -> None:
+    from resilient_training.bench.strategy import parse_strategy
+
+    _check_text(values, ())
+    strategies = values["strategies"]
+    if not strategies:
+        raise ValueError("strategies is empty: give at least one {\"name\": ...} (the default runs four)")
+    names = []
+    for strategy in strategies:
+        if not isinstance(strategy, dict):
+            raise ValueError(f"strategies: each strategy is a JSON object with a \"name\", got {strategy!r}")
+        try:
+            names.append(parse_strategy(strategy)[0])
+        except ValueError as exc:
+            raise ValueError(f"strategies: {exc}") from None
+    if repeated := sorted({name for name in names if names.count(name) > 1}):
+        raise ValueError(f"strategies: names must be unique (each names a directory): {', '.join(repeated)}")
+    ref = _storage_ref(values)
+    # What run_strategies trains: the shared settings, then the strategy's own (which win).
+    shared = {**(values["train_overrides"] or {}), "steps": values["steps"],
+              "checkpoint_every": values["checkpoint_every"], "faults": values["faults"]}
+    if values["task"]:
+        shared["task"] = values["task"]
+    if values["task_args"]:
+        shared["task_args"] = values["task_args"]
+    for name, strategy in zip(names, strategies, strict=True):
+        try:
+            _check_training(values, ref, {**shared, **parse_strategy(strategy)[1]})
+        except ValueError as exc:
+            raise ValueError(f"strategy {name}: {exc}") from None
+    _check_on_a_cluster(values, cluster=cluster, local_launcher=local_launcher)
+
+
+_TEXT_PARAMETERS = ("storage", "launcher", "namespace", "pvc_name", "trainer_image", "service_account", "task",
+                    "local_root", "fsx_file_system_id", "fsx_subnet_id", "fsx_security_group_ids", "region")
+
+
+def _check_text(values: Mapping[str, Any], extra: tuple[str, ...]) -> None:
+    from resilient_training.launch import backends
+
+    for name in (*_TEXT_PARAMETERS, *extra):
+        if has_control(str(values.get(name, ""))):
+            raise ValueError(f"{name} {values[name]!r} contains a control character (a newline?)")
+    if values["launcher"] not in backends.LAUNCHERS:  # before the storage: its message names the launcher
+        raise ValueError(f"launcher must be one of {', '.join(backends.LAUNCHERS)}, got {values['launcher']!r}")
+
+
+def _storage_ref(values: Mapping[str, Any]) -> Any:
+    """The storage the provision step would make, planned (nothing looked up or created)."""
+    from resilient_training.storage import provision
+
+    if values["region"] and values["fsx_file_system_id"]:  # reused: no FsxRequest checks it, the clients need it
+        from resilient_training.storage import fsx
+
+        fsx.check_region(values["region"])
+    # The benchmark passes no FSx sizing: the provision step's own defaults apply.
+    sizing = {name: values[name] for name in ("fsx_capacity_gib", "fsx_deployment_type", "fsx_per_unit_throughput")
+              if name in values}
+    request = provision.provision_request(
+        backend=values["storage"], run_id=PLACEHOLDER_RUN_ID, namespace=values["namespace"] or "default",
+        mount_path=MOUNT_PATH, local_root=values["local_root"], pvc_name=values["pvc_name"],
+        fsx_file_system_id=values["fsx_file_system_id"], fsx_subnet_id=values["fsx_subnet_id"],
+        fsx_security_group_ids=values["fsx_security_group_ids"], region=values["region"], **sizing,
+    )
+    return provision.planned_ref(request)
+
+
+def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any]) -> Any:
+    """The trainer config and the cluster job the launch step would build from ``train``; returns the config."""
+    from resilient_training.launch import backends, jobshape
+    from resilient_training.launch import local as launch_local
+    from resilient_training.run import config as cfg
+    from resilient_training.run import faults as flt
+
+    launcher = values["launcher"]
     try:
         config = backends.train_config_for(ref, train)
     except ValueError as exc:
@@ -125,6 +236,7 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool) -> None
     spec = backends.job_spec_for(
         ref, run_id=PLACEHOLDER_RUN_ID, launcher=launcher, config=config, nodes=values["nodes"],
         gpus_per_node=values["gpus_per_node"], procs_per_node=values["procs_per_node"], image=values["trainer_image"],
+        service_account=values.get("service_account", ""),
     )
     if spec is None:  # local: the cluster job checked these and the schedule against its world; here the local one
         if not 1 <= values["nodes"] <= jobshape.MAX_NODES:  # unused by local, but never meant as written
@@ -141,21 +253,20 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool) -> None
                              local_checkpoint_every=config.checkpoint.local_every)
             except flt.FaultSpecError as exc:
                 raise ValueError(f"faults: {exc}") from None
-    max_final_loss = values["max_final_loss"]
-    check_reachable(config.steps, ConvergenceConfig(max_final_loss=None if max_final_loss < 0 else max_final_loss,
-                                                    min_improvement=values["min_improvement"]))
-    export = values["export"].strip()
-    if export not in ("", *FORMATS):
-        raise ValueError(f"export {values['export']!r}: choose one of {', '.join(FORMATS)} (or empty for none)")
-    from resilient_training.run.config import DEFAULT_TASK
+    return config
 
-    if export == "hf" and config.task == DEFAULT_TASK:
-        raise ValueError("export 'hf' writes a transformers model, and the built-in GPT task's is not one: "
-                         "use safetensors or torch, or a transformers task")
-    _check_promote_to(values["promote_to"], ref, recurring=recurring)
-    if cluster and storage == "local":  # last: a value the user typed is named before the default
+
+def _check_on_a_cluster(values: Mapping[str, Any], *, cluster: bool, local_launcher: bool) -> None:
+    """Last: a value the user typed is named before a default that cannot run on a cluster."""
+    from resilient_training.launch import jobshape
+
+    if cluster and values["storage"] == "local":
         raise ValueError("storage 'local' is a directory on one machine, but on a cluster every step runs in a pod "
                          "of its own: use storage=pvc (with pvc_name) or fsx; local is for `resilient-training run`")
+    if cluster and not local_launcher and values["launcher"] == "local":
+        raise ValueError(f"launcher 'local' would train inside the launch step's own pod (the components image, no "
+                         f"torch or NVRx): on a cluster use launcher={' or '.join(jobshape.KINDS)}; local is for "
+                         "`resilient-training run`")
 
 
 def _check_promote_to(dest: str, ref: Any, *, recurring: bool) -> None:

@@ -18,6 +18,8 @@ from resilient_training.components.compare_strategies import compare_strategies
 from resilient_training.components.provision_storage import provision_storage
 from resilient_training.components.run_strategies import run_strategies
 from resilient_training.components.teardown_storage import teardown_storage
+from resilient_training.launch.images import COMPILED_TRAINER_IMAGE
+from resilient_training.launch.jobshape import TRAINER_SERVICE_ACCOUNT
 
 from .defaults import (
     BENCH_CHECKPOINT_EVERY,
@@ -57,7 +59,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         procs_per_node: int = 0,
         nodes: int = 1,
         gpus_per_node: int = 8,
-        trainer_image: str = "",
+        trainer_image: str = COMPILED_TRAINER_IMAGE,
+        service_account: str = TRAINER_SERVICE_ACCOUNT,
         namespace: str = "",
         local_root: str = "runs",
         pvc_name: str = "",
@@ -82,7 +85,10 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             procs_per_node: Worker processes per node; 0: one per GPU on a cluster, 2 CPU workers for local.
             nodes: Nodes for launcher=pytorchjob.
             gpus_per_node: GPUs per node for launcher=pytorchjob.
-            trainer_image: Trainer image for launcher=pytorchjob.
+            trainer_image: Trainer image for launcher=pytorchjob (default: $RT_TRAINER_IMAGE at compile time, else
+                the release's trainer image).
+            service_account: Service account of the worker pods for launcher=pytorchjob (empty: the namespace's
+                default).
             namespace: Kubernetes namespace (pvc, fsx, pytorchjob).
             local_root: Parent directory of run directories for storage=local.
             pvc_name: Existing claim for storage=pvc.
@@ -111,7 +117,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
                 launcher=launcher, steps=steps, checkpoint_every=checkpoint_every, faults=faults,
                 train_overrides=train_overrides, task=task, task_args=task_args,
                 procs_per_node=procs_per_node, nodes=nodes,
-                gpus_per_node=gpus_per_node, image=trainer_image,
+                gpus_per_node=gpus_per_node, image=trainer_image, service_account=service_account,
             ).set_display_name("train each strategy")
             # No retry: a strategy's timing is the measurement, and a retried run would mix two attempts.
             side_effecting(trained)

@@ -20,6 +20,8 @@ from resilient_training.components.provision_storage import provision_storage
 from resilient_training.components.resilience_report import resilience_report
 from resilient_training.components.teardown_storage import teardown_storage
 from resilient_training.components.validate_checkpoint import validate_checkpoint
+from resilient_training.launch.images import COMPILED_TRAINER_IMAGE
+from resilient_training.launch.jobshape import TRAINER_SERVICE_ACCOUNT
 
 from .defaults import (
     CACHING_NOTE,
@@ -84,7 +86,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         nodes: int = 1,
         gpus_per_node: int = 8,
         procs_per_node: int = 0,
-        trainer_image: str = "",
+        trainer_image: str = COMPILED_TRAINER_IMAGE,
+        service_account: str = TRAINER_SERVICE_ACCOUNT,
         namespace: str = "",
         local_root: str = "runs",
         pvc_name: str = "",
@@ -125,7 +128,10 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             gpus_per_node: GPUs per node for launcher=pytorchjob or trainjob.
             procs_per_node: Worker processes per node; 0 (default): one per GPU for launcher=pytorchjob or
                 trainjob, 2 CPU workers for launcher=local (a default of 2 left 6 of 8 GPUs idle on a cluster).
-            trainer_image: Trainer image for launcher=pytorchjob or trainjob (default: the release's trainer image).
+            trainer_image: Trainer image for launcher=pytorchjob or trainjob (default: $RT_TRAINER_IMAGE at compile
+                time, else the release's trainer image).
+            service_account: Service account of the worker pods for launcher=pytorchjob or trainjob (manifests/rbac
+                makes it, with no API token mounted); empty: the namespace's default.
             namespace: Kubernetes namespace of the claim and the job (pvc, fsx, pytorchjob, trainjob).
             local_root: Parent directory of run directories for storage=local.
             pvc_name: Existing claim for storage=pvc.
@@ -169,6 +175,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
                 inprocess=inprocess, ft_launcher=ft_launcher, train_overrides=train_overrides, task=task,
                 task_args=task_args, nodes=nodes,
                 gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=trainer_image,
+                service_account=service_account,
             ).set_display_name("train (NVRx)")
             side_effecting(trained, LAUNCH_RETRY if retries else None)
             run_dir = trained.outputs["run_dir"]

@@ -374,9 +374,19 @@ def test_provision_step_takes_arguments_literally_and_writes_its_outputs(tmp_pat
     (["check_convergence", "run_dir=/r", "max_final_loss=nan"], "'max_final_loss' must be a number"),
     (["launch_training", "storage_ref={}", "run_id=r", "steps=4.5"], "'steps' must be an integer"),
     (["launch_training", "storage_ref={}", "run_id=r", "train_overrides=[1]"], "must be a JSON object"),
+    # A gate threshold nothing checked before the run, or a missing run: a traceback after training (stranger trial).
+    (["check_convergence", "run_dir=RUN", "max_final_loss=0.6", "min_improvement=-0.5"],
+     "min_improvement must be a finite number in [0, 1)"),
+    (["check_convergence", "run_dir=RUN", "max_final_loss=0"], "max_final_loss must be finite and > 0, got 0.0"),
+    (["check_convergence", "run_dir=RUN", "window=0"], "window must be at least 1 step"),
+    (["check_convergence", "run_dir=/nonexistent"], "run_dir '/nonexistent' is not a directory"),
+    (["check_convergence", "run_dir=RUN", "reference_run_dir=/nonexistent"],
+     "reference_run_dir '/nonexistent' is not a directory"),
 ])
 def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, message, tmp_path, capsys):
     outputs = tmp_path / "out"
+    (tmp_path / "run").mkdir()
+    argv = [arg.replace("RUN", str(tmp_path / "run")) for arg in argv]
     assert argo_step.main([argv[0], "--outputs", str(outputs), *argv[1:]]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
@@ -418,7 +428,10 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--cron-param", "pvc_name=data", "--cron-param", 'train_overrides={"seed": -1}'],
      "--cron-param: seed must be between 0 and 4294967295"),
     (["--cron-param", "pvc_name=data", "--cron-param", "export=onnx"], "--cron-param: export 'onnx'"),
-    (["--schedule", "@every 0s"], "@every needs a duration of at least 1s"),
+    (["--schedule", "@every 0s"], "@every needs a duration of at least 1m (a run at most once a minute), got '0s'"),
+    (["--schedule", "@every 1s"], "@every needs a duration of at least 1m"),  # accepted before (stranger trial)
+    (["--schedule", "@every 59s"], "@every needs a duration of at least 1m"),
+    (["--schedule", "0 2 * * *", "--schedule", "0  2 * * *"], "--schedule '0 2 * * *' is given twice"),
     (["--schedule", "0 2 31 2 *"], "never fires"),
     (["--schedule", "0 ² * * *"], "hour field: '²' is not a number"),  # a traceback before (stranger trial)
     (["--schedule", "@every 2562048h"], "past Go's longest duration"),
@@ -505,3 +518,12 @@ def test_the_docs_give_the_template_s_parameter_count():
     counts = {int(listed or prose) for listed, prose in found}
     assert len(found) >= 3  # every place the docs give it
     assert counts == {len(argo.workflow_parameters())}, counts
+
+
+def test_worker_pods_get_the_pipeline_s_service_account(compiled):
+    # The pipeline passed none: PyTorchJob/TrainJob pods ran as the namespace's default (stranger trial).
+    params = {p["name"]: p["value"] for p in compiled["template"]["spec"]["arguments"]["parameters"]}
+    assert params["service_account"] == "resilient-training-trainer"
+    task = dag_tasks(compiled["template"], argo.ENTRYPOINT)["launch-training"]
+    arguments = {p["name"]: p["value"] for p in task["arguments"]["parameters"]}
+    assert arguments["service_account"] == "{{workflow.parameters.service_account}}"

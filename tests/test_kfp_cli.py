@@ -233,13 +233,14 @@ def test_submit_with_the_package_sends_the_spec_and_needs_no_upload(cli, server,
 def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(cli, server, tmp_path):
     # The project's own pipeline: caching compiled off in every DAG (exit handler, conditions).
     code, out, err = cli("submit", "--host", server.url, "--package", "--param", "storage=pvc", "--param",
-                         "pvc_name=data", "--param", "promote_to=s3://models/x")
+                         "pvc_name=data", "--param", "promote_to=s3://models/x", "--param", "launcher=pytorchjob")
     assert code == 0, err
     assert "caching: off for all 7 steps (compiled in: a KFP server runs each step anew, never from an earlier run)" in out
     [run] = server.runs.values()
     assert "enableCache: true" not in yaml.safe_dump(run["pipeline_spec"])
     code, out, err = cli("schedule", "--host", server.url, "--package", "--pipeline", "recovery-benchmark",
-                         "--cron", "0 0 2 * * *")
+                         "--cron", "0 0 2 * * *", "--param", "storage=pvc", "--param", "pvc_name=data",
+                         "--param", "launcher=pytorchjob")
     assert code == 0, err
     assert "caching: off for all 4 steps" in out
     # A pipeline compiled with KFP's default (caching on) is named as such, step by step; kfp.Client's
@@ -343,7 +344,7 @@ def test_a_schedule_must_promote_each_run_to_a_place_of_its_own(cli, server):
 def test_a_persistent_2_file_system_is_requested_with_its_throughput(cli, server):
     params = ["storage=fsx", "fsx_subnet_id=subnet-0123456789abcdef0", "fsx_security_group_ids=sg-0123456789abcdef0",
               "promote_to=s3://models/x", "fsx_deployment_type=PERSISTENT_2", "fsx_per_unit_throughput=250",
-              "fsx_capacity_gib=2400"]
+              "fsx_capacity_gib=2400", "launcher=trainjob"]
     code, _, err = cli("submit", "--host", server.url, "--package", *[a for p in params for a in ("--param", p)])
     assert code == 0, err
     [run] = server.runs.values()
@@ -611,3 +612,204 @@ def test_the_installed_command_prints_one_line_not_a_traceback(server, tmp_path)
     assert refused.returncode == 1
     assert refused.stderr == f"error: cannot reach Kubeflow Pipelines at {host} (health check): connection refused\n"
     assert server.requests == []
+
+
+# --- stranger trial 5 ---------------------------------------------------------------------------
+
+OK_PARAMS = ["--param", "storage=pvc", "--param", "pvc_name=data", "--param", "promote_to=s3://models/x",
+             "--param", "launcher=pytorchjob"]
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value", "message"),
+    [
+        # Each reached the server as typed: an experiment 'team-a\n' that `runs --experiment team-a` cannot find.
+        ("submit", "--experiment", "team-a\n", "--experiment 'team-a\\n' contains a control character"),
+        ("submit", "--experiment", " team-a ", "--experiment ' team-a ' has blanks around it"),
+        ("submit", "--experiment", "", "--experiment is empty"),
+        ("submit", "--run-name", "nightly\n", "--run-name 'nightly\\n' contains a control character"),
+        ("submit", "--version", "v1\n", "--version 'v1\\n' contains a control character"),
+        ("submit", "--name", "resilient-training ", "--name 'resilient-training ' has blanks around it"),
+        ("schedule", "--job-name", "nightly\n", "--job-name 'nightly\\n' contains a control character"),
+        ("schedule", "--job-name", "", "--job-name is empty"),  # silently the default name before
+        ("schedule", "--experiment", "a\tb", "--experiment 'a\\tb' contains a control character"),
+        ("upload", "--name", "resilient-training\n", "--name 'resilient-training\\n' contains a control character"),
+        ("upload", "--version", "v1\n", "--version 'v1\\n' contains a control character"),
+        ("upload", "--version", " ", "--version is empty"),
+        ("runs", "--experiment", "x\n", "--experiment 'x\\n' contains a control character"),
+        ("schedules", "--experiment", "x\n", "--experiment 'x\\n' contains a control character"),
+    ],
+)
+def test_names_sent_to_the_server_are_refused_with_a_newline_blanks_or_empty(cli, server, command, flag, value,
+                                                                               message):
+    extra = {"submit": ["--package", *OK_PARAMS], "upload": [],
+             "schedule": ["--package", "--cron", "0 0 2 * * *", "--param", "storage=pvc", "--param", "pvc_name=data",
+                          "--param", "promote_to=s3://m/{run_id}", "--param", "launcher=pytorchjob"],
+             "runs": [], "schedules": []}[command]
+    if flag == "--version":  # exclusive with --package
+        extra = [a for a in extra if a != "--package"]
+    code, _, err = cli(command, "--host", server.url, *extra, flag, value)
+    assert code == 2, err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert server.requests == []
+
+
+def test_a_missing_version_is_named_plainly(cli, server):
+    assert cli("upload", "--host", server.url, "--registry", REGISTRY)[0] == 0
+    code, _, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--param", "run_id=x",
+                       "--version", "nope")
+    assert (code, err) == (1, f"error: pipeline 'tiny-train' on {server.url} has no version 'nope'\n")
+
+
+@pytest.mark.parametrize(("host", "message"), [
+    ("http://localhost:99999", "--host 'http://localhost:99999' is not a URL: Port out of range 0-65535"),
+    ("http://localhost:80a", "--host 'http://localhost:80a' is not a URL: Port could not be cast to integer value"),
+    ("http://", "--host 'http://' names no host"),
+])
+def test_a_host_that_is_not_a_url_is_bad_input(cli, host, message):
+    code, _, err = cli("runs", "--host", host)
+    assert code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("content", [b"garbage: [\n", bytes(range(256)) * 2, b"just a string\n", b"- a\n- list\n"])
+def test_a_kubeconfig_that_is_not_one_is_one_line(cli, server, tmp_path, content):
+    kubeconfig = tmp_path / "kc"
+    kubeconfig.write_bytes(content)
+    code, _, err = cli("runs", "--host", server.url, "--kubeconfig", kubeconfig)
+    assert code == 2, err
+    assert err.startswith(f"error: cannot read a token from kubeconfig {kubeconfig}") and err.count("\n") == 1, err
+    assert server.requests == []
+
+
+def test_compile_to_a_json_name_is_refused_not_made_a_directory(cli, tmp_path):
+    code, _, err = cli("compile", "--pipeline", "resilient-training", "-o", tmp_path / "x.json")
+    assert (code, err) == (2, f"error: -o {tmp_path / 'x.json'}: KFP IR is written as YAML: give a .yaml file or "
+                              "a directory\n")
+    code, _, err = cli("compile", "--format", "argo", "-o", tmp_path / "x.json")
+    assert code == 2 and "-o must be a directory" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        # The second pipeline was sent with whatever it was given (stranger trial).
+        (["steps=-1"], "steps must be positive"),
+        (['strategies=[{"name": "bad name!"}]'], "strategies: strategy name 'bad name!' must be 1-63 letters"),
+        (["strategies=[]"], "strategies is empty"),
+        (['strategies=[{"name": "a"}, {"name": "a"}]'], "strategies: names must be unique (each names a directory): a"),
+        (['strategies=[{"name": "a", "checkpoint_every": 0}]'], "strategy a: "),
+        (["faults=sigkill@12:9"], "rank 9 does not exist"),
+        (["launcher=bogus"], "launcher must be one of local, pytorchjob, trainjob, got 'bogus'"),
+        (["pvc_name=Bad_Name"], "pvc_name 'Bad_Name' is not a DNS-1123 subdomain"),
+        (["trainer_image=Org/x"], "is not an image reference"),
+        (["service_account=Bad_SA"], "service account 'Bad_SA' is not a DNS-1123 subdomain"),
+        # The defaults themselves cannot run on a cluster: storage first, then the launcher.
+        (["storage=local", "launcher=local", "pvc_name="], "storage 'local' is a directory on one machine"),
+        (["launcher=local"], "launcher 'local' would train inside the launch step's own pod (the components image, "
+                             "no torch or NVRx): on a cluster use launcher=pytorchjob or trainjob"),
+    ],
+)
+@pytest.mark.parametrize("command", ["submit", "schedule"])
+def test_the_recovery_benchmark_s_arguments_are_checked_by_its_steps_rules(cli, server, command, params, message):
+    given = {"storage": "pvc", "pvc_name": "data", "launcher": "pytorchjob"}
+    given.update(p.split("=", 1) for p in params)
+    cron = ["--cron", "0 0 3 * * SUN"] if command == "schedule" else []
+    code, _, err = cli(command, "--host", server.url, "--package", "--pipeline", "recovery-benchmark", *cron,
+                       *[a for k, v in given.items() for a in ("--param", f"{k}={v}")])
+    assert code == 2, err
+    assert message in err and err.count("\n") == 1 and err.startswith("error: --param: "), err
+    assert server.requests == []
+
+
+def test_the_recovery_benchmark_with_cluster_arguments_is_sent(cli, server):
+    code, out, err = cli("schedule", "--host", server.url, "--package", "--pipeline", "recovery-benchmark",
+                         "--cron", "0 0 3 * * SUN", "--job-name", "weekly-bench", "--param", "storage=pvc",
+                         "--param", "pvc_name=training-data", "--param", "launcher=pytorchjob")
+    assert code == 0, err
+    [job] = server.recurring_runs.values()
+    assert job["runtime_config"]["parameters"]["launcher"] == "pytorchjob"
+
+
+def test_the_default_launcher_is_refused_on_a_server(cli, server):
+    code, _, err = cli("submit", "--host", server.url, "--package", *OK_PARAMS[:-2])
+    assert (code, err) == (2, "error: --param: launcher 'local' would train inside the launch step's own pod (the "
+                              "components image, no torch or NVRx): on a cluster use launcher=pytorchjob or trainjob; "
+                              "local is for `resilient-training run`\n")
+    assert server.requests == []
+
+
+def compile_in_a_process(out: Path, *args: str, env: dict[str, str] | None = None, seed: str = "0",
+                         ) -> subprocess.CompletedProcess:
+    """The CLI in a fresh interpreter: the image variables are read at import, the hash seed differs per call."""
+    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(out.parent),
+                   "PYTHONHASHSEED": seed, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "resilient_training.cli", "compile", "-o", str(out), *args],
+                          capture_output=True, text=True, env=environment, cwd=out.parent, timeout=120)
+
+
+def test_the_recovery_benchmark_compiles_to_the_same_bytes_in_every_process(tmp_path):
+    # A dict default's key order in the IR header changed per process: every `upload` was a new version.
+    paths = [tmp_path / f"rb{seed}.yaml" for seed in ("1", "2", "3")]
+    for seed, path in zip(("1", "2", "3"), paths, strict=True):
+        done = compile_in_a_process(path, "--pipeline", "recovery-benchmark", seed=seed)
+        assert done.returncode == 0, done.stderr
+    assert len({path.read_bytes() for path in paths}) == 1
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("my reg/comp:1", "$RT_COMPONENTS_IMAGE must be a non-empty image reference without spaces, got 'my reg/comp:1'"),
+    ("reg.io/comp:1\n", "$RT_COMPONENTS_IMAGE must be a non-empty image reference without spaces"),
+    ("", "$RT_COMPONENTS_IMAGE must be a non-empty image reference without spaces, got ''"),
+    ("Reg/Comp", "$RT_COMPONENTS_IMAGE 'Reg/Comp' is not an image reference"),
+])
+@pytest.mark.parametrize("fmt", ["kfp", "argo"])
+def test_the_components_image_variable_is_checked_as_render_job_checks_an_image(tmp_path, value, message, fmt):
+    done = compile_in_a_process(tmp_path / "out", "--format", fmt, env={"RT_COMPONENTS_IMAGE": value})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"error: {message}") and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_trainer_image_variable_is_compiled_in_and_nothing_changes_without_it(tmp_path):
+    image = "my.reg.io/team/trainer:9.9"
+    plain, baked = tmp_path / "plain.yaml", tmp_path / "baked.yaml"
+    assert compile_in_a_process(plain, "--pipeline", "resilient-training").returncode == 0
+    assert compile_in_a_process(tmp_path / "again.yaml", "--pipeline", "resilient-training",
+                                seed="7").returncode == 0
+    assert plain.read_bytes() == (tmp_path / "again.yaml").read_bytes()
+    done = compile_in_a_process(baked, "--pipeline", "resilient-training", env={"RT_TRAINER_IMAGE": image})
+    assert done.returncode == 0, done.stderr
+    assert plain.read_bytes() != baked.read_bytes()
+    spec = next(yaml.safe_load_all(baked.read_text()))
+    assert spec["root"]["inputDefinitions"]["parameters"]["trainer_image"]["defaultValue"] == image
+    plain_spec = next(yaml.safe_load_all(plain.read_text()))
+    assert plain_spec["root"]["inputDefinitions"]["parameters"]["trainer_image"]["defaultValue"] == ""
+
+    argo = tmp_path / "argo"
+    done = compile_in_a_process(argo, "--format", "argo", env={"RT_TRAINER_IMAGE": image})
+    assert done.returncode == 0, done.stderr
+    template = yaml.safe_load((argo / "resilient-training.workflowtemplate.yaml").read_text())
+    params = {p["name"]: p["value"] for p in template["spec"]["arguments"]["parameters"]}
+    assert params["trainer_image"] == image
+
+    done = compile_in_a_process(tmp_path / "bad", env={"RT_TRAINER_IMAGE": "my reg/trainer:1"})
+    assert (done.returncode, done.stderr) == (
+        2, "error: $RT_TRAINER_IMAGE must be a non-empty image reference without spaces, got 'my reg/trainer:1'\n")
+
+
+def test_the_pipeline_runs_worker_pods_as_the_trainer_service_account(tmp_path):
+    from resilient_training.pipelines.resilient_training import resilient_training as pipeline
+
+    assert pipeline.component_spec.inputs["service_account"].default == "resilient-training-trainer"
+    compiled = compile_pipeline("resilient-training", pipeline, tmp_path / "rt.yaml")
+    inner = compiled.spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["launch-training"]
+    wiring = inner["inputs"]["parameters"]["service_account"]
+    assert wiring == {"componentInputParameter": "pipelinechannel--service_account"}
+
+
+def test_a_package_that_is_not_yaml_is_one_line(cli, server, tmp_path):
+    (tmp_path / "bad.yaml").write_text("a: [\n  b: c\n")
+    code, _, err = cli("upload", "--host", server.url, "--package", tmp_path / "bad.yaml")
+    assert code == 2 and err.startswith(f"error: cannot read pipeline package {tmp_path / 'bad.yaml'}: ") and \
+        err.count("\n") == 1, err

@@ -12,12 +12,13 @@ from resilient_training.kfp.cron import CronError, validate_cron
     [
         ("0 0 2 * * *", "0 0 2 * * *"),
         ("  0   0 2 * * * ", "0 0 2 * * *"),
-        ("*/15 * * * * ?", "*/15 * * * * ?"),
+        ("0 */15 * * * ?", "0 */15 * * * ?"),
+        ("0 * * * * *", "0 * * * * *"),  # once a minute: the most often a schedule may start a run
         ("0 30 9 ? * MON-FRI", "0 30 9 ? * MON-FRI"),
         ("0 0 0 1 jan,jul *", "0 0 0 1 jan,jul *"),
         ("59 59 23 31 12 6", "59 59 23 31 12 6"),
         ("0 0 1-5/2 * * 0,6", "0 0 1-5/2 * * 0,6"),
-        ("5/10 * * * * *", "5/10 * * * * *"),
+        ("5/60 * * * * *", "5/60 * * * * *"),
         ("@Daily", "@daily"),
         # Days some listed month has: fires (February 29 in leap years).
         ("0 0 2 29 2 *", "0 0 2 29 2 *"),
@@ -71,6 +72,12 @@ def test_five_fields_are_refused_with_the_six_field_equivalent():
         ("0 0 2 31 2 */2", "never fires"),
         ("0 0 ² * * *", "hour field: '²' is not a number"),  # a traceback before
         ("0 0 ٢ * * *", "hour field: '٢' is not a number"),  # Go's Atoi takes ASCII digits only
+        # A training pipeline started every second, catchup on, was accepted (stranger trial).
+        ("* * * * * *", "second field '*' starts a run 60 times a minute; a schedule may start one at most once a "
+                        "minute: give one second, e.g. '0 * * * * *'"),
+        ("*/15 * * * * ?", "starts a run 4 times a minute"),
+        ("0,30 0 2 * * *", "starts a run 2 times a minute"),
+        ("5/10 * * * * *", "starts a run 6 times a minute"),
     ],
 )
 def test_bad_cron_names_the_field_and_range(expression, message):

@@ -42,6 +42,14 @@ def test_render_job_writes_a_valid_job(tmp_path, shared_schemas):
     (["--mount-path", "data"], "mount path 'data' must be an absolute directory"),
     (["--node-selector", "no-equals-sign"], "must be KEY=VALUE"),
     (["--steps", "0"], "steps must be positive"),
+    # Accepted without a word before (stranger trial): sizeLimit '0' is an unbounded tmpfs.
+    (["--shm-size", "0"], "shm_size '0' is zero"),
+    (["--cpu", "0"], "cpu '0' is zero"),
+    (["--memory", "0Gi"], "memory '0Gi' is zero"),
+    (["--shm-size", "99999999999Ei"], "shm_size '99999999999Ei' is past the largest byte count"),
+    (["--memory", "32Gi", "--shm-size", "64Gi"], "shm_size '64Gi' exceeds memory '32Gi': /dev/shm is memory-backed"),
+    (["--env", "K=v\n"], "--env 'K=v\\n': the value contains a control character"),
+    (["--service-account", "Bad_SA"], "service account 'Bad_SA' is not a DNS-1123 subdomain"),
 ])
 def test_render_job_refuses_bad_input_with_the_reason(argv, reason, tmp_path, capsys):
     base = {"--name": "ok-job", "--nodes": "2", "--gpus-per-node": "8", "--pvc": "claim"}
@@ -55,8 +63,37 @@ def test_render_job_refuses_bad_input_with_the_reason(argv, reason, tmp_path, ca
     out = tmp_path / "job.yaml"
     code = cli.main(["render-job", *[x for kv in flags.items() for x in kv], *extra, "-o", str(out)])
     assert code == 2
-    assert reason in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert reason in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_worker_pods_run_as_the_trainer_service_account_by_default(kind, shared_schemas, capsys):
+    # Without --service-account the pods ran as the namespace's default, its token mounted (stranger trial).
+    code = cli.main(["render-job", "--kind", kind, "--name", "j", "--nodes", "1", "--gpus-per-node", "8", "--pvc", "c",
+                     "-o", "-"])
+    assert code == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    if kind == "pytorchjob":
+        pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        schema = crd_schema.load_crd_schema(shared_schemas / "kubeflow.org_pytorchjobs.yaml")
+        assert crd_schema.schema_errors(job, schema) == [] and crd_schema.webhook_errors(job) == []
+        assert pod["serviceAccountName"] == "resilient-training-trainer"
+    else:
+        assert "resilient-training-trainer" in yaml.safe_dump(job)
+    code = cli.main(["render-job", "--kind", kind, "--name", "j", "--nodes", "1", "--gpus-per-node", "8", "--pvc", "c",
+                     "--service-account", "", "-o", "-"])
+    assert code == 0 and "serviceAccountName" not in capsys.readouterr().out
+
+
+def test_help_gives_each_default_once_and_no_empty_one(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["render-job", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 1234) (default: 1234)" not in text and "(default: 1234)" in text
+    assert "(default: )" not in text
+    assert "(default: resilient-training-trainer)" in text
 
 
 def test_console_script_runs_render_job():

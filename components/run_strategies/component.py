@@ -21,6 +21,7 @@ def run_strategies(
     nodes: int = 1,
     gpus_per_node: int = 8,
     image: str = "",
+    service_account: str = "",
     task: str = "",
     task_args: dict = {},  # noqa: B006
 ) -> list[str]:
@@ -43,6 +44,7 @@ def run_strategies(
         nodes: Nodes for launcher=pytorchjob.
         gpus_per_node: GPUs per node for launcher=pytorchjob.
         image: Trainer image for launcher=pytorchjob.
+        service_account: Service account of the worker pods for launcher=pytorchjob (empty: the namespace's default).
         task: The training task, MODULE:ATTR or path/to/file.py:ATTR (empty: the built-in GPT task).
         task_args: Settings passed to the task ({"KEY": "VALUE"}, as ``--task-arg KEY=VALUE``).
 
@@ -58,4 +60,5 @@ def run_strategies(
     if task_args:
         shared["task_args"] = task_args
     return run(storage_ref=storage_ref, run_id=run_id, strategies=strategies, launcher=launcher, train=shared,
-               procs_per_node=procs_per_node, nodes=nodes, gpus_per_node=gpus_per_node, image=image)
+               procs_per_node=procs_per_node, nodes=nodes, gpus_per_node=gpus_per_node, image=image,
+               service_account=service_account)

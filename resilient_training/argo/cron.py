@@ -38,9 +38,10 @@ def validate_schedule(expression: str) -> str:
         if parts[0].lower() == "@every":
             if len(parts) != 2 or not _GO_DURATION.match(parts[1]):
                 raise CronError(f"@every needs one duration such as 6h or 90m, got {expression!r}")
-            if _seconds(parts[1]) < 1:
-                # robfig/cron runs anything shorter every second: @every 0s would start a run each second.
-                raise CronError(f"@every needs a duration of at least 1s, got {parts[1]!r}")
+            if _seconds(parts[1]) < MIN_INTERVAL_SECONDS:
+                # robfig/cron runs anything under 1s every second; a training pipeline is never meant
+                # to start more than once a minute (five fields cannot say more often either).
+                raise CronError(f"@every needs a duration of at least 1m (a run at most once a minute), got {parts[1]!r}")
             if _seconds(parts[1]) > GO_DURATION_MAX_SECONDS:
                 raise CronError(f"@every {parts[1]} is past Go's longest duration (2562047h), which Argo refuses")
             return f"@every {parts[1]}"
@@ -64,6 +65,7 @@ def validate_schedule(expression: str) -> str:
     return " ".join(parts)
 
 
+MIN_INTERVAL_SECONDS = 60
 GO_DURATION_MAX_SECONDS = (2**63 - 1) / 1e9  # time.ParseDuration's int64 nanoseconds: 2562047h47m16.85s
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 

@@ -106,6 +106,23 @@ def _convert(name: str, kind: str, raw: str) -> Any:
         raise StepError(f"input {name!r} must be {_EXPECTED[kind]}{repeated}, got {raw!r}") from None
 
 
+def _check_gate_inputs(name: str, component: Any, values: dict[str, Any]) -> None:
+    """What the convergence gate refuses about its arguments themselves, as bad input (one line, exit 2):
+    a threshold out of range, a run directory that is not there. Nothing checks `argo submit -p` values
+    before the run, so these surfaced after the whole training as a traceback (stranger trial).
+    """
+    if name != "check_convergence":
+        return
+    from resilient_training.pipelines import arguments
+
+    inputs = component.component_spec.inputs or {}
+    try:
+        arguments.check_convergence_step({key: values.get(key, spec.default) for key, spec in inputs.items()
+                                          if key in values or spec.default is not None})
+    except ValueError as exc:
+        raise StepError(str(exc)) from None
+
+
 def executor_input(component: Any, values: dict[str, Any], outputs: Path, artifacts: Path) -> dict[str, Any]:
     """The ``executor_input`` a KFP driver would hand this component, with local output paths."""
     parameters, artifact_outputs = {}, {}
@@ -137,6 +154,7 @@ def run_step(name: str, items: Sequence[str], outputs: Path, artifacts: Path | N
     """
     component = load_component(name)
     values = parse_arguments(component, items)
+    _check_gate_inputs(name, component, values)
     artifacts = artifacts or outputs / "artifacts"
     request = executor_input(component, values, outputs, artifacts)
     from kfp.dsl.executor import Executor

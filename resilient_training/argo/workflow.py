@@ -131,7 +131,7 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
             **_params("launcher", "steps", "checkpoint_every", "faults", "async_checkpoint", "inprocess",
                       "ft_launcher", "train_overrides", "task", "task_args", "nodes", "gpus_per_node",
                       "procs_per_node"),
-            "image": Param("trainer_image"),
+            "image": Param("trainer_image"), "service_account": Param("service_account"),
         }, claim=claim, depends="provision-storage"),
         Step("validate-checkpoint", "validate_checkpoint", {"run_dir": run_dir},
              claim=claim, run_dir=run_dir, depends="launch-training"),

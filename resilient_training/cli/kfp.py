@@ -28,13 +28,16 @@ from resilient_training.kfp.client import AUTH_MODES, TOKEN_ENV, Auth, AuthError
 from resilient_training.kfp.compile import DEFAULT_REGISTRY, CompiledPipeline, CompileError
 from resilient_training.kfp.cron import CronError, validate_cron
 from resilient_training.kfp.params import ParamError
-from resilient_training.launch import k8s_names
+from resilient_training.launch import images, jobshape, k8s_names
+from resilient_training.run.paths import has_control
 
 DEFAULT_EXPERIMENT = "resilient-training"
 DEFAULT_COMPILE_DIR = "compiled"
 ARGO_PIPELINE = argo_workflow.NAME  # the one pipeline --format argo writes
 ARGO_DEFAULT_SCHEDULE = argo_workflow.Schedule()
 MAX_CONCURRENCY_LIMIT = 10  # the KFP API server refuses recurring runs outside 1-10
+# -o suffixes that name a file no command here writes (anything else but .yaml/.yml is a directory).
+_FILE_SUFFIXES = (".json",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -167,6 +170,32 @@ def _run(body: Callable[[], int]) -> int:
         return 1
 
 
+def _check_name(value: str | None, flag: str) -> None:
+    """A name or description sent to the server as typed: refused, as ``--host`` and ``--param`` values are,
+    when empty, with a control character (a pasted newline) or with blanks around it (stranger trial:
+    a newline-ended experiment was created, then `runs --experiment team-a` could not find it).
+    """
+    if value is None:
+        return
+    if not value.strip():
+        raise _InputError(f"{flag} is empty")
+    if has_control(value):
+        raise _InputError(f"{flag} {value!r} contains a control character (a newline?)")
+    if value != value.strip():
+        raise _InputError(f"{flag} {value!r} has blanks around it")
+
+
+def _check_images() -> None:
+    """The images a compile bakes in, from $RT_COMPONENTS_IMAGE and $RT_TRAINER_IMAGE, by render-job's
+    --image rule (stranger trial: '' compiled executors without an image, or an Argo traceback).
+    """
+    for variable, value in images.from_environment().items():
+        try:
+            jobshape.check_image(value, f"${variable}")
+        except ValueError as exc:
+            raise _InputError(str(exc)) from None
+
+
 def _compile(args: argparse.Namespace) -> int:
     if args.format == "argo":
         return _compile_argo(args)
@@ -179,6 +208,10 @@ def _compile(args: argparse.Namespace) -> int:
         return 2
 
     def body() -> int:
+        _check_images()
+        if Path(args.output).suffix.lower() in _FILE_SUFFIXES:
+            # Anything but .yaml/.yml reads as a directory: `-o x.json` made a directory (stranger trial).
+            raise _InputError(f"-o {args.output}: KFP IR is written as YAML: give a .yaml file or a directory")
         _check_output(args.output, directory=Path(args.output).suffix not in (".yaml", ".yml"))
         registry = kfp_compile.load_registry(args.registry)
         selected = kfp_compile.select(registry, args.pipeline)
@@ -197,8 +230,9 @@ def _compile_argo(args: argparse.Namespace) -> int:
         if args.registry != DEFAULT_REGISTRY or args.pipeline not in (None, ARGO_PIPELINE):
             raise _InputError(f"--format argo writes the {ARGO_PIPELINE!r} pipeline only "
                               f"(got --pipeline {args.pipeline!r}, --registry {args.registry!r})")
+        _check_images()
         output = Path(args.output)
-        if output.suffix in (".yaml", ".yml"):
+        if output.suffix.lower() in (".yaml", ".yml", *_FILE_SUFFIXES):
             raise _InputError(f"--format argo writes two files; -o must be a directory, got {output}")
         _check_output(args.output, directory=True)
         if args.starting_deadline is not None and args.starting_deadline < 1:
@@ -207,8 +241,11 @@ def _compile_argo(args: argparse.Namespace) -> int:
         if args.starting_deadline is not None and args.starting_deadline > 2**63 - 1:
             raise _InputError(f"--starting-deadline {args.starting_deadline} is past the CRD's int64")
         default = ARGO_DEFAULT_SCHEDULE
+        schedules = [argo_cron.validate_schedule(s) for s in args.schedule or default.schedules]
+        if repeated := next((s for i, s in enumerate(schedules) if s in schedules[:i]), None):
+            raise _InputError(f"--schedule {repeated!r} is given twice")
         schedule = argo_workflow.Schedule(
-            schedules=tuple(argo_cron.validate_schedule(s) for s in args.schedule or default.schedules),
+            schedules=tuple(schedules),
             timezone=argo_cron.validate_timezone(args.timezone if args.timezone is not None else default.timezone),
             concurrency_policy=argo_cron.validate_concurrency_policy(args.concurrency_policy or default.concurrency_policy),
             starting_deadline_seconds=args.starting_deadline,
@@ -273,16 +310,23 @@ def _note_default_schedule() -> None:
 
 
 def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any], *, recurring: bool) -> None:
-    """For this project's resilient-training pipeline: what its steps would refuse, refused before the run exists."""
+    """For this project's two pipelines: what their steps would refuse, refused before the run exists."""
     from resilient_training.pipelines import arguments
+    from resilient_training.pipelines.recovery_benchmark import recovery_benchmark
     from resilient_training.pipelines.resilient_training import resilient_training
 
-    if compiled.name != arguments.PIPELINE_NAME or set(compiled.inputs) != set(resilient_training.component_spec.inputs):
-        return  # another pipeline (or another version of this one): its steps check their own inputs
+    ours = {arguments.PIPELINE_NAME: resilient_training, arguments.BENCHMARK_NAME: recovery_benchmark}
+    pipeline = ours.get(compiled.name)
+    if pipeline is None or set(compiled.inputs) != set(pipeline.component_spec.inputs):
+        return  # another pipeline (or another version of one of these): its steps check their own inputs
     values = {name: _ir_default(spec) for name, spec in compiled.inputs.items()}
     values.update(params)
     try:
-        arguments.check(values, cluster=True, recurring=recurring)  # a KFP server runs every step in a pod of its own
+        # A KFP server runs every step in a pod of its own, launch_training's in the components image.
+        if compiled.name == arguments.PIPELINE_NAME:
+            arguments.check(values, cluster=True, recurring=recurring, local_launcher=False)
+        else:
+            arguments.check_benchmark(values, cluster=True, local_launcher=False)
     except ValueError as exc:
         raise ParamError(f"--param: {exc}") from None
 
@@ -298,6 +342,7 @@ def _local_pipeline(args: argparse.Namespace, workdir: Path, package: str | Path
     """The CompiledPipeline a server command works on: a given package file, or --pipeline compiled now."""
     if package:
         return kfp_compile.load_package(Path(package))
+    _check_images()
     key, pipeline = kfp_compile.default_pipeline(kfp_compile.load_registry(args.registry), args.pipeline)
     return kfp_compile.compile_pipeline(key, pipeline, workdir / f"{key}.yaml")
 
@@ -322,6 +367,8 @@ def _connect(args: argparse.Namespace, auth: Auth) -> Connection:
 
 def _upload(args: argparse.Namespace) -> int:
     def body() -> int:
+        _check_name(args.name, "--name")
+        _check_name(args.version, "--version")
         with tempfile.TemporaryDirectory(prefix="rt-upload-") as tmp:
             compiled = _local_pipeline(args, Path(tmp), args.package)
             auth = _auth(args)
@@ -343,7 +390,9 @@ def _upload(args: argparse.Namespace) -> int:
 
 def _prepare_run(args: argparse.Namespace, workdir: Path, *, recurring: bool = False,
                  ) -> tuple[CompiledPipeline, dict[str, Any], Auth]:
-    """Local checks shared by submit and schedule (``recurring``): the pipeline, typed params, credentials."""
+    """Local checks shared by submit and schedule (``recurring``): names, the pipeline, typed params, credentials."""
+    for flag in ("--name", "--version", "--experiment", "--run-name", "--job-name"):
+        _check_name(getattr(args, flag[2:].replace("-", "_"), None), flag)
     compiled = _local_pipeline(args, workdir, args.package)
     params = kfp_params.parse_params(args.param, compiled.inputs)
     _check_arguments(compiled, params, recurring=recurring)
@@ -407,6 +456,7 @@ def _runs(args: argparse.Namespace) -> int:
     def body() -> int:
         if args.limit < 1:
             raise _InputError(f"--limit must be at least 1, got {args.limit}")
+        _check_name(args.experiment, "--experiment")
         conn = _connect(args, _auth(args))
         experiment_id = kfp_client.find_experiment(conn, args.experiment) if args.experiment else None
         runs = kfp_client.list_runs(conn, experiment_id=experiment_id, limit=args.limit)
@@ -421,6 +471,7 @@ def _schedules(args: argparse.Namespace) -> int:
     def body() -> int:
         if args.limit < 1:
             raise _InputError(f"--limit must be at least 1, got {args.limit}")
+        _check_name(args.experiment, "--experiment")
         conn = _connect(args, _auth(args))
         experiment_id = kfp_client.find_experiment(conn, args.experiment) if args.experiment else None
         jobs = kfp_client.list_recurring_runs(conn, experiment_id=experiment_id, limit=args.limit)

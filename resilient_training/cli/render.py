@@ -14,6 +14,15 @@ from pathlib import Path
 from typing import Any
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in the help, once: not after a help text that gives its own (the trainer flags do), nor an empty one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if "default" in (action.help or "") or action.default in (None, "", [], argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def register(subparsers: Any) -> None:
     from resilient_training.launch import images, jobshape, trainjob
     from resilient_training.run import config
@@ -22,7 +31,7 @@ def register(subparsers: Any) -> None:
         "render-job",
         help="write a Kubeflow PyTorchJob or TrainJob (ft_launcher on every node) as YAML",
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsFormatter,
     )
     job = p.add_argument_group("job")
     job.add_argument("--kind", choices=jobshape.KINDS, default="pytorchjob",
@@ -42,7 +51,8 @@ def register(subparsers: Any) -> None:
     job.add_argument("--shm-size", default="64Gi", help="size limit of /dev/shm")
     job.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
     job.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]", help="repeatable")
-    job.add_argument("--service-account", default="", help="service account of the worker pods")
+    job.add_argument("--service-account", default=jobshape.TRAINER_SERVICE_ACCOUNT,
+                     help="service account of the worker pods (manifests/rbac makes it; '' leaves it to the namespace)")
     job.add_argument("--priority-class", default="", help="pod priority class")
     job.add_argument("--pvc", required=True, help="existing PersistentVolumeClaim (e.g. from provision_storage)")
     job.add_argument("--mount-path", default="/mnt/run", help="where the claim is mounted in the pods")
@@ -60,11 +70,15 @@ def register(subparsers: Any) -> None:
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
+    from resilient_training.run.paths import has_control
+
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"{what} {item!r} must be KEY=VALUE")
+        if what == "--env" and has_control(value):  # a pasted newline reached the pod's env (stranger trial)
+            raise ValueError(f"{what} {item!r}: the value contains a control character (a newline?)")
         out[key] = value
     return out
 

@@ -155,6 +155,7 @@ def _token_auth(raw: str, source: str) -> Auth:
 
 
 def _kubeconfig_token(path: str, context: str | None) -> Auth:
+    import yaml
     from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
 
@@ -165,7 +166,13 @@ def _kubeconfig_token(path: str, context: str | None) -> Auth:
             config_file=expanded, context=context, client_configuration=configuration, persist_config=False
         )
     except (k8s_config.ConfigException, OSError) as exc:
-        raise AuthError(f"cannot read a token from kubeconfig {path}: {exc}") from None
+        raise AuthError(f"cannot read a token from kubeconfig {path}: {' '.join(str(exc).split())}") from None
+    except (yaml.YAMLError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        # YAML garbage, binary bytes (UnicodeDecodeError) or a document that is not a mapping: the
+        # kubernetes client raises these as they come (stranger trial: three different tracebacks).
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise AuthError(f"cannot read a token from kubeconfig {path}: not a kubeconfig ({type(exc).__name__}"
+                        f"{': ' + first if first else ''})") from None
     bearer = configuration.api_key.get("authorization", "")
     if not bearer.startswith("Bearer "):
         raise AuthError(
@@ -186,6 +193,15 @@ def check_host(host: str) -> str:
         raise AuthError(f"--host must be an http:// or https:// URL, got {host!r}")
     if any(ord(ch) <= 32 or ord(ch) == 127 for ch in host):
         raise AuthError(f"--host {host!r} contains a space or control character (a trailing newline?)")
+    import urllib.parse
+
+    try:  # a port past 65535 was "cannot reach ..., Failed to parse", exit 1 (stranger trial)
+        parts = urllib.parse.urlsplit(host)
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError as exc:
+        raise AuthError(f"--host {host!r} is not a URL: {exc}") from None
+    if not parts.hostname:
+        raise AuthError(f"--host {host!r} names no host")
     return host.rstrip("/")
 
 
@@ -407,7 +423,7 @@ def resolve_version(conn: Connection, pipeline_name: str, version: str | None) -
             page = conn.client.list_pipeline_versions(pipeline_id, page_size=2, filter=_name_filter(version))
     found = page.pipeline_versions or []
     if not found:
-        what = f"a version {version!r}" if version else "any version"
+        what = f"version {version!r}" if version else "versions"
         raise KfpError(f"pipeline {pipeline_name!r} on {conn.host} has no {what}")
     chosen = found[0]
     return RunSource(

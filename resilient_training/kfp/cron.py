@@ -88,6 +88,11 @@ def validate_cron(expression: str) -> str:
     for field, part in zip(FIELDS, parts, strict=True):
         check_field(field, part)
     check_days(*parts[3:])
+    seconds, _ = _expand(FIELDS[0], parts[0], True)
+    if len(seconds) > 1:
+        # '* * * * * *' started a training pipeline every second, with catchup on (stranger trial).
+        raise CronError(f"second field {parts[0]!r} starts a run {len(seconds)} times a minute; a schedule may start "
+                        f"one at most once a minute: give one second, e.g. '0 {' '.join(parts[1:])}'")
     return " ".join(parts)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from resilient_training.launch import images, k8s_names
@@ -55,16 +56,42 @@ def image_reference_ok(image: str) -> bool:
     return len(name) <= 255
 
 
+def check_image(image: str, what: str) -> str:
+    """``image``, or ``ValueError`` naming ``what`` unless the kubelet can pull it: the one rule for
+    ``--image``, a pipeline's ``trainer_image`` and the compile-time ``$RT_*_IMAGE`` variables.
+    """
+    if not image or any(ch.isspace() for ch in image):
+        raise ValueError(f"{what} must be a non-empty image reference without spaces, got {image!r}")
+    if not image_reference_ok(image):
+        # The kubelet would take the pod and fail it with InvalidImageName, after the job was created.
+        raise ValueError(f"{what} {image!r} is not an image reference: [REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], "
+                         "NAME in lowercase (e.g. ghcr.io/org/trainer:1.0)")
+    return image
+
+
 def _version(text: str) -> tuple[int, ...]:
     numbers = [int(part) for part in re.match(r"\d+\.\d+(\.\d+)?", text).group(0).split(".")]
     return tuple(numbers + [0] * (3 - len(numbers)))
 MAX_NODES = 4096
+# The worker pods' service account that manifests/rbac creates, with no API token mounted: the default of
+# render-job and of the pipelines' service_account parameter (JobSpec's own default stays the namespace's).
+TRAINER_SERVICE_ACCOUNT = "resilient-training-trainer"
 DSHM_VOLUME = "dshm"
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 STORAGE_VOLUME = "run-storage"
 KINDS = ("pytorchjob", "trainjob")
 _TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?")
+
+
+_SUFFIX_FACTORS = {"": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+                   "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity(text: str) -> Fraction:
+    """The value of a Kubernetes quantity already matched by ``_QUANTITY`` (``500m`` is 1/2, ``1Ki`` 1024)."""
+    number, suffix = re.fullmatch(r"([0-9.]+)(\D*)", text).groups()
+    return Fraction(number) * _SUFFIX_FACTORS[suffix]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -171,15 +198,18 @@ def validate(spec: JobSpec) -> None:
         # The version picks ft_launcher's flags: a typo would silently select another NVRx's flags.
         raise ValueError(f"nvrx_version must be an NVRx release such as {DEFAULT_NVRX_VERSION} "
                          f"(at least {'.'.join(map(str, MIN_NVRX_VERSION))}), got {spec.nvrx_version!r}")
-    if not spec.image or any(ch.isspace() for ch in spec.image):
-        raise ValueError(f"image must be a non-empty image reference without spaces, got {spec.image!r}")
-    if not image_reference_ok(spec.image):
-        # The kubelet would take the pod and fail it with InvalidImageName, after the job was created.
-        raise ValueError(f"image {spec.image!r} is not an image reference: [REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], "
-                         "NAME in lowercase (e.g. ghcr.io/org/trainer:1.0)")
+    check_image(spec.image, "image")
     for what, value in (("cpu", spec.cpu), ("memory", spec.memory), ("shm_size", spec.shm_size)):
         if (value or what == "shm_size") and not _QUANTITY.fullmatch(value):  # an empty sizeLimit fails the CRDs
             raise ValueError(f"{what} {value!r} is not a Kubernetes quantity (e.g. 32, 500m, 64Gi)")
+        # Found by a stranger trial: shm_size 0 rendered sizeLimit '0', a /dev/shm without a limit.
+        if value and quantity(value) == 0:
+            raise ValueError(f"{what} {value!r} is zero: give a positive quantity (e.g. 32, 500m, 64Gi)")
+        if value and what != "cpu" and quantity(value) > INT64_MAX:
+            raise ValueError(f"{what} {value!r} is past the largest byte count Kubernetes takes (int64)")
+    if spec.memory and quantity(spec.shm_size) > quantity(spec.memory):
+        raise ValueError(f"shm_size {spec.shm_size!r} exceeds memory {spec.memory!r}: /dev/shm is memory-backed and "
+                         "counts against the pod's memory limit, so filling it would kill the pod")
     if not spec.storage.shared:
         raise ValueError(
             f"storage backend {spec.storage.backend!r} is not shared between pods: a cluster job needs pvc or fsx"
