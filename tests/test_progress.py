@@ -89,6 +89,35 @@ def test_warm_up_steps_do_not_calibrate(guard_and_recorder):
     assert guard.slowest_gap is not None and guard.slowest_gap < 0.2
 
 
+def test_the_first_steps_after_a_start_get_the_soft_timeout_not_the_calibrated_allowance(guard_and_recorder):
+    """A restarted 1.3B rank (its calibration persisted: 5 x 0.28 s steps) was reported hung at its
+    second step, 3.1 s long while its new staging buffers were being made and its writer started
+    (call43): the calibration is of steady steps, and those are not steady yet."""
+    guard, recorder = guard_and_recorder
+    guard.load_state_dict({"slowest_gap": 0.02})  # a restarted process: calibrated from the start
+    assert guard.step_allowance == pytest.approx(0.3)
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    guard.end_phase(guard.begin_phase("start"), warm_up=True)
+    _steps(guard, 1, 0.45)  # past the calibrated 0.3 s, within the soft timeout (0.6 s)
+    _steps(guard, WARM_UP_STEPS, 0.01)
+    assert not recorder.expired
+    stalled = _steps(guard, 1, 0.01)  # steady now: the calibrated allowance again
+    assert recorder.event.wait(3)
+    assert 0.3 <= recorder.expired[0][0] - stalled < 0.55
+    assert "slowest step" in recorder.expired[0][1]
+
+
+def test_a_hang_in_the_first_steps_after_a_start_is_caught_at_the_soft_timeout(guard_and_recorder):
+    guard, recorder = guard_and_recorder
+    guard.load_state_dict({"slowest_gap": 0.02})
+    guard.arm(ping=recorder.ping, on_expire=recorder.expire)
+    guard.end_phase(guard.begin_phase("start"), warm_up=True)
+    stalled = _steps(guard, 1, 0.01)
+    assert recorder.event.wait(3)
+    assert 0.6 <= recorder.expired[0][0] - stalled < 0.9
+    assert "first steps after a start" in recorder.expired[0][1]
+
+
 def test_a_phase_gets_its_own_budget_and_is_measured_only_when_it_completes(guard_and_recorder):
     guard, recorder = guard_and_recorder
     guard.arm(ping=recorder.ping, on_expire=recorder.expire)

@@ -3,9 +3,10 @@
 Progress is a finished training step (or a bounded wait inside a save). The *allowance* is how
 long the training thread may go without progress. It starts at ``soft_timeout`` and is calibrated
 from what was measured: ``margin`` × the slowest gap between steps seen so far (never below
-``floor``, never above ``soft_timeout``), and for each known long phase (start-up, a restore up to
-the ranks' agreement, a save through the next step, a commit) ``margin`` × its slowest measured
-duration (never below ``soft_timeout``). The measurements only grow, are kept across in-process
+``floor``, never above ``soft_timeout``; the first steps after each start get ``soft_timeout``),
+and for each known long phase (start-up, a restore up to the ranks' agreement, a save through
+the next step, a commit, the end of the run) ``margin`` × its slowest measured duration (never
+below ``soft_timeout``). The measurements only grow, are kept across in-process
 restarts and are persisted (``state_dict``) so a restarted process starts calibrated.
 
 Within the allowance a keeper thread reports progress to both monitors on the training thread's
@@ -76,6 +77,18 @@ class ProgressGuard:
             return self.initial
         return min(self.initial, max(self.floor, self.margin * self.slowest_gap))
 
+    def _warming_up(self) -> bool:
+        """The next step is one of the first after a (re)start: the steady calibration is not
+        for it. A restarted 1.3B rank's second step took over 3 s beside its new staging buffers
+        and writer start, against a persisted 3.0 s (5 × 0.28 s), and was reported hung (call43).
+        """
+        return self._steps_since_start < WARM_UP_STEPS
+
+    def _allowance(self) -> float:
+        if self._phase is not None:
+            return self._phase[1]
+        return self.initial if self._warming_up() else self.step_allowance
+
     def phase_allowance(self, name: str, default: float | None = None) -> float:
         """A phase never gets less than ``initial`` (soft_timeout): steps calibrate below it, phases
         (a restart's set-up, a load) vary more with what else the machine is doing. ``default``:
@@ -104,6 +117,8 @@ class ProgressGuard:
             return f"phase {name}: allowance {budget:.1f} s ({how})"
         if self.slowest_gap is None:
             return f"allowance {self.initial:.1f} s (soft_timeout; not calibrated yet)"
+        if self._warming_up():
+            return f"allowance {self.initial:.1f} s (soft_timeout; the first steps after a start)"
         if self.margin * self.slowest_gap > self.initial:
             return (f"allowance {self.step_allowance:.1f} s (soft_timeout; {self.margin:g} × slowest step "
                     f"{self.slowest_gap:.3f} s would be longer)")
@@ -224,7 +239,7 @@ class ProgressGuard:
             with self._lock:
                 if not self._armed or self._expired:
                     continue
-                allowance = self._phase[1] if self._phase is not None else self.step_allowance
+                allowance = self._allowance()
                 silent = self._clock() - self._last
                 if silent > allowance:
                     self._expired = True
