@@ -330,6 +330,13 @@ case $suite in
     MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
     ;;
+  call44)  # one device call: call42's --host-snapshot run and call43's node-local run again, after the two
+    # fixes they called for (a hang reported after the last commit; one at the second step after a restart)
+    MODEL_SIZE=1b RUN_TIMEOUT=200 HOST=1 LOCAL_EVERY=25 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_host "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-host.tar.gz"
+    MODEL_SIZE=1b RUN_TIMEOUT=200 CKPT_EVERY=500 LOCAL_EVERY=50 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_local "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-local.tar.gz"
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"
