@@ -113,6 +113,17 @@ CASES: list[tuple[str, list[str], str]] = [
      "d_model must be an integer"),
     ("run-overrides-not-json", ["run", "--train-overrides", "{model: 5}"], "--train-overrides is not valid JSON"),
     ("run-overrides-run-dir", ["run", "--train-overrides", '{"run_dir": "/etc"}'], "cannot set run_dir"),
+    # found by a stranger trial: the pipeline's own parameters overwrote these without a word
+    ("run-overrides-steps", ["run", "--faults", "", "--train-overrides", '{"steps": 10, "checkpoint_every": 2}'],
+     "train_overrides sets 'steps', which the pipeline's steps parameter overwrites"),
+    ("run-overrides-checkpoint-every", ["run", "--train-overrides", '{"checkpoint_every": 2}'],
+     "train_overrides sets 'checkpoint_every', which the pipeline's checkpoint_every parameter overwrites"),
+    ("run-overrides-faults", ["run", "--faults", "", "--steps", "6", "--checkpoint-every", "3", "--train-overrides",
+                              '{"faults": "sigkill@3:1"}'], "train_overrides sets 'faults'"),
+    # found by a stranger trial: each trained, then failed at promotion
+    ("run-export-hf-builtin-task", ["run", "--export", "hf"], "the built-in GPT task's is not one"),
+    ("run-promote-to-non-empty", ["run", "--promote-to", "{run}"], "exists and is not an empty directory"),
+    ("run-output-proc", ["run", "--output-dir", "/proc/rt-x"], "/proc"),  # root: access() says yes there
     ("run-overrides-lr-nan", ["run", "--train-overrides", '{"lr": NaN}'], "lr must be a finite number"),
     ("run-overrides-warm-spare-str", ["run", "--train-overrides", '{"warm_spare": "yes"}'],
      "setting warm_spare must be true or false"),

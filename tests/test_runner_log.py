@@ -63,7 +63,13 @@ def test_a_failing_step_is_named_and_verbose_shows_the_runners_full_output(tmp_p
     console, log, digest = _run(tmp_path, kfp_local, n=-1, verbose=False)
     assert digest.failed == ["chatty"]
     assert any(line.split(" ", 1)[1].startswith("✗ chatty FAILURE (") for line in console.splitlines())
-    assert "ValueError: n must not be negative" in console  # the component's own traceback: the reason
+    # The step's line carries its exception; the traceback's frames go to the log only (a stranger
+    # trial saw 25 lines of them before each failed step's line).
+    failed_line = next(line for line in console.splitlines() if "✗ chatty FAILURE" in line)
+    assert failed_line.endswith(": ValueError: n must not be negative"), console
+    assert "Traceback" not in console and 'File "' not in console, console
+    assert "Traceback (most recent call last):" in log
+    assert digest.states == {"chatty": "FAILURE"} and digest.reasons == {"chatty": "ValueError: n must not be negative"}
 
     console, log, _ = _run(tmp_path, kfp_local, n=1, verbose=True)
     assert "Got executor_input:" in console and "FutureWarning" in console
@@ -97,3 +103,19 @@ def test_a_failed_steps_reason_has_no_colour_codes() -> None:
     exc = RuntimeError("Pipeline failed.\nTask \x1b[96m'launch-training'\x1b[0m finished with status "
                        "\x1b[91mFAILURE\x1b[0m\x1b[K")
     assert _failure_reason(exc) == "Task 'launch-training' finished with status FAILURE"
+
+
+def test_a_chained_exception_gives_its_last_line_without_the_module_path() -> None:
+    console, log = io.StringIO(), io.StringIO()
+    out = runner_log.RunnerOutput(log, console)
+    out.write("12:00:00.000 - INFO - Executing task 'promote-model'\n12:00:00.000 - INFO - Streamed logs:\n")
+    for line in ["Traceback (most recent call last):", '  File "x.py", line 1, in f', "    f()",
+                 "KeyError: 'a'", "", "During handling of the above exception, another exception occurred:", "",
+                 "Traceback (most recent call last):", '  File "y.py", line 2, in g',
+                 "resilient_training.gates.promote.PromotionRefused: /m already holds another promoted model"]:
+        out.write(f"    {line}\n")
+    out.write("12:00:01.000 - ERROR - Task 'promote-model' finished with status FAILURE\n")
+    lines = console.getvalue().splitlines()
+    assert len(lines) == 2 and lines[1].endswith(
+        "✗ promote-model FAILURE (0.0 s): PromotionRefused: /m already holds another promoted model"), lines
+    assert out.reasons == {"promote-model": "PromotionRefused: /m already holds another promoted model"}

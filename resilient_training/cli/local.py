@@ -11,9 +11,16 @@ and its reason.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import math
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,10 +31,21 @@ from resilient_training.run.paths import has_control
 DEFAULT_OUTPUT = "local_outputs"
 # `run` exit codes: 0 promoted, 1 a step failed, 2 bad input, 3 the gates refused promotion.
 EXIT_NOT_PROMOTED = 3
+# After SIGTERM, how long the pipeline's processes get to stop in order (the training's launcher
+# stops its workers, allowing them 10 s) before whatever is left gets SIGKILL.
+STOP_GRACE_S = 30.0
 
 
 class UsageError(ValueError):
     """Bad input, found before anything started."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM: the pipeline's processes were stopped; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _check_training_input(output: Path, steps: int, checkpoint_every: int, faults: str, nproc: int,
@@ -65,13 +83,198 @@ def _task_settings(task: str, task_args: list[str] | None) -> dict[str, Any]:
     return settings
 
 
-def _init_local(output: Path) -> Path:
+# --------------------------------------------------------------------------- executing a pipeline
+#
+# kfp.local runs each step as a subprocess of the process that calls the pipeline, and the
+# training step starts ft_launcher under it. Called in this process, a SIGTERM or SIGKILL to
+# `run` left the executor, the launcher and its workers training on, unwatched (stranger trial).
+# So the pipeline runs in a host process of its own session: it dies with this one (the
+# parent-death signal `train`'s launcher uses), reaps the whole tree it started (a child
+# subreaper, so orphans come back to it), and on SIGTERM stops that tree in order.
+
+# The host's command: ``python -c HOST SPEC`` (not ``-m``: this module is imported by the CLI too).
+_HOST = "import sys; from resilient_training.cli.local import host_main; sys.exit(host_main(sys.argv[1]))"
+_PR_SET_CHILD_SUBREAPER = 36
+# ft_launcher makes unix sockets (at most 107 bytes of path) in TMPDIR, named like
+# "/_ft_launcher<pid>_rmon<rank>.socket": the scratch directory becomes TMPDIR only where they fit.
+_TMPDIR_MAX = 107 - 48
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """What the host reports of a pipeline run: kfp.local's failure line, each step's state and,
+    for a step that raised, its exception's line.
+    """
+
+    failure: str | None
+    states: dict[str, str]
+    reasons: dict[str, str]
+
+
+def _execute(pipeline: str, kwargs: dict[str, Any], *, output: Path, log_path: Path, verbose: bool,
+             overrides: dict[str, Any]) -> Execution:
+    """Run ``pipeline`` with kfp.local in a host process (see above); raises :class:`Interrupted`
+    after Ctrl-C or SIGTERM, once everything it started is gone.
+    """
+    from resilient_training.launch import cancel
+    from resilient_training.runtime.ft_launch import PARENT_ENV
+
+    # kfp.local's `mktemp -d` per step (and the workers' temporary files) land here, removed at
+    # the end: they piled up in /tmp, one directory per step per run (stranger trial).
+    scratch = Path(tempfile.mkdtemp(prefix="rt-local-"))
+    spec = {"pipeline": pipeline, "kwargs": kwargs, "output": str(output), "log": str(log_path),
+            "verbose": verbose, "overrides": overrides, "started": time.time(), "scratch": str(scratch)}
+    (scratch / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}
+    if len(os.fsencode(str(scratch))) <= _TMPDIR_MAX:
+        env["TMPDIR"] = str(scratch)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _HOST, str(scratch / "spec.json")], env=env,
+                                start_new_session=True)
+        try:
+            with cancel.sigterm_raises():
+                code = proc.wait()
+        except (KeyboardInterrupt, cancel.Cancelled) as exc:
+            _stop_host(proc)
+            how = ("Ctrl-C", 128 + signal.SIGINT) if isinstance(exc, KeyboardInterrupt) else ("SIGTERM", exc.code)
+            raise Interrupted(f"interrupted ({how[0]}): stopped the pipeline and the training it started; "
+                              f"what it wrote so far is in {output}", int(how[1] or 1)) from None
+        result = scratch / "result.json"
+        if result.is_file():
+            return Execution(**json.loads(result.read_text()))
+        return Execution(f"the local runner exited with code {code} before it finished (see {log_path})", {}, {})
+    finally:
+        _clean_leftovers(spec)
+
+
+def _stop_host(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the host, which stops its tree; SIGKILL to its group if it takes too long."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_GRACE_S + 15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _clean_leftovers(spec: dict[str, Any]) -> None:
+    """Remove what the run owns and nothing reads any more: the scratch directory, and the worker
+    pid records (``<node-local tier>/<run key>-workers``) of the runs it made, which a worker
+    removes only at a completed end (killed or failed runs left them in /dev/shm).
+    """
+    shutil.rmtree(spec["scratch"], ignore_errors=True)
+    from resilient_training.run import config as cfg
+    from resilient_training.runtime.checkpointing import local_tier_base, run_key
+
+    runs = Path(spec["output"]) / "runs"
+    for events in runs.glob("**/events") if runs.is_dir() else []:
+        run_dir = events.parent
+        with contextlib.suppress(OSError, ValueError):
+            if run_dir.stat().st_mtime < spec["started"] or _in_use(run_dir):
+                continue
+            config = cfg.from_dict({**spec["overrides"], "run_dir": str(run_dir)})
+            shutil.rmtree(local_tier_base(config) / f"{run_key(str(run_dir))}-workers", ignore_errors=True)
+
+
+def _in_use(run_dir: Path) -> bool:
+    """True while a training holds the run directory's lock (another `run` into the same --output-dir)."""
+    import fcntl
+
+    from resilient_training.run import layout
+
+    try:
+        fd = os.open(layout.lock_path(run_dir), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def host_main(spec_path: str) -> int:
+    """The host process: run the pipeline under kfp.local, then write ``result.json`` beside the spec."""
+    global _HOST_SPEC
+    spec = _HOST_SPEC = json.loads(Path(spec_path).read_text())
+    signal.signal(signal.SIGTERM, _host_stop)  # first: the parent-death check below may send it at once
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    from resilient_training.runtime import ft_launch
+
+    ft_launch.die_with_parent()  # SIGTERM here when `run` dies, even by SIGKILL (as `train`'s launcher)
     from kfp import local
 
-    root = output / "kfp"
+    root = Path(spec["output"]) / "kfp"
     root.mkdir(parents=True, exist_ok=True)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
-    return root
+    from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
+
+    failure = None
+    with runner_log.capture(Path(spec["log"]), verbose=spec["verbose"]) as digest:
+        try:
+            PIPELINES[spec["pipeline"]](**spec["kwargs"])
+        except Exception as exc:  # kfp.local raises when a task fails; teardown has run by then
+            failure = _failure_reason(exc)
+    Path(spec_path).with_name("result.json").write_text(json.dumps(
+        {"failure": failure, "states": digest.states, "reasons": digest.reasons}))
+    return 0
+
+
+_HOST_SPEC: dict[str, Any] | None = None
+
+
+def _host_stop(signum: int, frame: Any) -> None:
+    """SIGTERM in the host: SIGTERM to its process group (kfp.local's step processes; the training
+    step then stops its launcher, which stops its workers), reap everything that was started
+    (orphans included) for up to STOP_GRACE_S, SIGKILL what is left, clean up, exit.
+    """
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(0, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while _reap_children():
+        if time.monotonic() > deadline:
+            for pid in _children():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline + 10:
+                break  # unkillable (D state): nothing more to do from here
+        time.sleep(0.1)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()  # the runner log (capture's stream)
+    if _HOST_SPEC is not None:
+        _clean_leftovers(_HOST_SPEC)
+    os._exit(128 + signum)
+
+
+def _reap_children() -> bool:
+    """Reap the children that have ended; True while some remain."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def _children() -> list[int]:
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                    found.append(int(entry))
+    return found
 
 
 def _newest(paths: list[Path]) -> Path | None:
@@ -125,35 +328,31 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--export {args.export!r}: choose safetensors, torch or hf")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     promote_to = _promotion_dest(args.promote_to, output / "promoted" / stamp, runs_root=output / "runs")
-    kfp_root = _init_local(output)
-    from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
-
+    kwargs: dict[str, Any] = dict(
+        storage="local", launcher="local", steps=args.steps, checkpoint_every=args.checkpoint_every,
+        faults=args.faults, procs_per_node=args.nproc, local_root=str(output), promote_to=promote_to,
+        export=args.export, train_overrides=overrides, min_improvement=args.min_improvement,
+        max_final_loss=-1.0 if args.max_final_loss is None else args.max_final_loss, **task)
+    _check_pipeline_arguments(kwargs)
+    _probe_outputs(output, promote_to)
+    kfp_root = output / "kfp"
     started = time.time()
     runs_root = output / "runs"  # provision_storage puts each run in <local_root>/runs/<run id>
     print(f"running the resilient-training pipeline locally: outputs in {output}", flush=True)
-    failure = None
     log_path = _log_path(output, "resilient-training", stamp)
-    with runner_log.capture(log_path, verbose=args.verbose):
-        try:
-            PIPELINES["resilient-training"](
-                storage="local", launcher="local", steps=args.steps, checkpoint_every=args.checkpoint_every,
-                faults=args.faults, procs_per_node=args.nproc, local_root=str(output),
-                promote_to=str(promote_to), export=args.export, train_overrides=overrides,
-                min_improvement=args.min_improvement,
-                max_final_loss=-1.0 if args.max_final_loss is None else args.max_final_loss,
-                **task,
-            )
-        except Exception as exc:  # kfp.local raises when a task fails; teardown has run by then
-            failure = _failure_reason(exc)
+    execution = _execute("resilient-training", kwargs, output=output, log_path=log_path, verbose=args.verbose,
+                         overrides=overrides)
     run_dir = _newest([p.parent for p in runs_root.glob("**/events") if p.stat().st_mtime >= started])
     report = _task_output(kfp_root, started, "resilience-report", "report")
     print("\n=== resilient-training: summary")
+    gates: dict[str, bool] = {}
     if run_dir is not None:
         print(f"run directory:      {run_dir}")
         for gate in ("validation", "convergence"):
             record = gate_records.read_record(run_dir, gate)
             path = gate_records.record_path(run_dir, gate)
             if record is not None:
+                gates[gate] = bool(record.get("passed"))
                 print(f"{gate + ':':19} {'PASSED' if record.get('passed') else 'FAILED'}  ({path})")
                 if not record.get("passed"):
                     for reason in _reasons(record):
@@ -174,23 +373,81 @@ def run(args: argparse.Namespace) -> int:
         print(f"                    goodput: training {m['training_goodput']:.1%}, infrastructure "
               f"{m['infrastructure_goodput']:.1%}; {recovery['count']} recoveries, mean "
               f"{recovery['mean'] or 0:.1f} s, max {recovery['max'] or 0:.1f} s")
-    from resilient_training.gates.export import PROMOTED_NAMES
     from resilient_training.gates.promote import RUN_ID_FIELD
 
     if RUN_ID_FIELD in promote_to and run_dir is not None:  # as the promote step filled it in
         promote_to = promote_to.replace(RUN_ID_FIELD, run_dir.name)
-    promoted = _promoted(promote_to)
-    if promoted:
-        print(f"promoted model:     {promote_to}")
-        if args.export in PROMOTED_NAMES:
-            print(f"exported model:     {promote_to.rstrip('/')}/{PROMOTED_NAMES[args.export]}")
-    else:
-        print("promoted model:     none (promotion runs only when both gates pass)")
+    lines, promoted = _promotion_summary(execution, kfp_root, started, promote_to, run_dir, args.export, gates)
+    for line in lines:
+        print(line)
     print(f"local runner log:   {log_path}")
-    if failure is not None:
-        print(f"\nFAILED: {failure}", file=sys.stderr)
+    if execution.failure is not None:
+        print(f"\nFAILED: {_failed_line(execution, log_path)}", file=sys.stderr)
         return 1
     return 0 if promoted else EXIT_NOT_PROMOTED
+
+
+def _check_pipeline_arguments(kwargs: dict[str, Any]) -> None:
+    """The rules the cluster paths (submit, schedule, Argo) apply to the same pipeline arguments,
+    from their one owner: a ``train_overrides`` key that a parameter overwrites (``steps``,
+    ``checkpoint_every``, ``faults``, ...), ``export=hf`` for a task that is no transformers model.
+    """
+    from resilient_training.pipelines import arguments
+    from resilient_training.pipelines.resilient_training import resilient_training
+
+    values = {name: spec.default for name, spec in resilient_training.component_spec.inputs.items()}
+    values.update(kwargs)
+    try:
+        arguments.check(values)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _failed_line(execution: Execution, log_path: Path) -> str:
+    """One line for a failed run: the failed step, its exception's line, where its output is."""
+    failed = [name for name, state in execution.states.items() if state != "SUCCESS"]
+    if not failed:
+        return f"{execution.failure} (the local runner's output: {log_path})"
+    name = failed[0]
+    reason = execution.reasons.get(name, f"it finished with status {execution.states[name]}")
+    return f"step {name} failed: {reason} (its output: {log_path})"
+
+
+def _promotion_summary(execution: Execution, kfp_root: Path, started: float, dest: str, run_dir: Path | None,
+                       export: str, gates: dict[str, bool]) -> tuple[list[str], bool]:
+    """The summary's lines on promotion, from what the promote step did; True when this run's model
+    is at DEST (a stranger trial saw "promoted model: DEST" for another run's model there).
+    """
+    pad = " " * 20
+    state = execution.states.get("promote-model")
+    if state == "SUCCESS":
+        artifact = _task_output(kfp_root, started, "promote-model", "promotion")
+        result = json.loads(artifact.read_text()) if artifact is not None else {}
+        outcome = result.get("outcome") or {}
+        lines = [f"promoted model:     {outcome.get('dest', dest)}"
+                 + ("  (already promoted there: verified, not copied again)" if outcome.get("already_promoted") else "")]
+        if (result.get("export") or {}).get("out"):
+            lines.append(f"exported model:     {result['export']['out']}")
+        return lines, True
+    if state is not None:
+        reason = execution.reasons.get("promote-model", f"it finished with status {state}")
+        lines = [f"promoted model:     none: the promote step failed: {reason}"]
+        record = _promotion_record(dest)
+        if record is not None:
+            source = record.get("source") or {}
+            if run_dir is not None and str(source.get("run_dir")) == str(run_dir):
+                # Promoted, then the export failed: the checkpoint is there, the export is not.
+                lines.append(f"{pad}{dest} holds this run's checkpoint (step {source.get('step')}, promoted "
+                             f"before the failure){f', without the {export} export' if export else ''}")
+            else:
+                lines.append(f"{pad}{dest} holds another run's model (step {source.get('step')} of "
+                             f"{source.get('run_dir')}), left as it was")
+        return lines, False
+    if len(gates) == 2 and all(gates.values()):
+        return ["promoted model:     none (the run stopped before the promote step)"], False
+    if gates and not all(gates.values()):
+        return ["promoted model:     none (promotion runs only when both gates pass)"], False
+    return ["promoted model:     none (the run stopped before the gates)"], False
 
 
 def _json_flag(text: str, flag: str) -> Any:
@@ -205,6 +462,22 @@ def _output_dir(given: str) -> Path:
 
     try:
         return check_writable(given, "--output-dir", directory=True).resolve()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _probe_outputs(output: Path, promote_to: str) -> None:
+    """Make (and remove) a file where the run writes first and where promotion writes last: the
+    last checks, after every check that writes nothing. ``access()`` says yes to root on /proc,
+    where nothing can be made (a traceback, and a promotion refused after training, in a stranger trial).
+    """
+    from resilient_training.gates.promote import RUN_ID_FIELD
+    from resilient_training.run.paths import probe_writable
+
+    try:
+        probe_writable(output / "logs" if output.is_dir() else output, "--output-dir")
+        if not promote_to.startswith("s3://"):  # promotion's lock and staging directory go beside DEST
+            probe_writable(Path(promote_to.replace(RUN_ID_FIELD, "run")), "--promote-to")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -243,16 +516,40 @@ def _promotion_dest(given: str | None, default: Path, *, runs_root: Path) -> str
     if sample == runs or runs in sample.parents or sample in runs.parents:
         raise UsageError(f"--promote-to {given!r} is inside or around {runs}, where each run gets its directory "
                          f"(promotion refuses a place in its own run): promote beside it, e.g. {runs.parent}/promoted")
+    _check_dest_free(given)
     return str(path)
 
 
-def _promoted(dest: str) -> bool:
+def _promotion_record(dest: str) -> dict[str, Any] | None:
     from resilient_training.gates.promote import read_promotion
 
     try:
-        return read_promotion(dest) is not None
-    except Exception:  # noqa: BLE001 (the summary says "none" when the store cannot be read; the step's own error is shown)
-        return False
+        record = read_promotion(dest)
+    except Exception:  # noqa: BLE001 (the summary names the step's own error; an unreadable store adds nothing)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _check_dest_free(given: str) -> None:
+    """What promotion would refuse about a local DEST at the end of the run, found before it trains
+    (a stranger trial trained 30 s, then had each refused): DEST already a promoted model, a
+    non-empty directory, inside a promoted model (a place where no file can be made: :func:`_probe_outputs`).
+    """
+    from resilient_training.gates.promote import RUN_ID_FIELD, promoted_model_above
+
+    path = Path(given.replace(RUN_ID_FIELD, "run")).resolve()  # {run_id}: a directory not made yet
+    if RUN_ID_FIELD not in given:
+        record = _promotion_record(str(path))
+        if record is not None:
+            source = record.get("source") or {}
+            raise UsageError(f"--promote-to {given} already holds a promoted model (step {source.get('step')} of "
+                             f"{source.get('run_dir')}), and promotion never replaces one: choose another place, "
+                             f"or put {RUN_ID_FIELD} in it")
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise UsageError(f"--promote-to {given} exists and is not an empty directory, which promotion refuses "
+                             "to overwrite: choose another place")
+    if (parent := promoted_model_above(path)) is not None:
+        raise UsageError(f"--promote-to {given} lies inside the promoted model {parent}: promote beside it")
 
 
 def _reasons(record: dict[str, Any]) -> list[str]:
@@ -297,9 +594,8 @@ def bench(args: argparse.Namespace) -> int:
             names.append(name)
         if not names or len(set(names)) != len(names):
             raise UsageError("--strategies needs at least one strategy, with unique names")
-    kfp_root = _init_local(output)
-    from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
-
+    _probe_outputs(output, "s3://")  # bench promotes nothing
+    kfp_root = output / "kfp"
     started = time.time()
     print(f"running the recovery-benchmark pipeline locally: outputs in {output}", flush=True)
     kwargs: dict[str, Any] = {"steps": args.steps, "checkpoint_every": args.checkpoint_every, "faults": args.faults,
@@ -308,15 +604,11 @@ def bench(args: argparse.Namespace) -> int:
         kwargs["strategies"] = strategies
     kwargs.update(_task_settings(args.task, args.task_arg))
     log_path = _log_path(output, "recovery-benchmark", time.strftime("%Y%m%d-%H%M%S"))
-    failure = None
-    with runner_log.capture(log_path, verbose=args.verbose):
-        try:
-            PIPELINES["recovery-benchmark"](**kwargs)
-        except Exception as exc:  # kfp.local raises when a task fails
-            failure = _failure_reason(exc)
-    if failure is not None:
+    execution = _execute("recovery-benchmark", kwargs, output=output, log_path=log_path, verbose=args.verbose,
+                         overrides={})
+    if execution.failure is not None:
         print(f"local runner log:   {log_path}")
-        print(f"\nFAILED: {failure}", file=sys.stderr)
+        print(f"\nFAILED: {_failed_line(execution, log_path)}", file=sys.stderr)
         return 1
     table = _task_output(kfp_root, started, "compare-strategies", "table")
     page = _task_output(kfp_root, started, "compare-strategies", "comparison")
@@ -384,5 +676,11 @@ def _guard(func: Any) -> Any:
         except UsageError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except Interrupted as exc:
+            print(str(exc), file=sys.stderr)
+            return exc.code
+        except KeyboardInterrupt:  # before anything started (the checks)
+            print("interrupted (Ctrl-C): nothing was started", file=sys.stderr)
+            return 128 + signal.SIGINT
 
     return wrapped

@@ -34,6 +34,11 @@ _STREAM_START = " - INFO - Streamed logs:"
 _STREAM_INDENT = "    "  # kfp.local indents a task's own output by four spaces
 _EXECUTOR = "[KFP Executor "
 _PY_WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ")
+# A component's uncaught exception: the traceback goes to the log only, its last line (the
+# exception) becomes the step's reason (a stranger trial saw 25 lines of frames per failed step).
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+_QUALIFIED = re.compile(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*(?::|$))")
 
 
 class RunnerOutput(io.TextIOBase):
@@ -45,8 +50,12 @@ class RunnerOutput(io.TextIOBase):
         self._in_task = False  # between "Streamed logs:" and the task's end
         self._in_json = False  # inside the executor input JSON a task prints first
         self._after_warning = False  # the source line Python prints under a warning
+        self._in_traceback = False
+        self._current: str | None = None  # the task whose output is streaming
         self._started: dict[str, float] = {}
         self.failed: list[str] = []
+        self.states: dict[str, str] = {}  # task -> SUCCESS, FAILURE, ... (kfp.local's word)
+        self.reasons: dict[str, str] = {}  # task -> its uncaught exception's line
 
     def writable(self) -> bool:
         return True
@@ -73,16 +82,19 @@ class RunnerOutput(io.TextIOBase):
     def _line(self, line: str) -> None:
         if match := _STARTED.search(line):
             self._started[match.group(1)] = time.monotonic()
+            self._current = match.group(1)
             self._say(f"{time.strftime('%H:%M:%S')} ▶ {match.group(1)}")
         elif match := _FINISHED.search(line):
             name, state = match.groups()
             seconds = time.monotonic() - self._started.get(name, time.monotonic())
-            self._in_task = self._in_json = False
+            self._in_task = self._in_json = self._in_traceback = False
+            self.states[name] = state
             if state == "SUCCESS":
                 self._say(f"{time.strftime('%H:%M:%S')} ✓ {name} ({seconds:.1f} s)")
             else:
                 self.failed.append(name)
-                self._say(f"{time.strftime('%H:%M:%S')} ✗ {name} {state} ({seconds:.1f} s)")
+                reason = f": {self.reasons[name]}" if name in self.reasons else ""
+                self._say(f"{time.strftime('%H:%M:%S')} ✗ {name} {state} ({seconds:.1f} s){reason}")
         elif match := _SKIPPED.search(line):
             self._say(f"{time.strftime('%H:%M:%S')} – {match.group(1)} skipped: {match.group(2) or match.group(3)}")
         elif line.endswith(_STREAM_START):
@@ -94,6 +106,16 @@ class RunnerOutput(io.TextIOBase):
         """A line a task printed: the component's own ones pass, the executor's plumbing does not."""
         if self._in_json:
             self._in_json = text != "}"
+            return
+        if text.startswith((_TRACEBACK, *_CHAINED)):
+            self._in_traceback = True
+            return
+        if self._in_traceback:
+            if text.startswith(" ") or not text.strip():
+                return  # a frame, its source line, or the blank line before a chained one
+            self._in_traceback = False
+            if self._current is not None:  # the last exception of a chain is the one that ended the task
+                self.reasons[self._current] = _QUALIFIED.sub("", text.strip())
             return
         if text.startswith(_EXECUTOR):
             self._in_json = text.endswith("Got executor_input:")

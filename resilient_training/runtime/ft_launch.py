@@ -24,7 +24,7 @@ LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 PARENT_ENV = "RT_LAUNCHER_PARENT_PID"
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """SIGTERM to this process (ft_launcher's orderly stop of its workers) once the process named
     in :data:`PARENT_ENV` is gone: Linux's parent-death signal, plus a check for a parent that
     died before it was set.
@@ -55,7 +55,7 @@ def _trace_phases(argv: list[str]) -> None:
 
 
 def main() -> None:
-    _die_with_parent()
+    die_with_parent()
     nvrx_adapter.quicken_rendezvous()
     nvrx_adapter.quicken_teardown()
     _trace_phases(sys.argv[1:])

@@ -1,0 +1,173 @@
+"""`resilient-training run` as a process: stopped from outside, what it leaves behind, what it says
+when promotion fails (findings of a stranger trial). Real `run` processes, real signals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_TASK = f"{ROOT / 'examples' / 'char_conv' / 'task.py'}:task"
+MARKER = "RT_TEST_RUN_MARKER"  # inherited by everything `run` starts: how the test finds its tree
+SMALL = ["--steps", "6", "--checkpoint-every", "3", "--faults", "", "--min-improvement", "0", "--max-final-loss", "50"]
+
+pytestmark = pytest.mark.slow
+
+
+def _tree(marker: str) -> list[str]:
+    """The live processes (not zombies) whose environment holds ``marker``: `run`'s tree."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if f"{MARKER}={marker}".encode() not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                continue
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(f"{entry} {cmd[:120]}")
+    return found
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """`run`'s TMPDIR: short, as ft_launcher's unix socket paths (108 bytes) under it need."""
+    path = Path(tempfile.mkdtemp(prefix="rtt-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _start(tmp_path: Path, scratch: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    marker = uuid.uuid4().hex
+    env = {**os.environ, MARKER: marker, "TMPDIR": str(scratch)}
+    # Its own session: the test can send SIGINT to its group as a terminal's Ctrl-C would.
+    proc = subprocess.Popen([sys.executable, "-m", "resilient_training.cli", "run", "--output-dir",
+                             str(tmp_path / "out"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=ROOT, start_new_session=True)
+    return proc, marker
+
+
+def _wait_training(out: Path, timeout: float = 120) -> Path:
+    """The run directory once its workers have recorded themselves (the whole tree is up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run_dir in (out / "runs").iterdir() if (out / "runs").is_dir() else []:
+            if _worker_records(run_dir).is_dir():
+                return run_dir
+        time.sleep(0.5)
+    raise AssertionError("the training never started")
+
+
+def _temporary_dirs(scratch: Path) -> list[Path]:
+    """What `run` left in its TMPDIR: kfp.local's `mktemp -d` per step (tmp.XXXXXX, one per step per
+    run, piled up in /tmp) and `run`'s own scratch directory. torch's compile cache may stay: a cache.
+    """
+    return [p for p in scratch.iterdir() if p.name.startswith(("tmp.", "rt-local-"))]
+
+
+def _assert_nothing_left(marker: str, scratch: Path, run_dir: Path, within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while (left := _tree(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, "left running:\n" + "\n".join(left)
+    assert _temporary_dirs(scratch) == []
+    assert not _worker_records(run_dir).exists()
+
+
+def _worker_records(run_dir: Path) -> Path:
+    """Where the run's workers record their pids (runtime/gpu_reclaim.py): a completed run removes
+    it, a killed one left it in /dev/shm.
+    """
+    return Path("/dev/shm/resilient-training") / f"{hashlib.sha1(str(run_dir).encode()).hexdigest()[:12]}-workers"
+
+
+@pytest.mark.parametrize(("signum", "code", "how"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
+def test_a_signal_to_run_stops_everything_it_started_with_one_line(tmp_path: Path, scratch: Path, signum: int,
+                                                                  code: int, how: str) -> None:
+    """SIGTERM to `run`'s pid alone (a supervisor, `kill PID`) left the executor, the launcher and
+    the workers training on; Ctrl-C printed kfp.local's KeyboardInterrupt traceback.
+    """
+    proc, marker = _start(tmp_path, scratch, "--steps", "200", "--faults", "")
+    try:
+        run_dir = _wait_training(tmp_path / "out")
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)  # the terminal sends Ctrl-C to the foreground group
+        else:
+            proc.send_signal(signum)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, (out[-2000:], err[-2000:])
+    assert err.count("\n") == 1 and err.startswith(f"interrupted ({how}): stopped the pipeline"), err
+    assert "Traceback" not in out + err
+    _assert_nothing_left(marker, scratch, run_dir)
+
+
+def test_sigkill_of_run_takes_its_training_down_too(tmp_path: Path, scratch: Path) -> None:
+    """Nothing can run in `run` after SIGKILL: the processes it started notice that it died."""
+    proc, marker = _start(tmp_path, scratch, "--steps", "200", "--faults", "")
+    try:
+        run_dir = _wait_training(tmp_path / "out")
+        assert len(_tree(marker)) > 3  # the host, the step's executor, the launcher, its workers
+        proc.kill()
+        proc.communicate(timeout=30)
+        _assert_nothing_left(marker, scratch, run_dir)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_failed_promotion_is_reported_as_it_happened_and_a_taken_dest_is_refused_before_training(
+        tmp_path: Path, scratch: Path) -> None:
+    """A task that is no transformers model, exported as hf: promotion copies the checkpoint, then
+    the export fails. The summary said "exported model: DEST/hf" (no such directory) and printed the
+    component's whole traceback; then the same DEST trained 30 s before promotion refused it.
+    """
+    dest = tmp_path / "promoted"
+    proc, _ = _start(tmp_path, scratch, *SMALL, "--task", EXAMPLE_TASK, "--export", "hf", "--promote-to", str(dest))
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, (out[-3000:], err[-3000:])
+    assert "validation:         PASSED" in out and "convergence:        PASSED" in out, out
+    assert "Traceback" not in out + err and "exported model" not in out, out
+    summary = out.split("=== resilient-training: summary")[1]
+    assert "promoted model:     none: the promote step failed: " in summary, summary
+    assert f"{dest} holds this run's checkpoint (step 6, promoted before the failure), without the hf export" \
+        in summary, summary
+    assert (dest / "promotion.json").is_file() and not (dest / "hf").exists()
+    failed = err.strip().splitlines()[-1]
+    assert failed.startswith("FAILED: step promote-model failed: ") and "(its output: " in failed, err
+    assert _temporary_dirs(scratch) == []
+
+    again = subprocess.run([sys.executable, "-m", "resilient_training.cli", "run", "--output-dir",
+                            str(tmp_path / "again"), *SMALL, "--promote-to", str(dest)], capture_output=True,
+                           text=True, cwd=ROOT, timeout=120)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    assert f"--promote-to {dest} already holds a promoted model (step 6 of " in again.stderr
+    assert not (tmp_path / "again").exists()  # refused before anything was written
+
+
+def test_a_promote_to_where_nothing_can_be_made_is_refused_before_training(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("as another user, /proc is refused by the access() check already")
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "run", "--output-dir",
+                           str(tmp_path / "out"), "--promote-to", "/proc/rt-x"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--promote-to /proc/rt-x: cannot create a file in /proc" in proc.stderr
+    assert not (tmp_path / "out").exists()
