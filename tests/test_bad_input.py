@@ -154,6 +154,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-promote-to-uppercase-s3", ["run", "--promote-to", "S3://models/x"], "(lowercase s3://)"),
     # stranger trial: a 1-step run trained, then its gate could never pass (one step is both windows)
     ("run-one-step-cannot-converge", ["run", "--steps", "1", "--faults", ""], "min_improvement 0.1 can never pass"),
+    # stranger trial: the default schedule's error read as if the user had given it
+    ("run-steps-below-the-default-faults", ["run", "--steps", "6"], "the default --faults 'sigkill@12:1"),
+    ("bench-steps-below-the-default-faults", ["bench", "--steps", "6"], "give --faults '' for none"),
     ("run-promote-to-space", ["run", "--promote-to", "{work}/model "], "leading or trailing whitespace"),
     ("run-task-arg-newline", ["run", "--task-arg", "lr=0.02\n"], "control character"),
     ("run-task-arg-repeated", ["run", "--task-arg", "lr=1", "--task-arg", "lr=2"], "task argument lr is given twice"),

@@ -73,6 +73,10 @@ def test_yaml_errors_name_the_problem(tmp_path):
         flt.parse(str(bad))
     with pytest.raises(flt.FaultSpecError, match="does not exist"):
         flt.parse(str(tmp_path / "missing.yaml"))
+    # stranger trial: a seed that is no number was accepted when no random faults used it
+    bad.write_text("seed: x\nfaults:\n  - {type: hang, step: 3, rank: 1}\n")
+    with pytest.raises(flt.FaultSpecError, match="seed must be an integer, got 'x'"):
+        flt.parse(str(bad))
 
 
 def test_injector_fires_once_per_count_and_logs_before_acting():

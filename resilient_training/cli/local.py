@@ -65,7 +65,13 @@ def _check_training_input(output: Path, steps: int, checkpoint_every: int, fault
                                 **_task_settings(task, task_args), **(strategy or {})})
         launcher.preflight(config, world_size=nproc)
     except (ValueError, launcher.LaunchError) as exc:
-        raise UsageError(str(exc)) from None
+        from resilient_training.pipelines import defaults
+
+        message = str(exc)
+        if faults in (defaults.RUN_FAULTS, defaults.BENCH_FAULTS) and message.startswith("fault"):
+            # The user gave --steps or --nproc, not this schedule (a stranger trial read it as theirs).
+            message += f" (the default --faults {faults!r}: give --faults '' for none, or a schedule that fits)"
+        raise UsageError(message) from None
 
 
 def _task_settings(task: str, task_args: list[str] | None) -> dict[str, Any]:

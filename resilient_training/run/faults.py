@@ -142,6 +142,7 @@ def _parse_yaml(path: Path) -> list[Fault]:
     unknown = sorted(str(k) for k in set(data) - {"seed", "faults", "random"})
     if unknown:
         raise FaultSpecError(f"{path}: unknown keys {', '.join(unknown)} (known: seed, faults, random)")
+    seed = _int_field(data.get("seed", 0), f"{path}: seed")  # checked even when nothing random uses it
     items = data.get("faults") or []
     if not isinstance(items, list):
         raise FaultSpecError(f"{path}: faults must be a list of {{type, step, rank[, count]}}, got {items!r}")
@@ -158,11 +159,11 @@ def _parse_yaml(path: Path) -> list[Fault]:
                             _int_field(item.get("count", 1), f"{where}.count")))
     rand = data.get("random")
     if rand is not None:
-        faults += _random_faults(rand, data.get("seed", 0), faults, path)
+        faults += _random_faults(rand, seed, faults, path)
     return _sorted_unique(faults)
 
 
-def _random_faults(rand: Any, seed: Any, faults: list[Fault], path: Path) -> list[Fault]:
+def _random_faults(rand: Any, seed: int, faults: list[Fault], path: Path) -> list[Fault]:
     where = f"{path}: random"
     known = {"count", "types", "min_step", "max_step", "max_rank"}
     if not isinstance(rand, dict) or "max_step" not in rand or set(rand) - known:
@@ -183,7 +184,7 @@ def _random_faults(rand: Any, seed: Any, faults: list[Fault], path: Path) -> lis
     slots = (hi - lo + 1) * (max_rank + 1) - len(faults)
     if count > slots:
         raise FaultSpecError(f"{where}: {count} random faults do not fit {slots} free (step, rank) slots")
-    rng = random.Random(_int_field(seed, f"{path}: seed"))
+    rng = random.Random(seed)
     taken = {(f.step, f.rank) for f in faults}
     out = []
     for _ in range(count):
