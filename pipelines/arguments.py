@@ -236,7 +236,8 @@ def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any]) 
     spec = backends.job_spec_for(
         ref, run_id=PLACEHOLDER_RUN_ID, launcher=launcher, config=config, nodes=values["nodes"],
         gpus_per_node=values["gpus_per_node"], procs_per_node=values["procs_per_node"], image=values["trainer_image"],
-        service_account=values.get("service_account", ""),
+        service_account=values.get("service_account", ""), efa_per_node=values.get("efa_per_node", 0),
+        node_selector=values.get("node_selector") or None, tolerations=values.get("tolerations") or None,
     )
     if spec is None:  # local: the cluster job checked these and the schedule against its world; here the local one
         if not 1 <= values["nodes"] <= jobshape.MAX_NODES:  # unused by local, but never meant as written

@@ -88,6 +88,9 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         procs_per_node: int = 0,
         trainer_image: str = COMPILED_TRAINER_IMAGE,
         service_account: str = TRAINER_SERVICE_ACCOUNT,
+        efa_per_node: int = 0,
+        node_selector: dict = {},  # noqa: B006
+        tolerations: list = [],  # noqa: B006
         namespace: str = "",
         local_root: str = "runs",
         pvc_name: str = "",
@@ -132,6 +135,12 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
                 time, else the release's trainer image).
             service_account: Service account of the worker pods for launcher=pytorchjob or trainjob (manifests/rbac
                 makes it, with no API token mounted); empty: the namespace's default.
+            efa_per_node: EFA interfaces per worker pod (vpc.amazonaws.com/efa) for launcher=pytorchjob or trainjob;
+                0: none.
+            node_selector: Node labels the worker pods need, e.g. {"node.kubernetes.io/instance-type":
+                "p5.48xlarge"}.
+            tolerations: Worker pod tolerations, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists",
+                "effect": "NoSchedule"}].
             namespace: Kubernetes namespace of the claim and the job (pvc, fsx, pytorchjob, trainjob).
             local_root: Parent directory of run directories for storage=local.
             pvc_name: Existing claim for storage=pvc.
@@ -175,7 +184,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
                 inprocess=inprocess, ft_launcher=ft_launcher, train_overrides=train_overrides, task=task,
                 task_args=task_args, nodes=nodes,
                 gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=trainer_image,
-                service_account=service_account,
+                service_account=service_account, efa_per_node=efa_per_node, node_selector=node_selector,
+                tolerations=tolerations,
             ).set_display_name("train (NVRx)")
             side_effecting(trained, LAUNCH_RETRY if retries else None)
             run_dir = trained.outputs["run_dir"]

@@ -813,3 +813,42 @@ def test_a_package_that_is_not_yaml_is_one_line(cli, server, tmp_path):
     code, _, err = cli("upload", "--host", server.url, "--package", tmp_path / "bad.yaml")
     assert code == 2 and err.startswith(f"error: cannot read pipeline package {tmp_path / 'bad.yaml'}: ") and \
         err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("name", ["efa_per_node", "node_selector", "tolerations"])
+def test_the_pipeline_passes_the_worker_pods_placement_to_the_launch_step(tmp_path, name):
+    # The launch step had them, the pipeline did not: worker pods could not ask for EFA or GPU nodes (stranger trial).
+    from resilient_training.pipelines.resilient_training import resilient_training as pipeline
+
+    compiled = compile_pipeline("resilient-training", pipeline, tmp_path / "rt.yaml")
+    inner = compiled.spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["launch-training"]
+    assert inner["inputs"]["parameters"][name] == {"componentInputParameter": f"pipelinechannel--{name}"}
+
+
+@pytest.mark.parametrize(("param", "message"), [
+    ('node_selector={"node.kubernetes.io/instance-type": 5}', "labels and values are strings"),
+    ('node_selector={"bad key!": "x"}', "node selector key"),
+    ('node_selector=["p5"]', "parameter 'node_selector' must be a JSON object"),
+    ('tolerations={"key": "nvidia.com/gpu"}', "parameter 'tolerations' must be a JSON"),
+    ('tolerations=["nvidia.com/gpu"]', "a toleration is a mapping"),
+    ('tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "x": 1}]',
+     "unknown fields"),
+    ('tolerations=[{"key": "a", "tolerationSeconds": "60"}]', "tolerationSeconds must be an integer"),
+    ("efa_per_node=33", "efa_per_node must be between 0 and 32"),
+])
+def test_worker_pod_placement_is_checked_before_the_run_is_created(cli, server, param, message):
+    code, _, err = cli("submit", "--host", server.url, "--package", *OK_PARAMS, "--param", param)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert server.requests == []
+
+
+def test_worker_pod_placement_reaches_the_server(cli, server):
+    code, _, err = cli("submit", "--host", server.url, "--package", *OK_PARAMS, "--param", "efa_per_node=32",
+                       "--param", 'node_selector={"node.kubernetes.io/instance-type": "p5.48xlarge"}',
+                       "--param", 'tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]')
+    assert code == 0, err
+    [run] = server.runs.values()
+    parameters = run["runtime_config"]["parameters"]
+    assert parameters["efa_per_node"] == 32
+    assert parameters["node_selector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    assert parameters["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]

@@ -54,6 +54,10 @@ def job_spec_for(
         return None
     if not ref.shared:
         raise ValueError(f"launcher {launcher!r} needs storage every pod can mount (pvc or fsx), got {ref.backend!r}")
+    if not isinstance(node_selector, dict | None):  # a pipeline's JSON parameter
+        raise ValueError(f"node_selector must be a mapping of node label to value, got {node_selector!r}")
+    if not isinstance(tolerations, list | None):
+        raise ValueError(f"tolerations must be a list of tolerations, got {tolerations!r}")
     return jobshape.JobSpec(
         kind=launcher, name=jobshape.job_name_for_run(run_id), namespace=ref.namespace, train=config, storage=ref,
         image=image or images.TRAINER_IMAGE, nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node,

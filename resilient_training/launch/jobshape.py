@@ -225,6 +225,8 @@ def validate(spec: JobSpec) -> None:
     if not run_dir.startswith(mount + "/"):
         raise ValueError(f"run_dir {spec.train.run_dir!r} must lie under the storage mount {mount!r}")
     for key, value in spec.node_selector.items():
+        if not isinstance(key, str) or not isinstance(value, str):  # from a pipeline's JSON parameter
+            raise ValueError(f"node selector {{{key!r}: {value!r}}}: labels and values are strings")
         k8s_names.check_label_key(key, "node selector key")
         k8s_names.check_label_value(value, f"node selector value for {key!r}")
     for tol in spec.tolerations:
@@ -296,10 +298,18 @@ def _check_faults(spec: JobSpec) -> None:
 
 
 def _check_toleration(tol: dict[str, Any]) -> None:
+    if not isinstance(tol, dict):  # from a pipeline's JSON parameter
+        raise ValueError(f"a toleration is a mapping (key, operator, value, effect), got {tol!r}")
     unknown = set(tol) - {"key", "operator", "value", "effect", "tolerationSeconds"}
     if unknown:
         raise ValueError(f"toleration {tol} has unknown fields {sorted(unknown)}")
     operator = tol.get("operator", "Equal")
+    for name in ("key", "operator", "value", "effect"):
+        if not isinstance(tol.get(name, ""), str):
+            raise ValueError(f"toleration {tol}: {name} must be a string")
+    seconds = tol.get("tolerationSeconds")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+        raise ValueError(f"toleration {tol}: tolerationSeconds must be an integer")
     if operator not in ("Equal", "Exists"):
         raise ValueError(f"toleration operator must be Equal or Exists, got {operator!r}")
     if operator == "Exists" and tol.get("value"):
