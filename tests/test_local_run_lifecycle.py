@@ -55,10 +55,13 @@ def scratch() -> Iterator[Path]:
 def _start(tmp_path: Path, scratch: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     marker = uuid.uuid4().hex
     env = {**os.environ, MARKER: marker, "TMPDIR": str(scratch)}
-    # Its own session: the test can send SIGINT to its group as a terminal's Ctrl-C would.
+    # Its own session: the test can send SIGINT to its group as a terminal's Ctrl-C would. SIGINT
+    # as a terminal leaves it: a suite started in the background (`cmd &`) inherits it ignored, and
+    # the Ctrl-C test's run then trained to its end (CI, one clean clone).
     proc = subprocess.Popen([sys.executable, "-m", "resilient_training.cli", "run", "--output-dir",
                              str(tmp_path / "out"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT, start_new_session=True)
+                            text=True, env=env, cwd=ROOT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return proc, marker
 
 
