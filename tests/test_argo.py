@@ -374,6 +374,8 @@ def test_provision_step_takes_arguments_literally_and_writes_its_outputs(tmp_pat
     (["check_convergence", "run_dir=/r", "max_final_loss=nan"], "'max_final_loss' must be a number"),
     (["launch_training", "storage_ref={}", "run_id=r", "steps=4.5"], "'steps' must be an integer"),
     (["launch_training", "storage_ref={}", "run_id=r", "train_overrides=[1]"], "must be a JSON object"),
+    (["launch_training", "storage_ref={}", "run_id=r", 'tolerations={"a": 1}'], "'tolerations' must be a JSON list"),
+    (["launch_training", "storage_ref={}", "run_id=r", "node_selector=[1]"], "'node_selector' must be a JSON object"),
     # A gate threshold nothing checked before the run, or a missing run: a traceback after training (stranger trial).
     (["check_convergence", "run_dir=RUN", "max_final_loss=0.6", "min_improvement=-0.5"],
      "min_improvement must be a finite number in [0, 1)"),

@@ -130,7 +130,7 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
             "storage_ref": Output("provision-storage", "storage_ref"), "run_id": RunId(),
             **_params("launcher", "steps", "checkpoint_every", "faults", "async_checkpoint", "inprocess",
                       "ft_launcher", "train_overrides", "task", "task_args", "nodes", "gpus_per_node",
-                      "procs_per_node"),
+                      "procs_per_node", "efa_per_node", "node_selector", "tolerations"),
             "image": Param("trainer_image"), "service_account": Param("service_account"),
         }, claim=claim, depends="provision-storage"),
         Step("validate-checkpoint", "validate_checkpoint", {"run_dir": run_dir},
