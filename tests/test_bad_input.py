@@ -151,6 +151,14 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-promote-to-inside-a-run", ["run", "--output-dir", "{work}/o", "--promote-to", "{work}/o/runs/{run_id}/m"],
      "is inside or around"),
     ("run-promote-to-output-dir", ["run", "--output-dir", "{work}/o", "--promote-to", "{work}/o"], "is inside or around"),
+    # stranger trial: these passed the preflight, then promotion found them filled by the run
+    ("run-promote-to-logs", ["run", "--output-dir", "{work}/o", "--promote-to", "{work}/o/logs"],
+     "which the run fills itself"),
+    ("run-promote-to-kfp-outputs", ["run", "--output-dir", "{work}/o", "--promote-to", "{work}/o/kfp/x"],
+     "which the run fills itself"),
+    ("run-local-dir-unusable", ["run", "--train-overrides",
+                                '{"local_checkpoint_every": 5, "local_checkpoint_dir": "/proc/rt-no-such"}'],
+     "cannot hold the node-local tier"),
     ("run-promote-to-uppercase-s3", ["run", "--promote-to", "S3://models/x"], "(lowercase s3://)"),
     # stranger trial: a 1-step run trained, then its gate could never pass (one step is both windows)
     ("run-one-step-cannot-converge", ["run", "--steps", "1", "--faults", ""], "min_improvement 0.1 can never pass"),

@@ -90,6 +90,11 @@ def _assert_nothing_left(marker: str, scratch: Path, run_dir: Path, within: floa
     assert not left, "left running:\n" + "\n".join(left)
     assert _temporary_dirs(scratch) == []
     assert not _worker_records(run_dir).exists()
+    assert _tier_folders(run_dir) == []  # the node-local tier's copies stayed in /dev/shm (stranger trial)
+
+
+def _tier_folders(run_dir: Path) -> list[Path]:
+    return sorted(_worker_records(run_dir).parent.glob(_worker_records(run_dir).name.replace("-workers", "-*")))
 
 
 def _worker_records(run_dir: Path) -> Path:
@@ -105,9 +110,14 @@ def test_a_signal_to_run_stops_everything_it_started_with_one_line(tmp_path: Pat
     """SIGTERM to `run`'s pid alone (a supervisor, `kill PID`) left the executor, the launcher and
     the workers training on; Ctrl-C printed kfp.local's KeyboardInterrupt traceback.
     """
-    proc, marker = _start(tmp_path, scratch, "--steps", "200", "--faults", "")
+    proc, marker = _start(tmp_path, scratch, "--steps", "200", "--faults", "",
+                          "--train-overrides", '{"local_checkpoint_every": 3}')
     try:
         run_dir = _wait_training(tmp_path / "out")
+        deadline = time.monotonic() + 60
+        while not [p for p in _tier_folders(run_dir) if not p.name.endswith("-workers")]:
+            assert time.monotonic() < deadline, "no node-local save in 60 s"
+            time.sleep(0.2)
         if signum == signal.SIGINT:
             os.killpg(proc.pid, signum)  # the terminal sends Ctrl-C to the foreground group
         else:
@@ -174,3 +184,23 @@ def test_a_promote_to_where_nothing_can_be_made_is_refused_before_training(tmp_p
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "--promote-to /proc/rt-x: cannot create a file in /proc" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_once_the_pipeline_had_ended_does_not_say_nothing_was_started(monkeypatch: pytest.MonkeyPatch,
+                                                                             capsys: pytest.CaptureFixture[str],
+                                                                             tmp_path: Path) -> None:
+    """A stranger trial pressed Ctrl-C while the summary was being made: the model had been promoted,
+    and `run` said "nothing was started"."""
+    from resilient_training.cli import local
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local, "_RAN", [])
+    assert local._guard(interrupted)(None) == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C): nothing was started\n"
+    monkeypatch.setattr(local, "_RAN", [tmp_path])
+    assert local._guard(interrupted)(None) == 130
+    err = capsys.readouterr().err
+    assert err.startswith(f"interrupted (Ctrl-C) after the pipeline had ended: its outputs are in {tmp_path} ")
+    assert err.count("\n") == 1

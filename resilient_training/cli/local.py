@@ -143,14 +143,16 @@ def _execute(pipeline: str, kwargs: dict[str, Any], *, output: Path, log_path: P
         except (KeyboardInterrupt, cancel.Cancelled) as exc:
             _stop_host(proc)
             how = ("Ctrl-C", 128 + signal.SIGINT) if isinstance(exc, KeyboardInterrupt) else ("SIGTERM", exc.code)
-            raise Interrupted(f"interrupted ({how[0]}): stopped the pipeline and the training it started; "
-                              f"what it wrote so far is in {output}", int(how[1] or 1)) from None
+            wrote = f"what it wrote so far is in {output}" if output.exists() else "it had written nothing yet"
+            raise Interrupted(f"interrupted ({how[0]}): stopped the pipeline and the training it started; {wrote}",
+                              int(how[1] or 1)) from None
         result = scratch / "result.json"
         if result.is_file():
             return Execution(**json.loads(result.read_text()))
         return Execution(f"the local runner exited with code {code} before it finished (see {log_path})", {}, {})
     finally:
         _clean_leftovers(spec)
+        _RAN.append(output)  # a Ctrl-C from here on is not "before anything started"
 
 
 def _stop_host(proc: subprocess.Popen[bytes]) -> None:
@@ -169,8 +171,8 @@ def _stop_host(proc: subprocess.Popen[bytes]) -> None:
 
 def _clean_leftovers(spec: dict[str, Any]) -> None:
     """Remove what the run owns and nothing reads any more: the scratch directory, and the worker
-    pid records (``<node-local tier>/<run key>-workers``) of the runs it made, which a worker
-    removes only at a completed end (killed or failed runs left them in /dev/shm).
+    pid records (``<node-local tier>/<run key>-workers``) and node-local tier folders of the runs it
+    made, which a worker removes only at a completed end (killed or failed runs left them in /dev/shm).
     """
     shutil.rmtree(spec["scratch"], ignore_errors=True)
     from resilient_training.run import config as cfg
@@ -183,7 +185,10 @@ def _clean_leftovers(spec: dict[str, Any]) -> None:
             if run_dir.stat().st_mtime < spec["started"] or _in_use(run_dir):
                 continue
             config = cfg.from_dict({**spec["overrides"], "run_dir": str(run_dir)})
-            shutil.rmtree(local_tier_base(config) / f"{run_key(str(run_dir))}-workers", ignore_errors=True)
+            # The workers' records, and the node-local tier's folders (<key>-<lineage>: copies of saves
+            # whose persistent checkpoints are in the run directory), which only a completed end removed.
+            for folder in local_tier_base(config).glob(f"{run_key(str(run_dir))}-*"):
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _in_use(run_dir: Path) -> bool:
@@ -522,6 +527,12 @@ def _promotion_dest(given: str | None, default: Path, *, runs_root: Path) -> str
     if sample == runs or runs in sample.parents or sample in runs.parents:
         raise UsageError(f"--promote-to {given!r} is inside or around {runs}, where each run gets its directory "
                          f"(promotion refuses a place in its own run): promote beside it, e.g. {runs.parent}/promoted")
+    # The run fills these itself (the runner's logs, kfp.local's outputs): promotion would find them
+    # not empty after training (a stranger trial).
+    for filled in (runs.parent / "logs", runs.parent / "kfp"):
+        if sample == filled or filled in sample.parents:
+            raise UsageError(f"--promote-to {given!r} is inside {filled}, which the run fills itself: promote "
+                             f"beside it, e.g. {runs.parent}/promoted")
     _check_dest_free(given)
     return str(path)
 
@@ -675,6 +686,9 @@ def _add_common(parser: argparse.ArgumentParser, *, steps: int, every: int, faul
                         help="a setting passed to the task (repeatable)")
 
 
+_RAN: list[Path] = []  # the output directories of the pipelines this process has run
+
+
 def _guard(func: Any) -> Any:
     def wrapped(args: argparse.Namespace) -> int:
         try:
@@ -685,8 +699,12 @@ def _guard(func: Any) -> Any:
         except Interrupted as exc:
             print(str(exc), file=sys.stderr)
             return exc.code
-        except KeyboardInterrupt:  # before anything started (the checks)
-            print("interrupted (Ctrl-C): nothing was started", file=sys.stderr)
+        except KeyboardInterrupt:  # in the checks, or once the pipeline had ended (the summary)
+            if _RAN:
+                print(f"interrupted (Ctrl-C) after the pipeline had ended: its outputs are in {_RAN[-1]} (the "
+                      "summary was not printed)", file=sys.stderr)
+            else:
+                print("interrupted (Ctrl-C): nothing was started", file=sys.stderr)
             return 128 + signal.SIGINT
 
     return wrapped

@@ -29,33 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_main)
 
 
-def _check_local_dir(config: cfg.TrainConfig) -> None:
-    """The node-local tier's directory (on this machine) can be created and written, before any
-    worker starts. A stranger trial gave a regular file: each rank failed on its own, the
-    in-process layer retried 8 times and the run ended after 40 s on a store timeout that hid
-    the cause.
-    """
-    import tempfile
-    from pathlib import Path
-
-    if not config.checkpoint.local_every:
-        return
-    path = Path(config.checkpoint.local_dir or "/dev/shm/resilient-training")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        raise ValueError(f"--local-checkpoint-dir {path} cannot hold the node-local tier: "
-                         f"{exc.strerror or exc}") from None
-
-
 def _main(args: argparse.Namespace) -> int:
     try:
         config = cfg.from_namespace(args)
         config.task = cfg.absolute_task(config.task)  # the workers may start in another directory
         config.faults = cfg.absolute_faults(config.faults)
-        _check_local_dir(config)
         if args.nodes is None:
             result = run_local(config, nproc=args.nproc)
         else:

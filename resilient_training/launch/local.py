@@ -72,7 +72,28 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
     except fmt.CheckpointError as exc:
         raise LaunchError(str(exc)) from None
     check_task(config, world_size=world_size)
+    check_local_dir(config)
     return schedule
+
+
+def check_local_dir(config: cfg.TrainConfig) -> None:
+    """The node-local tier's directory (on this machine) can be created and written, before any
+    worker starts. A stranger trial gave a regular file: each rank failed on its own, the
+    in-process layer retried 8 times and the run ended after 40 s on a store timeout that hid
+    the cause (and `run` trained 30 s into the same, after `train` had been fixed alone).
+    """
+    import tempfile
+
+    if not config.checkpoint.local_every:
+        return
+    path = Path(config.checkpoint.local_dir or "/dev/shm/resilient-training")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise LaunchError(f"--local-checkpoint-dir {path} cannot hold the node-local tier: "
+                          f"{exc.strerror or exc}") from None
 
 
 def check_same_task(config: cfg.TrainConfig, run_dir: Path) -> None:
