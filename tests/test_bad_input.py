@@ -134,6 +134,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-max-final-loss-zero", ["run", "--max-final-loss", "0"], "--max-final-loss must be a finite number > 0"),
     ("run-promote-to-no-bucket", ["run", "--promote-to", "s3://"], "names no valid bucket"),
     ("run-promote-to-bad-bucket", ["run", "--promote-to", "s3://Bad_Bucket/x"], "names no valid bucket"),
+    # stranger trial: the message quoted the URL with a sample run id in place of {run_id}
+    ("run-promote-to-bad-bucket-run-id", ["run", "--promote-to", "s3://m/{run_id}"],
+     "'s3://m/{run_id}' names no valid bucket"),
+    ("run-export-unknown", ["run", "--export", "onnx"], "choose dcp, torch, safetensors, hf"),
     ("run-promote-to-dotdot", ["run", "--promote-to", "s3://models/a/../b"], "'..' part"),
     ("run-promote-to-ftp", ["run", "--promote-to", "ftp://host/x"], "only a directory or s3://"),
     ("run-promote-to-under-file", ["run", "--promote-to", "{file}/m"], "is a file, not a directory"),

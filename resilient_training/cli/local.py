@@ -335,8 +335,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     task = _task_settings(args.task, args.task_arg)
-    if args.export not in ("", "dcp", "torch", "safetensors", "hf"):
-        raise UsageError(f"--export {args.export!r}: choose safetensors, torch or hf")
+    from resilient_training.gates.export import FORMATS
+
+    if args.export not in ("", *FORMATS):
+        raise UsageError(f"--export {args.export!r}: choose {', '.join(FORMATS)} (dcp: the checkpoint as promoted)")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     promote_to = _promotion_dest(args.promote_to, output / "promoted" / stamp, runs_root=output / "runs")
     kwargs: dict[str, Any] = dict(
@@ -653,7 +655,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--promote-to", default=None, help="promotion directory or s3://bucket/prefix "
                         "({run_id} in it: the run's id; default OUTPUT/promoted/<time>)")
     parser.add_argument("--export", default="", metavar="FORMAT",
-                        help="also export the promoted model: safetensors, torch or hf (inside the promotion directory)")
+                        help="also export the promoted model: safetensors, torch or hf (inside the promotion directory; "
+                             "dcp: the promoted checkpoint itself, nothing more)")
     parser.add_argument("--min-improvement", type=float, default=0.1, help="convergence gate: relative improvement")
     parser.add_argument("--max-final-loss", type=float, default=None,
                         help="convergence gate: the final window's mean loss must be below this (default: derived "

@@ -235,7 +235,11 @@ def check_dest_text(dest: str) -> str:
     if dest.startswith("s3://"):  # a bad URL is a usage error before the checkpoint is even read
         if RUN_ID_FIELD in dest.removeprefix("s3://").partition("/")[0]:
             raise PromotionUsageError(f"DEST {dest!r}: {RUN_ID_FIELD} belongs in the prefix, not the bucket name")
-        parse_s3(dest.replace(RUN_ID_FIELD, _SAMPLE_RUN_ID))
+        sample = dest.replace(RUN_ID_FIELD, _SAMPLE_RUN_ID)
+        try:
+            parse_s3(sample)
+        except PromotionUsageError as exc:  # name DEST as given, not with the sample id in it
+            raise PromotionUsageError(str(exc).replace(sample, dest)) from None
     return dest
 
 
