@@ -204,3 +204,18 @@ def test_ctrl_c_once_the_pipeline_had_ended_does_not_say_nothing_was_started(mon
     err = capsys.readouterr().err
     assert err.startswith(f"interrupted (Ctrl-C) after the pipeline had ended: its outputs are in {tmp_path} ")
     assert err.count("\n") == 1
+
+
+def test_an_s3_dest_without_aws_credentials_is_refused_before_training(tmp_path: Path) -> None:
+    """A stranger trial trained a whole run, then its promotion to s3:// failed for want of credentials."""
+    none = str(tmp_path / "none")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_CONFIG_FILE": none, "AWS_SHARED_CREDENTIALS_FILE": none}
+    done = subprocess.run([sys.executable, "-m", "resilient_training.cli", "run", "--output-dir", str(tmp_path / "o"),
+                           "--promote-to", "s3://my-bucket/models/x"], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == ("error: --promote-to s3://my-bucket/models/x: no AWS credentials found (environment, "
+                           "profile or instance role), which the promote step needs: set them, or promote to a "
+                           "directory\n")
+    assert not (tmp_path / "o").exists()

@@ -516,6 +516,7 @@ def _promotion_dest(given: str | None, default: Path, *, runs_root: Path) -> str
     except PromotionUsageError as exc:
         raise UsageError(f"--promote-to: {exc}") from None
     if given.startswith("s3://"):  # check_dest_text refused any other URL
+        _check_aws_credentials(given)
         return given
     from resilient_training.run.paths import check_writable
 
@@ -537,6 +538,23 @@ def _promotion_dest(given: str | None, default: Path, *, runs_root: Path) -> str
                              f"beside it, e.g. {runs.parent}/promoted")
     _check_dest_free(given)
     return str(path)
+
+
+def _check_aws_credentials(dest: str) -> None:
+    """The promote step on this machine will need AWS credentials for an s3:// DEST: none found is
+    known now, not after the training (a stranger trial). Nothing is sent: the chain only looks
+    (variables, profiles, SSO cache, instance or container metadata).
+    """
+    import boto3
+    import botocore.exceptions
+
+    try:
+        found = boto3.Session().get_credentials() is not None
+    except botocore.exceptions.BotoCoreError as exc:  # a broken profile or config file
+        raise UsageError(f"--promote-to {dest}: the AWS configuration cannot be read: {exc}") from None
+    if not found:
+        raise UsageError(f"--promote-to {dest}: no AWS credentials found (environment, profile or instance role), "
+                         "which the promote step needs: set them, or promote to a directory")
 
 
 def _promotion_record(dest: str) -> dict[str, Any] | None:
