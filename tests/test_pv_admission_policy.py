@@ -1,7 +1,8 @@
 """manifests/rbac/pv-admission-policy.yaml: its CEL, evaluated with cel-python (celpy) the way the API
 server applies a ValidatingAdmissionPolicy, against the PV provision_storage creates and against
 attacks (hostPath, another driver, no label, reclaim Delete, a foreign claim namespace, DELETE of a
-foreign PV through oldObject, another service account)."""
+foreign PV through oldObject, another service account, CSI secret refs, a Lustre server other than the
+FSx file system volumeHandle names, mount options other than flock)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,41 @@ ATTACKS = {
     "no claimRef (any claim could bind it)": (_changed(spec__claimRef=None), "pre-bound (claimRef)"),
     "a namespace that only starts like ours": (our_pv(namespace="team"), "pre-bound (claimRef)"),
 }
+# Stranger trial 6 (finding 4): an FSx PV that passed the rules above could still carry a CSI secret
+# ref (the kubelet hands another namespace's secret to the node plugin), mount any Lustre server
+# (the driver mounts dnsname@tcp:/mountname), or set any mount options.
+_KUBE_SYSTEM_SECRET = {"name": "aws-creds", "namespace": "kube-system"}
+SECRET_REFS = ["nodePublishSecretRef", "nodeStageSecretRef", "controllerPublishSecretRef",
+               "controllerExpandSecretRef", "nodeExpandSecretRef"]
+_NO_SECRETS = "must not reference secrets"
+_FSX_TARGET = "must mount the FSx file system its volumeHandle names"
+_MOUNT_OPTIONS = "mount options other than flock"
+_OURS = our_pv()["spec"]["csi"]["volumeAttributes"]
+ATTACKS.update({
+    **{f"CSI {ref} -> a kube-system secret": (_changed(**{f"spec__csi__{ref}": _KUBE_SYSTEM_SECRET}), _NO_SECRETS)
+       for ref in SECRET_REFS},
+    "dnsname: any Lustre server":
+        (_changed(spec__csi__volumeAttributes={"dnsname": "evil.example.com", "mountname": "x"}), _FSX_TARGET),
+    "dnsname: an FSx-like name under another domain": (_changed(spec__csi__volumeAttributes={
+        **_OURS, "dnsname": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com.evil.example.com"}), _FSX_TARGET),
+    "dnsname: another server before the FSx name (a Lustre NID list)": (_changed(spec__csi__volumeAttributes={
+        **_OURS, "dnsname": "10.0.0.1@tcp:fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com"}), _FSX_TARGET),
+    "dnsname: another FSx file system than volumeHandle": (_changed(spec__csi__volumeAttributes={
+        **_OURS, "dnsname": "fs-0fedcba9876543210.fsx.us-east-1.amazonaws.com"}), _FSX_TARGET),
+    "volumeHandle: not an FSx id": (_changed(spec__csi__volumeHandle="evil.example.com"), _FSX_TARGET),
+    "no volumeAttributes": (_changed(spec__csi__volumeAttributes=None), _FSX_TARGET),
+    "no dnsname": (_changed(spec__csi__volumeAttributes={"mountname": "abcdefgh"}), _FSX_TARGET),
+    "no mountname": (_changed(spec__csi__volumeAttributes={"dnsname": _OURS["dnsname"]}), _FSX_TARGET),
+    "mountname: a path out of the file system root": (_changed(spec__csi__volumeAttributes={
+        **_OURS, "mountname": "abcdefgh/../x"}), _FSX_TARGET),
+    "mountname with a mount option smuggled in": (_changed(spec__csi__volumeAttributes={
+        **_OURS, "mountname": "abcdefgh,user_xattr"}), _FSX_TARGET),
+    "a volume attribute the product does not set": (_changed(spec__csi__volumeAttributes={
+        **_OURS, "extra": "x"}), _FSX_TARGET),
+    "arbitrary mountOptions": (_changed(spec__mountOptions=["flock", "user_xattr", "noexec=0"]), _MOUNT_OPTIONS),
+    "mount options through the beta annotation (the kubelet still honours it)": (_changed(
+        metadata__annotations={"volume.beta.kubernetes.io/mount-options": "flock,user_xattr"}), _MOUNT_OPTIONS),
+})
 
 
 def test_the_pv_provision_storage_creates_is_admitted_and_deleted():
@@ -120,10 +156,49 @@ def test_attacking_pvs_are_refused_with_the_rule_they_break(attack):
     assert message in (admit(_policy(), "CREATE", LAUNCHER, pv) or "admitted")
 
 
-@pytest.mark.parametrize("foreign", ["hostPath instead of the CSI driver", "another CSI driver", "no labels at all"])
+@pytest.mark.parametrize("foreign", ["hostPath instead of the CSI driver", "another CSI driver", "no labels at all",
+                                     "CSI nodePublishSecretRef -> a kube-system secret", "dnsname: any Lustre server",
+                                     "arbitrary mountOptions"])
 def test_deleting_a_foreign_pv_is_refused_through_old_object(foreign):
     pv, message = ATTACKS[foreign]
     assert message in (admit(_policy(), "DELETE", LAUNCHER, pv) or "admitted")
+
+
+@pytest.mark.parametrize("attack", [a for a in ATTACKS if a.startswith(("CSI ", "dnsname", "mountname", "arbitrary mount"))])
+def test_the_kubeflow_profile_overlay_refuses_the_same_attacks(attack):
+    pv, message = ATTACKS[attack]
+    editor = "system:serviceaccount:kubeflow-user-example-com:default-editor"
+    assert message in (admit(_policy("overlays/kubeflow-profile"), "CREATE", editor, _in_namespace(
+        pv, "kubeflow-user-example-com")) or "admitted")
+
+
+def _in_namespace(pv: dict, namespace: str) -> dict:
+    pv = copy.deepcopy(pv)
+    pv["spec"]["claimRef"]["namespace"] = namespace
+    return pv
+
+
+@pytest.mark.parametrize("overlay, username, namespace", [
+    ("base", LAUNCHER, "team-a"),
+    ("overlays/kubeflow-profile", LAUNCHER, "team-a"),
+    ("overlays/kubeflow-profile", "system:serviceaccount:kubeflow-user-example-com:default-editor",
+     "kubeflow-user-example-com"),
+])
+@pytest.mark.parametrize("dns_name", [
+    "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
+    "fs-0123456789abcdef0.fsx.cn-north-1.amazonaws.com.cn",
+    "fs-0123456789abcdef0.fsx.us-gov-west-1.amazonaws.com",
+])
+def test_what_provision_storage_creates_is_admitted_in_every_partition(overlay, username, namespace, dns_name):
+    """our_pv() without relying on CEL errors: admit() reports an error as a denial."""
+    policy = _policy(overlay)
+    pv = volumes.pv_manifest(name="rt-x-pv", claim="rt-x-data", namespace=namespace, fs_id="fs-0123456789abcdef0",
+                             dns_name=dns_name, mount_name="abcdefgh", capacity_gib=1200, labels=volumes.LABELS)
+    assert admit(policy, "CREATE", username, pv) is None
+    assert admit(policy, "DELETE", username, pv) is None
+    scratch_1 = copy.deepcopy(pv)  # SCRATCH_1 file systems report MountName "fsx"
+    scratch_1["spec"]["csi"]["volumeAttributes"]["mountname"] = "fsx"
+    assert admit(policy, "CREATE", username, scratch_1) is None
 
 
 @pytest.mark.parametrize("overlay, username", [
@@ -174,3 +249,22 @@ def test_updates_are_not_matched_because_rbac_grants_none():
     # The ClusterRole grants create/get/delete only: update/patch of a PV is refused before admission.
     [role] = [d for d in kustomize("base") if d["kind"] == "ClusterRole"]
     assert {verb for rule in role["rules"] for verb in rule["verbs"]} == {"create", "get", "delete"}
+
+
+def _cluster_scoped(path: str) -> dict[tuple[str, str], dict]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in kustomize(path) if "namespace" not in d["metadata"]}
+
+
+def test_base_and_the_kubeflow_profile_overlay_can_both_be_installed():
+    """A stranger trial (finding 17): the overlay's ClusterRoleBinding and policy had base's names, so
+    applying it after base replaced them and base's launcher lost its PV rights. No cluster-scoped name
+    is shared, not even the (identical) ClusterRole: deleting the overlay would take it from base."""
+    base, profile = _cluster_scoped("base"), _cluster_scoped("overlays/kubeflow-profile")
+    kinds = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert {kind for kind, _ in profile} == kinds
+    assert not set(base) & set(profile), set(base) & set(profile)
+    [binding] = [d for (kind, _), d in profile.items() if kind == "ClusterRoleBinding"]
+    assert ("ClusterRole", binding["roleRef"]["name"]) in profile
+    assert {(s["namespace"], s["name"]) for s in binding["subjects"]} == {
+        ("kubeflow-user-example-com", "resilient-training-launcher"), ("kubeflow-user-example-com", "default-editor")}
+
