@@ -458,6 +458,16 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--cron-param", "pvc_name=data", "--cron-param", "promote_to=s3://Models/x"],
      "promote_to: 's3://Models/x' names no valid bucket"),
     (["--cron-param", "nodes=1_0"], "input 'nodes' must be an integer, got '1_0'"),
+    # Stranger trial 6: numbers were stripped, strings kept their blank; refused as KFP's --param refuses them.
+    (["--cron-param", "steps= 40"], "--cron-param: parameter 'steps' value ' 40' has blanks around it"),
+    (["--cron-param", "pvc_name=data", "--cron-param", "region=us-east-1 "],
+     "--cron-param: parameter 'region' value 'us-east-1 ' has blanks around it"),
+    (["--cron-param", "pvc_name=data", "--cron-param", "export=safetensors "], "value 'safetensors ' has blanks"),
+    # Kubernetes' pod validation refuses tolerationSeconds without effect NoExecute (stranger trial 6).
+    (["--cron-param", "pvc_name=data", "--cron-param", "launcher=pytorchjob", "--cron-param",
+      "promote_to=s3://models/{run_id}", "--cron-param",
+      'tolerations=[{"key": "a", "effect": "NoSchedule", "tolerationSeconds": 5}]'],
+     "tolerationSeconds needs effect NoExecute"),
     (["--cron-param", 'task_args={"lr": "1", "lr": "2"}'], "key 'lr' is given twice"),
     # A shipped task is made with the schedule's task_args here, as each worker would make it (stranger trial).
     (["--cron-param", "pvc_name=data", "--cron-param", 'task_args={"d_model": "abc"}'],

@@ -274,7 +274,7 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
         # Found by the next stranger trial: each passed the first version of the check.
         ([], "storage 'local' is a directory on one machine"),
         (["storage=pvc", "pvc_name=data", "launcher=pytorchjob", "promote_to=s3://models/x "],
-         "promote_to: DEST 's3://models/x ' has leading or trailing whitespace"),
+         "parameter 'promote_to' value 's3://models/x ' has blanks around it"),
         (["storage=pvc", "pvc_name=data", "promote_to=promoted"], "promote_to 'promoted' is relative"),
         (["storage=pvc", "pvc_name=data", "promote_to=/mnt/run/runs"], "contains the run directory"),
         (["storage=pvc", "pvc_name=data", "promote_to=/"], "is not on the run's claim (/mnt/run)"),
@@ -296,7 +296,7 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
         (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "train_overrides={\"min_world_size\": 3}"],
          "min_world_size 3 exceeds the world size 2"),
         (["storage=fsx", "fsx_file_system_id=fs-0123456789abcdef0", "region=us-east-1 ", "promote_to=s3://m/x"],
-         "region 'us-east-1 ' is not an AWS region name"),
+         "parameter 'region' value 'us-east-1 ' has blanks around it"),
         (["storage=fsx", "fsx_subnet_id=subnet-1", "fsx_security_group_ids=sg-0123456789abcdef0"],
          "fsx_subnet_id 'subnet-1' is not a subnet id"),
         # A PERSISTENT_2 file system could not be made from the pipeline (no throughput parameter; stranger trial).
@@ -630,6 +630,12 @@ OK_PARAMS = ["--param", "storage=pvc", "--param", "pvc_name=data", "--param", "p
         ("submit", "--run-name", "nightly\n", "--run-name 'nightly\\n' contains a control character"),
         ("submit", "--version", "v1\n", "--version 'v1\\n' contains a control character"),
         ("submit", "--name", "resilient-training ", "--name 'resilient-training ' has blanks around it"),
+        ("submit", "--param", "steps= 40", "parameter 'steps' value ' 40' has blanks around it"),
+        ("submit", "--param", "efa_per_node=3 ", "parameter 'efa_per_node' value '3 ' has blanks around it"),
+        ("submit", "--param", "export=safetensors ", "parameter 'export' value 'safetensors ' has blanks around it"),
+        ("submit", "--param", 'tolerations=[{"key": "a", "effect": "NoSchedule", "tolerationSeconds": 5}]',
+         "--param: toleration {'key': 'a', 'effect': 'NoSchedule', 'tolerationSeconds': 5}: tolerationSeconds needs "
+         "effect NoExecute"),
         ("schedule", "--job-name", "nightly\n", "--job-name 'nightly\\n' contains a control character"),
         ("schedule", "--job-name", "", "--job-name is empty"),  # silently the default name before
         ("schedule", "--experiment", "a\tb", "--experiment 'a\\tb' contains a control character"),
@@ -638,6 +644,15 @@ OK_PARAMS = ["--param", "storage=pvc", "--param", "pvc_name=data", "--param", "p
         ("upload", "--version", " ", "--version is empty"),
         ("runs", "--experiment", "x\n", "--experiment 'x\\n' contains a control character"),
         ("schedules", "--experiment", "x\n", "--experiment 'x\\n' contains a control character"),
+        # Stranger trial 6: each was created on the server.
+        ("upload", "--name", "p\u0085x", "--name 'p\\x85x' contains a control character"),
+        ("submit", "--experiment", "team\udcc3", "--experiment 'team\\udcc3' contains bytes that are not UTF-8"),
+        ("schedule", "--job-name", "n\x85x", "--job-name 'n\\x85x' contains a control character"),
+        ("submit", "--run-name", "r\u202eevil", "--run-name 'r\\u202eevil' contains an invisible format character "
+                                                "(U+202E, RIGHT-TO-LEFT OVERRIDE)"),
+        ("submit", "--experiment", "team\u200b", "--experiment 'team\\u200b' contains an invisible format character"),
+        ("submit", "--experiment", "e" * 2000, "--experiment is 2000 characters long: give at most 128"),
+        ("upload", "--version", "v" * 129, "--version is 129 characters long: give at most 128"),
     ],
 )
 def test_names_sent_to_the_server_are_refused_with_a_newline_blanks_or_empty(cli, server, command, flag, value,

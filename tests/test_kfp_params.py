@@ -26,7 +26,7 @@ def test_inputs_come_from_the_ir_with_defaults_and_descriptions(inputs):
 
 def test_values_are_converted_to_each_inputs_type(inputs):
     params = parse_params(
-        ["run_id=123", "nodes= 3", "tolerance=0.1", "inject_faults=FALSE", "fault_steps=[1, 2]",
+        ["run_id=123", "nodes=3", "tolerance=0.1", "inject_faults=FALSE", "fault_steps=[1, 2]",
          'extra={"a": {"b": 1}}', "backend=a=b"],
         inputs,
     )
@@ -56,6 +56,12 @@ def test_values_are_converted_to_each_inputs_type(inputs):
         (["extra=[1]"], "parameter 'extra' must be a JSON object, got '[1]'"),
         (["extra={bad json"], "parameter 'extra' must be a JSON object"),
         (["nodes=1", "nodes=2"], "parameter 'nodes' is given twice"),
+        # Stranger trial 6: numbers were stripped, strings sent with the blank; one rule for every type now.
+        (["nodes= 3"], "parameter 'nodes' value ' 3' has blanks around it: give nodes=3"),
+        (["tolerance=0.1 "], "parameter 'tolerance' value '0.1 ' has blanks around it"),
+        (["inject_faults=true "], "parameter 'inject_faults' value 'true ' has blanks around it"),
+        (["backend=nccl "], "parameter 'backend' value 'nccl ' has blanks around it"),
+        (["backend= "], "parameter 'backend' value ' ' has blanks around it"),
     ],
 )
 def test_bad_params_are_refused(inputs, items, message):
@@ -67,3 +73,8 @@ def test_bad_params_are_refused(inputs, items, message):
 def test_a_required_input_left_out_is_named(inputs):
     with pytest.raises(ParamError, match=r"missing required parameter\(s\): run_id"):
         parse_params(["nodes=3"], inputs)
+
+
+def test_a_json_values_own_whitespace_is_not_blanks_around_it(inputs):
+    params = parse_params(["run_id=r", "fault_steps= [1, 2] ", 'extra={"a": 1}\n', "backend="], inputs)
+    assert params["fault_steps"] == [1, 2] and params["extra"] == {"a": 1} and params["backend"] == ""

@@ -50,6 +50,15 @@ def test_render_job_writes_a_valid_job(tmp_path, shared_schemas):
     (["--memory", "32Gi", "--shm-size", "64Gi"], "shm_size '64Gi' exceeds memory '32Gi': /dev/shm is memory-backed"),
     (["--env", "K=v\n"], "--env 'K=v\\n': the value contains a control character"),
     (["--service-account", "Bad_SA"], "service account 'Bad_SA' is not a DNS-1123 subdomain"),
+    # Stranger trial 6: int() read Unicode digits; the last of a repeated key won; 'a:' tolerated every effect.
+    (["--nodes", "\u0662"], "argument --nodes: invalid int value: '\u0662'"),  # argparse's own: SystemExit(2)
+    (["--efa", "\u0663"], "argument --efa: invalid int value: '\u0663'"),
+    (["--steps", "\u0664\u0660"], "argument --steps: invalid int value"),
+    (["--efa", "1_0"], "argument --efa: invalid int value: '1_0'"),
+    (["--node-selector", "a=b", "--node-selector", "a=c"], "--node-selector 'a' is given twice (a=b, a=c)"),
+    (["--env", "K=1", "--env", "K=2"], "--env 'K' is given twice"),
+    (["--toleration", "a:"], "toleration 'a:' has no EFFECT after ':'"),
+    (["--toleration", "a=b:"], "toleration 'a=b:' has no EFFECT after ':'"),
 ])
 def test_render_job_refuses_bad_input_with_the_reason(argv, reason, tmp_path, capsys):
     base = {"--name": "ok-job", "--nodes": "2", "--gpus-per-node": "8", "--pvc": "claim"}
@@ -61,7 +70,10 @@ def test_render_job_refuses_bad_input_with_the_reason(argv, reason, tmp_path, ca
         else:
             extra += argv[i:i + 2]
     out = tmp_path / "job.yaml"
-    code = cli.main(["render-job", *[x for kv in flags.items() for x in kv], *extra, "-o", str(out)])
+    try:
+        code = cli.main(["render-job", *[x for kv in flags.items() for x in kv], *extra, "-o", str(out)])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
     assert code == 2
     err = capsys.readouterr().err
     assert reason in err and err.count("\n") == 1, err
@@ -101,3 +113,32 @@ def test_console_script_runs_render_job():
                            "2", "--gpus-per-node", "8", "--pvc", "claim"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout)["kind"] == "PyTorchJob"
+
+
+@pytest.mark.parametrize(("tol", "ok"), [
+    ({"key": "a", "effect": "NoSchedule", "tolerationSeconds": 5}, False),
+    ({"key": "a", "operator": "Exists", "tolerationSeconds": 5}, False),  # no effect
+    ({"key": "a", "effect": "NoExecute", "tolerationSeconds": 2**63}, False),
+    ({"key": "a", "effect": "NoExecute", "tolerationSeconds": 300}, True),
+    ({"key": "a", "effect": "NoExecute", "tolerationSeconds": -1}, True),  # Kubernetes: evict at once
+    ({"key": "a", "effect": "NoExecute", "tolerationSeconds": 0}, True),
+])
+def test_toleration_seconds_only_with_no_execute(tol, ok):
+    from resilient_training.launch import jobshape
+
+    if ok:
+        jobshape._check_toleration(tol)
+    else:
+        with pytest.raises(ValueError, match="tolerationSeconds"):
+            jobshape._check_toleration(tol)
+
+
+def test_ascii_counts_and_a_toleration_without_colon_still_render(capsys):
+    code = cli.main(["render-job", "--name", "j", "--nodes", "2", "--gpus-per-node", "8", "--pvc", "c", "--efa", "3",
+                     "--toleration", "a", "--toleration", "b=c:NoExecute", "-o", "-"])
+    assert code == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["tolerations"] == [{"key": "a", "operator": "Exists"},
+                                  {"key": "b", "operator": "Equal", "value": "c", "effect": "NoExecute"}]
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2

@@ -276,9 +276,17 @@ def cron_arguments(items: list[str]) -> tuple[tuple[str, str], ...]:
 
     """
     from resilient_training.argo.step import StepError, parse_arguments
+    from resilient_training.kfp.params import refuse_blanks
     from resilient_training.pipelines.resilient_training import resilient_training
 
     values = parse_arguments(resilient_training, items)
+    inputs = resilient_training.component_spec.inputs
+    for item in items:  # here, not in parse_arguments: a step's inputs also carry earlier steps' outputs as text
+        name, _, raw = item.partition("=")
+        try:
+            refuse_blanks(name, raw, json_value=inputs[name].type in ("Dict", "List"))
+        except ValueError as exc:
+            raise StepError(str(exc)) from None
     if "storage" in values and values["storage"] not in ARGO_STORAGE:
         raise StepError(f"storage must be one of {', '.join(ARGO_STORAGE)} on Argo, got {values['storage']!r}")
     if values:

@@ -29,13 +29,16 @@ from resilient_training.kfp.compile import DEFAULT_REGISTRY, CompiledPipeline, C
 from resilient_training.kfp.cron import CronError, validate_cron
 from resilient_training.kfp.params import ParamError
 from resilient_training.launch import images, jobshape, k8s_names
-from resilient_training.run.paths import has_control
+from resilient_training.run.paths import control_note, has_control
 
 DEFAULT_EXPERIMENT = "resilient-training"
 DEFAULT_COMPILE_DIR = "compiled"
 ARGO_PIPELINE = argo_workflow.NAME  # the one pipeline --format argo writes
 ARGO_DEFAULT_SCHEDULE = argo_workflow.Schedule()
 MAX_CONCURRENCY_LIMIT = 10  # the KFP API server refuses recurring runs outside 1-10
+# Longest name sent to the server: the KFP backend keeps names in varchar(255) columns (gorm's default) inside
+# unique indexes, and the UI shows far less; a 2000-character experiment was created (stranger trial).
+MAX_NAME_LENGTH = 128
 # -o suffixes that name a file no command here writes (anything else but .yaml/.yml is a directory).
 _FILE_SUFFIXES = (".json",)
 
@@ -171,18 +174,23 @@ def _run(body: Callable[[], int]) -> int:
 
 
 def _check_name(value: str | None, flag: str) -> None:
-    """A name or description sent to the server as typed: refused, as ``--host`` and ``--param`` values are,
-    when empty, with a control character (a pasted newline) or with blanks around it (stranger trial:
-    a newline-ended experiment was created, then `runs --experiment team-a` could not find it).
+    """A name sent to the server as typed: refused, as ``--host`` and ``--param`` values are, when empty,
+    with a control character (a pasted newline, C1's U+0085), an invisible format character (a bidi
+    override, a zero-width space), bytes that are not UTF-8, blanks around it, or past
+    :data:`MAX_NAME_LENGTH` characters (stranger trials: a newline-ended experiment was created, then
+    `runs --experiment team-a` could not find it; 'r\u202eevil' showed in the UI as another name).
     """
     if value is None:
         return
     if not value.strip():
         raise _InputError(f"{flag} is empty")
     if has_control(value):
-        raise _InputError(f"{flag} {value!r} contains a control character (a newline?)")
+        raise _InputError(f"{flag} {value!r} contains {control_note(value)}")
     if value != value.strip():
         raise _InputError(f"{flag} {value!r} has blanks around it")
+    if len(value) > MAX_NAME_LENGTH:
+        raise _InputError(f"{flag} is {len(value)} characters long: give at most {MAX_NAME_LENGTH} "
+                          f"({value[:24]!r}...)")
 
 
 def _check_images() -> None:

@@ -66,7 +66,24 @@ def register(subparsers: Any) -> None:
     job.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
     train = p.add_argument_group("trainer (as for `train`); --run-dir defaults to MOUNT/runs/RUN_ID")
     config.add_arguments(train, required_run_dir=False)
+    for action in p._actions:  # every count of the job and the trainer: ASCII digits, as KFP's --param reads them
+        if action.type in (int, config.strict_int):
+            action.type = _ascii_int
     p.set_defaults(func=run)
+
+
+def _ascii_int(text: str) -> int:
+    """An integer flag as ``--param`` reads one (:func:`~resilient_training.kfp.params.parse_int`): ASCII digits,
+    no blanks around (stranger trial: ``int()`` read ``--nodes ٢`` as 2, ``--efa ٣`` as 3).
+    """
+    from resilient_training.kfp.params import parse_int
+
+    if text != text.strip():
+        raise ValueError(text)
+    return parse_int(text)
+
+
+_ascii_int.__name__ = "int"  # argparse names the type in its message ("invalid int value: '٢'")
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
@@ -79,6 +96,8 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
             raise ValueError(f"{what} {item!r} must be KEY=VALUE")
         if what == "--env" and has_control(value):  # a pasted newline reached the pod's env (stranger trial)
             raise ValueError(f"{what} {item!r}: the value contains a control character (a newline?)")
+        if key in out:  # the last one silently winning hides a typo (as a JSON node_selector's repeated key)
+            raise ValueError(f"{what} {key!r} is given twice ({key}={out[key]}, {key}={value}): give it once")
         out[key] = value
     return out
 

@@ -96,11 +96,27 @@ def parse_params(items: Iterable[str], inputs: Mapping[str, PipelineInput]) -> d
             raise ParamError(f"unknown parameter {key!r}; the pipeline's parameters are: {known}")
         if key in params:
             raise ParamError(f"parameter {key!r} is given twice")
+        refuse_blanks(key, raw, json_value=inputs[key].type in ("LIST", "STRUCT"))
         params[key] = convert(inputs[key], raw)
     missing = [name for name, spec in inputs.items() if not spec.optional and name not in params]
     if missing:
         raise ParamError(f"missing required parameter(s): {', '.join(missing)} (give them with --param KEY=VALUE)")
     return params
+
+
+def refuse_blanks(name: str, raw: str, *, json_value: bool) -> None:
+    """``ParamError`` when ``raw`` has blanks around it (``steps= 40``, ``region=us-east-1 ``): numbers
+    were stripped and strings sent with the blank, so one rule for all; a JSON value's blanks are JSON's own.
+    The one rule for ``--param`` and Argo's ``--cron-param``.
+    """
+    if not json_value and raw != raw.strip():
+        from resilient_training.run.paths import has_control
+
+        stripped = raw.strip()
+        if has_control(raw[:len(raw) - len(raw.lstrip())] + raw[len(raw.rstrip()):]):  # a pasted newline, a tab
+            raise ParamError(f"parameter {name!r} value {raw!r} contains a control character (a newline?) at an end: "
+                             f"give {name}={stripped}")
+        raise ParamError(f"parameter {name!r} value {raw!r} has blanks around it: give {name}={stripped}")
 
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")

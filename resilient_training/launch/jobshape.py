@@ -310,6 +310,12 @@ def _check_toleration(tol: dict[str, Any]) -> None:
     seconds = tol.get("tolerationSeconds")
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
         raise ValueError(f"toleration {tol}: tolerationSeconds must be an integer")
+    if seconds is not None and not -INT64_MAX - 1 <= seconds <= INT64_MAX:
+        raise ValueError(f"toleration {tol}: tolerationSeconds is past the API's int64")
+    if seconds is not None and tol.get("effect") != "NoExecute":
+        # The API server's pod validation refuses it; the job's CRD does not, so pods would never be made.
+        raise ValueError(f"toleration {tol}: tolerationSeconds needs effect NoExecute (how long the pod stays "
+                         "after such a taint appears); Kubernetes refuses it with any other effect or none")
     if operator not in ("Equal", "Exists"):
         raise ValueError(f"toleration operator must be Equal or Exists, got {operator!r}")
     if operator == "Exists" and tol.get("value"):
@@ -332,11 +338,15 @@ def job_name_for_run(run_id: str) -> str:
 
 def parse_toleration(text: str) -> dict[str, Any]:
     """``key=value:Effect``, ``key:Effect`` (operator Exists), ``key=value`` or ``key``."""
-    body, _, effect = text.partition(":")
+    body, colon, effect = text.partition(":")
     key, has_value, value = body.partition("=")
     if not key.strip():
         # Kubernetes reads an empty key with Exists as "tolerate every taint": never from an unset variable.
         raise ValueError(f"toleration {text!r} names no KEY (KEY[=VALUE][:EFFECT])")
+    if colon and not effect:
+        # No effect tolerates every effect, NoExecute included: never from a typo or an unset variable.
+        raise ValueError(f"toleration {text!r} has no EFFECT after ':' ({', '.join(_TOLERATION_EFFECTS)}); "
+                         "leave the ':' out to tolerate every effect")
     tol: dict[str, Any] = {"key": key, "operator": "Equal" if has_value else "Exists"}
     if has_value:
         tol["value"] = value

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import errno
 import os
+import unicodedata
 from pathlib import Path
 
-_CONTROL = frozenset({chr(c) for c in range(32)} | {"\x7f"})
+# C0, DEL and C1 (category Cc: U+0085 is a newline to some readers).
+_CONTROL = frozenset({chr(c) for c in range(32)} | {chr(c) for c in range(0x7F, 0xA0)})
 
 
 # Less free space than this where a checkpoint is written is named when a writer dies unexplained.
@@ -37,8 +39,27 @@ def low_space(paths: list[Path]) -> str:
 
 
 def has_control(text: str) -> bool:
-    """A control character (a pasted newline, a tab): a mistake in a path, name or setting, never data."""
-    return any(ch in _CONTROL for ch in text)
+    """A control character (a pasted newline, a tab, C1's U+0085), an invisible format character (a
+    bidi override such as U+202E, a zero-width space, category Cf) or a lone surrogate (bytes that are
+    not UTF-8, which Python decodes with surrogateescape): a mistake in a path, name or setting, never
+    data (stranger trial: each reached a KFP server as a name that looks like another, or cannot be read).
+    """
+    return any(ch in _CONTROL or unicodedata.category(ch) in ("Cf", "Cs") for ch in text)
+
+
+def control_note(text: str) -> str:
+    """What :func:`has_control` found first in ``text``, for a message: "a control character (a newline?)",
+    "bytes that are not UTF-8" or "an invisible format character (U+202E)"; "" when none.
+    """
+    for ch in text:
+        if ch in _CONTROL:
+            return "a control character (a newline?)"
+        category = unicodedata.category(ch)
+        if category == "Cs":
+            return "bytes that are not UTF-8"
+        if category == "Cf":
+            return f"an invisible format character (U+{ord(ch):04X}, {unicodedata.name(ch, 'unnamed')})"
+    return ""
 
 
 def input_problem(path: str | os.PathLike[str], what: str) -> str | None:
