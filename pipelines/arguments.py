@@ -246,6 +246,11 @@ def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any]) 
             raise ValueError(f"gpus_per_node must be between 0 and 64, got {values['gpus_per_node']}")
         if values["procs_per_node"] < 0:
             raise ValueError(f"procs_per_node must be >= 0 (0: 2 local workers), got {values['procs_per_node']}")
+        # Worker pods' placement, which local training (no pods) would drop without a word (stranger trial).
+        for name in ("efa_per_node", "node_selector", "tolerations"):
+            if values.get(name):
+                raise ValueError(f"{name} places the worker pods of launcher=pytorchjob or trainjob; launcher "
+                                 f"'local' starts none and would ignore it")
         text = config.faults.strip()
         if text and not text.endswith((".yaml", ".yml")) and "/" not in text:  # a path: a file where the run is
             try:
