@@ -138,6 +138,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-promote-to-bad-bucket-run-id", ["run", "--promote-to", "s3://m/{run_id}"],
      "'s3://m/{run_id}' names no valid bucket"),
     ("run-export-unknown", ["run", "--export", "onnx"], "choose dcp, torch, safetensors, hf"),
+    # stranger trial: int() reads digits of other scripts and underscores; --param and render-job refused them
+    ("run-steps-arabic-indic-digits", ["run", "--steps", "٤٠"], "invalid int value: '٤٠'"),
+    ("train-steps-underscore", ["train", "--run-dir", "r", "--steps", "1_0"], "invalid int value: '1_0'"),
+    ("train-lr-fullwidth", ["train", "--run-dir", "r", "--lr", "０.１"], "invalid float value: '０.１'"),
     ("run-promote-to-dotdot", ["run", "--promote-to", "s3://models/a/../b"], "'..' part"),
     ("run-promote-to-ftp", ["run", "--promote-to", "ftp://host/x"], "only a directory or s3://"),
     ("run-promote-to-under-file", ["run", "--promote-to", "{file}/m"], "is a file, not a directory"),

@@ -66,24 +66,7 @@ def register(subparsers: Any) -> None:
     job.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
     train = p.add_argument_group("trainer (as for `train`); --run-dir defaults to MOUNT/runs/RUN_ID")
     config.add_arguments(train, required_run_dir=False)
-    for action in p._actions:  # every count of the job and the trainer: ASCII digits, as KFP's --param reads them
-        if action.type in (int, config.strict_int):
-            action.type = _ascii_int
     p.set_defaults(func=run)
-
-
-def _ascii_int(text: str) -> int:
-    """An integer flag as ``--param`` reads one (:func:`~resilient_training.kfp.params.parse_int`): ASCII digits,
-    no blanks around (stranger trial: ``int()`` read ``--nodes ٢`` as 2, ``--efa ٣`` as 3).
-    """
-    from resilient_training.kfp.params import parse_int
-
-    if text != text.strip():
-        raise ValueError(text)
-    return parse_int(text)
-
-
-_ascii_int.__name__ = "int"  # argparse names the type in its message ("invalid int value: '٢'")
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:

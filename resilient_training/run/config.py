@@ -332,16 +332,17 @@ TASK_ARGS_FIELD = TrainConfig.__dataclass_fields__["task_args"]
 
 def strict_int(text: str) -> int:
     """``int`` for a command-line value, refusing what ``int()`` forgives: surrounding spaces or a
-    trailing newline (a value pasted from a file) must not pass as a number.
+    trailing newline (a value pasted from a file), digits of other scripts ('٤٠') and '1_0' must not
+    pass as a number (every command's int flags use it: cli/main.py).
     """
-    if text != text.strip() or not text:
+    if text != text.strip() or not text or not text.isascii() or "_" in text:
         raise ValueError(text)
     return int(text)
 
 
 def strict_float(text: str) -> float:
-    """``float`` for a command-line value, with :func:`strict_int`'s refusal of surrounding blanks."""
-    if text != text.strip() or not text:
+    """``float`` for a command-line value, with :func:`strict_int`'s refusals."""
+    if text != text.strip() or not text or not text.isascii() or "_" in text:
         raise ValueError(text)
     return float(text)
 
