@@ -250,7 +250,7 @@ def test_a_failure_in_the_middle_still_runs_teardown(tmp_path):
         (["run", "--faults", "sigkill@3:5"], "rank 5 does not exist (world size 2)"),
         (["run", "--train-overrides", '{"bogus": 1}'], "unknown trainer setting"),
         (["run", "--train-overrides", "[1]"], "must be a JSON object"),
-        (["run", "--export", "onnx"], "--export 'onnx': choose safetensors, torch or hf"),
+        (["run", "--export", "onnx"], "--export 'onnx': choose dcp, torch, safetensors, hf"),
         (["bench", "--strategies", '[{"name": "a b"}]'], "strategy name 'a b'"),
         (["bench", "--nproc", "0"], "world size must be at least 1"),
     ],
