@@ -572,7 +572,7 @@ def _check_dest_free(given: str) -> None:
     (a stranger trial trained 30 s, then had each refused): DEST already a promoted model, a
     non-empty directory, inside a promoted model (a place where no file can be made: :func:`_probe_outputs`).
     """
-    from resilient_training.gates.promote import RUN_ID_FIELD, promoted_model_above
+    from resilient_training.gates.promote import RUN_ID_FIELD, occupied, promoted_model_above
 
     path = Path(given.replace(RUN_ID_FIELD, "run")).resolve()  # {run_id}: a directory not made yet
     if RUN_ID_FIELD not in given:
@@ -582,7 +582,7 @@ def _check_dest_free(given: str) -> None:
             raise UsageError(f"--promote-to {given} already holds a promoted model (step {source.get('step')} of "
                              f"{source.get('run_dir')}), and promotion never replaces one: choose another place, "
                              f"or put {RUN_ID_FIELD} in it")
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        if occupied(path):
             raise UsageError(f"--promote-to {given} exists and is not an empty directory, which promotion refuses "
                              "to overwrite: choose another place")
     if (parent := promoted_model_above(path)) is not None:

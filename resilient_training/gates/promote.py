@@ -273,6 +273,11 @@ def _local_dest(dest: str, run_dir: Path) -> Path:
     return path
 
 
+def occupied(dest: Path) -> bool:
+    """DEST holds something promotion will not overwrite: a file, or a directory that is not empty."""
+    return dest.exists() and (not dest.is_dir() or any(dest.iterdir()))
+
+
 def promoted_model_above(path: Path) -> Path | None:
     """The promoted model (a directory holding ``promotion.json``) that ``path`` lies inside, if any."""
     return next((parent for parent in path.parents if (parent / PROMOTION_NAME).is_file()), None)
@@ -452,7 +457,7 @@ def _promote_local(ckpt_dir: Path, dest: Path, record: dict[str, Any]) -> dict[s
             _verify_local_copy(dest, record)
             _verify_exports(dest, ckpt_dir)
             return {"already_promoted": True, "files": files}
-        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        if occupied(dest):
             raise PromotionRefused(f"{dest} exists and is not an empty directory: refusing to overwrite it")
         try:
             for stale in _staging_dirs(parent, dest.name):

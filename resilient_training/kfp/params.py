@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -119,15 +118,13 @@ def refuse_blanks(name: str, raw: str, *, json_value: bool) -> None:
         raise ParamError(f"parameter {name!r} value {raw!r} has blanks around it: give {name}={stripped}")
 
 
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-
-
 def parse_int(raw: str) -> int:
-    """An integer as the KFP backend (Go) reads one: ASCII digits only (``int()`` also takes '٤' and '1_0')."""
-    text = raw.strip()
-    if not _INTEGER.fullmatch(text):
-        raise ValueError(raw)
-    return int(text)
+    """An integer as the KFP backend (Go) reads one: ASCII digits only (``int()`` also takes '٤' and '1_0');
+    the command line's own rule, blanks around it allowed (an earlier step's output file).
+    """
+    from resilient_training.run.config import strict_int
+
+    return strict_int(raw.strip())
 
 
 def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
