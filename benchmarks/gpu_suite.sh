@@ -337,6 +337,21 @@ case $suite in
     MODEL_SIZE=1b RUN_TIMEOUT=200 CKPT_EVERY=500 LOCAL_EVERY=50 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_local "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-local.tar.gz"
     ;;
+  call45)  # one device call: the 1.3B killed rank restored by the direct DCP reader (chunks read straight
+    # into the GPU state through page-locked buffers; call43 read 16 GB in 5.68 s), then how fast a new
+    # process reads 16 GB of DCP files each way (DCP's reader, the per-file reader before, direct x4/8/16)
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    timeout 300 python3 benchmarks/dcp_read.py --gb 16 --files 16 --dir /tmp --repeat 2 2>&1 | tee "$out/dcp-read.txt" || true
+    ;;
+  call46)  # one device call: the reference schedule with the product's defaults and spares on the direct
+    # reader (call39: 3.41 s lost per fault), then the 1.3B killed rank again on this machine
+    SPARE=1 RUN_TIMEOUT=330 "$0" goodput-product "$out"
+    if [ $(( 570 - SECONDS )) -gt 170 ]; then
+      MODEL_SIZE=1b RUN_TIMEOUT=$(( 570 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    fi
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"

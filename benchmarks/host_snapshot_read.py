@@ -7,10 +7,10 @@ GB (800 parameters: 3,200 tensors with AdamW's), then restores it into a freshly
 optimizer, as a process started by the launcher does, two ways:
 
 - ``mapped``: the slot's file mapped (``torch.from_file``) and each tensor copied from the
-  mapping (the code before ``_read_into``; on a GPU, pageable host-to-device copies);
-- ``read``: ``_read_into`` on one thread: ``os.preadv`` into each CPU tensor, or on a GPU into two
+  mapping (the code before ``tensor_read.read_into``; on a GPU, pageable host-to-device copies);
+- ``read``: ``tensor_read.read_into`` on one thread: ``os.preadv`` into each CPU tensor, or on a GPU into two
   page-locked buffers in turn;
-- ``read x4``: ``HostSnapshot.restore`` (``_read_into`` on four threads, each with its own
+- ``read x4``: ``HostSnapshot.restore`` (``tensor_read.read_into`` on four threads, each with its own
   buffers and CUDA stream).
 
 Prints one table of seconds and GB/s (the page cache is warm: the file is in shared memory).
@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from resilient_training.runtime.checkpointing import HostSnapshot, MemorySnapshot, _live_state, _read_into, state_dict
+from resilient_training.run.tensor_read import read_into
+from resilient_training.runtime.checkpointing import HostSnapshot, MemorySnapshot, _live_state, state_dict
 
 
 def build(gb: float, seed: int, device: str) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -61,7 +62,7 @@ def one_thread_restore(host: HostSnapshot, slot: str, model: nn.Module, optimize
     live = _live_state(model, optimizer)
     offsets = {key: offset for key, offset, _, _ in meta["layout"]}
     with torch.no_grad():
-        _read_into(host._data_path(slot), sorted(((t, offsets[k]) for k, t in live.items()), key=lambda p: p[1]),
+        read_into(host._data_path(slot), sorted(((t, offsets[k]) for k, t in live.items()), key=lambda p: p[1]),
                    threads=1)
 
 

@@ -111,7 +111,7 @@ def test_a_data_file_cut_inside_its_last_tensor_holds_nothing(tmp_path: Path) ->
 @pytest.mark.parametrize("stage", [None, True], ids=["direct", "staged"])
 def test_read_back_fills_every_target_with_its_bytes_across_buffer_boundaries(tmp_path: Path, stage: bool | None,
                                                                               threads: int) -> None:
-    from resilient_training.runtime.checkpointing import _read_into
+    from resilient_training.run.tensor_read import read_into
 
     torch.manual_seed(0)
     sources = [torch.randn(1000), torch.randn(7, 3).to(torch.bfloat16), torch.empty(0), torch.randn(5, 4),
@@ -126,12 +126,12 @@ def test_read_back_fills_every_target_with_its_bytes_across_buffer_boundaries(tm
     targets[3] = torch.zeros(4, 5).t()  # not contiguous: read whole, then copied
     # chunk 64: a tensor spans many buffers, and buffers turn over between and inside tensors
     # (four threads: the 6 targets split by bytes, so threads hold one tensor, several, or none that is empty)
-    _read_into(path, list(zip(targets, offsets, strict=True)), chunk=64, stage=stage, threads=threads)
+    read_into(path, list(zip(targets, offsets, strict=True)), chunk=64, stage=stage, threads=threads)
     for source, target in zip(sources, targets, strict=True):
         assert torch.equal(source, target)
 
     with pytest.raises(fmt.CheckpointError, match="shorter than its layout"):  # a thread's failure reaches the caller
-        _read_into(path, [(torch.zeros(300), offsets[0]), (torch.zeros(10), len(blob) - 8)], chunk=64, stage=stage,
+        read_into(path, [(torch.zeros(300), offsets[0]), (torch.zeros(10), len(blob) - 8)], chunk=64, stage=stage,
                    threads=threads)
 
 

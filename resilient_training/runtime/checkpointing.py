@@ -39,6 +39,7 @@ from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import gate_records, layout
 from resilient_training.run.config import DEFAULT_TASK, TrainConfig
 from resilient_training.run.paths import low_space
+from resilient_training.run.tensor_read import read_into
 from resilient_training.runtime.nvrx_adapter import CheckpointWriterDied
 
 _PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every CUDA context of the process
@@ -465,115 +466,9 @@ def _copy(pairs: _Pairs, *, non_blocking: bool = False) -> None:
         torch._foreach_copy_([d for d, _ in group], [s for _, s in group], non_blocking=non_blocking)
 
 
-# Host-to-device read-back goes through two page-locked buffers of this size (see _read_into).
-_READ_CHUNK = 64 << 20
 # Threads reading a host snapshot back onto GPUs. On the CPU one: on 2 cores four threads read
 # 0.4 GB at 1.2 GB/s against 1.8 GB/s for one (benchmarks/host_snapshot_read.py).
 _READ_THREADS = 4
-
-
-def _pread_exact(fd: int, buffer: memoryview, offset: int, path: Path) -> None:
-    done = 0
-    while done < len(buffer):  # one read returns at most ~2 GB on Linux
-        n = os.preadv(fd, [buffer[done:]], offset + done)
-        if n == 0:
-            raise fmt.CheckpointError(f"{path} ends at byte {offset + done}: the file is shorter than its layout")
-        done += n
-
-
-def _read_into(path: Path, targets: list[tuple[torch.Tensor, int]], *, chunk: int = _READ_CHUNK,
-               stage: bool | None = None, threads: int = 1) -> None:
-    """Fill each ``(target, offset)`` with the target's byte size read from ``path`` at ``offset``.
-
-    ``targets`` (in file order) are split into up to ``threads`` runs of about equal bytes, read
-    at once (``os.preadv`` lets go of the GIL). A contiguous CPU target is read into directly. Any
-    other goes through two staging buffers of the reading thread (page-locked when a target is on
-    a GPU) in turn, each thread on a CUDA stream of its own: the copy to the device of one buffer
-    overlaps the read into the other. On one H200, 3.2 GB came back in 0.39-0.43 s on four
-    threads after their first use (0.90 s), 0.87-1.57 s on one, and 0.70-1.03 s copied from the
-    mapped file (``benchmarks/host_snapshot_read.py``). ``stage`` forces the staging path (tests).
-    """
-    total = sum(t.numel() * t.element_size() for t, _ in targets)
-    groups: list[list[tuple[torch.Tensor, int]]] = [[]]
-    share, held = total / max(1, threads), 0
-    for target, offset in targets:
-        if held >= share * len(groups) and len(groups) < threads and groups[-1]:
-            groups.append([])
-        groups[-1].append((target, offset))
-        held += target.numel() * target.element_size()
-    # The side streams' copies come after whatever the caller queued (the targets' initialization).
-    after = next((torch.cuda.current_stream(t.device) for t, _ in targets if t.is_cuda), None)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if len(groups) == 1:
-            _read_group(fd, path, groups[0], chunk=chunk, stage=stage, after=after)
-            return
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(len(groups), thread_name_prefix="host-snapshot-read") as pool:
-            futures = [pool.submit(_read_group, fd, path, group, chunk=chunk, stage=stage, after=after)
-                       for group in groups]
-            for future in futures:
-                future.result()  # the first failure, once every thread is done
-    finally:
-        os.close(fd)
-
-
-def _read_group(fd: int, path: Path, targets: list[tuple[torch.Tensor, int]], *, chunk: int,
-                stage: bool | None, after: Any) -> None:
-    device = next((t.device for t, _ in targets if t.is_cuda), None)
-    on_gpu = device is not None
-    stream = None
-    if device is not None:
-        # A new thread's current device is cuda:0, where a CUDA call would make a context on a
-        # neighbour's GPU (leaving the stream context below switches back to the current device).
-        torch.cuda.set_device(device)
-        stream = torch.cuda.Stream(device=device)
-        stream.wait_stream(after)
-    try:
-        _read_on(fd, path, targets, chunk=chunk, stage=stage, stream=stream, on_gpu=on_gpu)
-    finally:
-        if stream is not None:
-            stream.synchronize()  # the buffers are reused or freed after this, failed or not
-
-
-def _read_on(fd: int, path: Path, targets: list[tuple[torch.Tensor, int]], *, chunk: int, stage: bool | None,
-             stream: Any, on_gpu: bool) -> None:
-    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        buffers: list[torch.Tensor] = []
-        events: list[Any] = [None, None]
-        current, used = 0, 0
-        for target, offset in targets:
-            nbytes = target.numel() * target.element_size()
-            if not nbytes:
-                continue
-            direct = not target.is_cuda and target.is_contiguous() if stage is None else not stage
-            if direct:
-                _pread_exact(fd, memoryview(target.view(-1).view(torch.uint8).numpy()), offset, path)
-                continue
-            if not target.is_contiguous():  # not seen in module or optimizer state; kept correct anyway
-                whole = torch.empty(target.shape, dtype=target.dtype)
-                _pread_exact(fd, memoryview(whole.view(-1).view(torch.uint8).numpy()), offset, path)
-                target.copy_(whole)
-                continue
-            if not buffers:
-                buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=on_gpu) for _ in range(2)]
-            flat = target.view(-1).view(torch.uint8)
-            done = 0
-            while done < nbytes:
-                if used == chunk:  # this buffer is full: its copies go, the other one is reused
-                    if on_gpu:
-                        events[current] = torch.cuda.Event()
-                        events[current].record()
-                    current, used = 1 - current, 0
-                    if events[current] is not None:
-                        events[current].synchronize()
-                n = min(chunk - used, nbytes - done)
-                view = buffers[current][used:used + n]
-                _pread_exact(fd, memoryview(view.numpy()), offset + done, path)
-                flat[done:done + n].copy_(view, non_blocking=on_gpu)
-                used += n
-                done += n
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
@@ -1009,8 +904,8 @@ class HostSnapshot:
                 data = self._data[slot]
                 _copy([(t, data[layout[k][0]:layout[k][0] + t.numel() * t.element_size()].view(t.dtype).view(t.shape))
                        for k, t in live.items()])
-            else:  # a new process: read, not map (see _read_into), in file order
-                _read_into(self._data_path(slot), sorted(((t, layout[k][0]) for k, t in live.items()),
+            else:  # a new process: read, not map (see tensor_read), in file order
+                read_into(self._data_path(slot), sorted(((t, layout[k][0]) for k, t in live.items()),
                                                          key=lambda pair: pair[1]),
                            threads=_READ_THREADS if any(t.is_cuda for t in live.values()) else 1)
         for group, held in zip(optimizer.param_groups, meta["param_groups"], strict=True):

@@ -1,0 +1,142 @@
+"""Reading byte ranges of files into tensors on a CPU or a GPU: what a restore spends its time on.
+
+A contiguous CPU target is read into directly (``os.preadv`` lets go of the GIL). Any other goes
+through two staging buffers of the reading thread (page-locked when a target is on a GPU) in
+turn, each thread on a CUDA stream of its own: the copy to the device of one buffer overlaps the
+read into the other. On one H200, 3.2 GB came back in 0.39-0.43 s on four threads after their
+first use (0.90 s), 0.87-1.57 s on one, and 0.70-1.03 s copied from the mapped file
+(``benchmarks/host_snapshot_read.py``).
+
+Used by the host snapshot's read-back and by :func:`checkpoint_format.reader`, which places DCP's
+chunks with it instead of ``torch.load``-ing each one and copying it from pageable memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resilient_training.run.checkpoint_format import CheckpointError
+
+# Each reading thread's two staging buffers are this size.
+CHUNK = 64 << 20
+
+Targets = list[tuple[torch.Tensor, int]]
+
+
+def pread_exact(fd: int, buffer: memoryview, offset: int, path: Path) -> None:
+    done = 0
+    while done < len(buffer):  # one read returns at most ~2 GB on Linux
+        n = os.preadv(fd, [buffer[done:]], offset + done)
+        if n == 0:
+            raise CheckpointError(f"{path} ends at byte {offset + done}: the file is shorter than its layout")
+        done += n
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def read_files(jobs: list[tuple[Path, Targets]], *, threads: int = 1, chunk: int = CHUNK,
+               stage: bool | None = None) -> None:
+    """Fill each ``(target, offset)`` of each ``(path, targets)`` with the target's byte size read
+    from ``path`` at ``offset``.
+
+    All the jobs' targets (each job's in file order) are cut into runs of about ``1/threads`` of
+    the bytes, never across files, and read on up to ``threads`` threads at once. ``stage`` forces
+    the staging path (tests). The first failure is raised once every thread is done.
+    """
+    jobs = [(Path(path), targets) for path, targets in jobs if targets]
+    if not jobs:
+        return
+    threads = max(1, threads)
+    share = sum(_nbytes(t) for _, targets in jobs for t, _ in targets) / threads
+    units: list[tuple[Path, Targets]] = []
+    for path, targets in jobs:
+        units.append((path, []))
+        held = 0
+        for target, offset in targets:
+            if held >= share and units[-1][1]:
+                units.append((path, []))
+                held = 0
+            units[-1][1].append((target, offset))
+            held += _nbytes(target)
+    # The side streams' copies come after whatever the caller queued (the targets' initialization).
+    after = next((torch.cuda.current_stream(t.device) for _, targets in units for t, _ in targets if t.is_cuda), None)
+    if len(units) == 1 or threads == 1:
+        for path, targets in units:
+            _read_unit(path, targets, chunk=chunk, stage=stage, after=after)
+        return
+    with ThreadPoolExecutor(min(threads, len(units)), thread_name_prefix="tensor-read") as pool:
+        futures = [pool.submit(_read_unit, path, targets, chunk=chunk, stage=stage, after=after)
+                   for path, targets in units]
+        for future in futures:
+            future.result()
+
+
+def read_into(path: Path, targets: Targets, *, chunk: int = CHUNK, stage: bool | None = None,
+              threads: int = 1) -> None:
+    """:func:`read_files` of one file."""
+    read_files([(path, targets)], threads=threads, chunk=chunk, stage=stage)
+
+
+def _read_unit(path: Path, targets: Targets, *, chunk: int, stage: bool | None, after: Any) -> None:
+    device = next((t.device for t, _ in targets if t.is_cuda), None)
+    stream = None
+    if device is not None:
+        # A new thread's current device is cuda:0, where a CUDA call would make a context on a
+        # neighbour's GPU (leaving the stream context below switches back to the current device).
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(after)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _read_on(fd, path, targets, chunk=chunk, stage=stage, stream=stream, on_gpu=device is not None)
+    finally:
+        os.close(fd)
+        if stream is not None:
+            stream.synchronize()  # the buffers are reused or freed after this, failed or not
+
+
+def _read_on(fd: int, path: Path, targets: Targets, *, chunk: int, stage: bool | None, stream: Any,
+             on_gpu: bool) -> None:
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        buffers: list[torch.Tensor] = []
+        events: list[Any] = [None, None]
+        current, used = 0, 0
+        for target, offset in targets:
+            nbytes = _nbytes(target)
+            if not nbytes:
+                continue
+            direct = not target.is_cuda and target.is_contiguous() if stage is None else not stage
+            if direct:
+                pread_exact(fd, memoryview(target.view(-1).view(torch.uint8).numpy()), offset, path)
+                continue
+            if not target.is_contiguous():  # not seen in module or optimizer state; kept correct anyway
+                whole = torch.empty(target.shape, dtype=target.dtype)
+                pread_exact(fd, memoryview(whole.view(-1).view(torch.uint8).numpy()), offset, path)
+                target.copy_(whole)
+                continue
+            if not buffers:
+                buffers = [torch.empty(chunk, dtype=torch.uint8, pin_memory=on_gpu) for _ in range(2)]
+            flat = target.view(-1).view(torch.uint8)
+            done = 0
+            while done < nbytes:
+                if used == chunk:  # this buffer is full: its copies go, the other one is reused
+                    if on_gpu:
+                        events[current] = torch.cuda.Event()
+                        events[current].record()
+                    current, used = 1 - current, 0
+                    if events[current] is not None:
+                        events[current].synchronize()
+                n = min(chunk - used, nbytes - done)
+                view = buffers[current][used:used + n]
+                pread_exact(fd, memoryview(view.numpy()), offset + done, path)
+                flat[done:done + n].copy_(view, non_blocking=on_gpu)
+                used += n
+                done += n
