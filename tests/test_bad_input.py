@@ -484,3 +484,38 @@ def test_a_bad_token_is_never_printed(monkeypatch: pytest.MonkeyPatch, tmp_path:
     from resilient_training.kfp.client import Auth
 
     assert "secret-value" not in repr(Auth("secret-value", "--token"))
+
+
+@pytest.mark.parametrize("when", ["importing-a-command", "in-the-command"])
+def test_ctrl_c_before_a_command_starts_anything_is_one_line_and_130(when: str) -> None:
+    """A stranger trial pressed Ctrl-C in the CLI's first second (its modules importing): a traceback.
+    A real SIGINT, sent by the process to itself while the parser imports a command's module, or
+    while a command runs that has no Ctrl-C handling of its own.
+    """
+    import signal
+    import sys
+
+    script = f"""
+import importlib, os, signal, sys
+import resilient_training.cli.main as cli
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's shell leaves it
+real = importlib.import_module
+def import_module(name, *args):
+    if {when!r} == "importing-a-command" and name.endswith(".gates"):
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(name, *args)
+cli.importlib.import_module = import_module
+import resilient_training.cli.render as render
+def render_job(args):
+    os.kill(os.getpid(), signal.SIGINT)
+    return 0
+real_register = render.register
+def register(subparsers):
+    real_register(subparsers)
+    subparsers.choices["render-job"].set_defaults(func=render_job)
+render.register = register
+sys.exit(cli.main(["render-job", "--name", "j", "--nodes", "1", "--gpus-per-node", "8", "--pvc", "c"]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert done.stderr.splitlines()[-1:] == ["interrupted (Ctrl-C)"] and "Traceback" not in done.stderr, done.stderr

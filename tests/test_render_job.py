@@ -58,6 +58,9 @@ def test_render_job_writes_a_valid_job(tmp_path, shared_schemas):
     (["--node-selector", "a=b", "--node-selector", "a=c"], "--node-selector 'a' is given twice (a=b, a=c)"),
     (["--env", "K=1", "--env", "K=2"], "--env 'K' is given twice"),
     (["--toleration", "a:"], "toleration 'a:' has no EFFECT after ':'"),
+    (["--memory", "1", "--shm-size", "1"], "memory '1' is below 1Gi"),
+    (["--memory", "1023Mi", "--shm-size", "1Mi"], "memory '1023Mi' is below 1Gi"),
+    (["--shm-size", "255Mi"], "shm_size '255Mi' is below 256Mi"),
     (["--toleration", "a=b:"], "toleration 'a=b:' has no EFFECT after ':'"),
 ])
 def test_render_job_refuses_bad_input_with_the_reason(argv, reason, tmp_path, capsys):

@@ -50,6 +50,8 @@ def test_a_task_file_and_its_arguments():
     (f"{USER_TASK}:data_without_state", "task build_data() returned a list_iterator without state_dict, "
                                         "load_state_dict"),
     ("resilient_training", "must be MODULE:ATTR or path/to/file.py:ATTR"),
+    (f"{USER_TASK}:empty_layer", "task build_model() has parameters with no elements (0.weight [0, 8], 0.bias [0], "
+                                 "1.weight [1, 0]): FSDP cannot shard an empty parameter"),
 ])
 def test_a_broken_task_is_one_line_and_exit_2_before_any_worker_starts(tmp_path, spec, message, capsys, monkeypatch):
     run_dir = tmp_path / "run"
@@ -70,6 +72,27 @@ def test_a_broken_task_is_one_line_and_exit_2_before_any_worker_starts(tmp_path,
     assert len(lines) == 1 and message in lines[0], stderr
     assert "Traceback" not in stderr
     assert not run_dir.exists()  # nothing written
+
+
+def test_what_a_refused_task_warned_about_is_not_printed_before_the_one_line(tmp_path, recwarn):
+    """A stranger trial's one-line refusal came after a screen of a library's import warnings."""
+    task_file = tmp_path / "noisy_task.py"
+    task_file.write_text(
+        "import sys, warnings\n"
+        f"sys.path.insert(0, {str(Path(USER_TASK).parent)!r})\n"
+        "warnings.warn('this data library is deprecated', DeprecationWarning)\n"
+        "warnings.warn('noisy at import', UserWarning)\n"
+        "from user_task import optimizer_wrong_type as broken, make\n")
+    argv = ["train", "--run-dir", str(tmp_path / "run"), "--task", f"{task_file}:broken"]
+    proc = subprocess.run([sys.executable, "-W", "always", "-m", "resilient_training.cli", *argv], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "error: task build_optimizer() returned a list, not a torch.optim.Optimizer"], proc.stderr
+    # A task that passes still shows them (after its checks).
+    config = cfg.from_argv(["--run-dir", str(tmp_path / "run"), "--task", f"{task_file}:make"])
+    tk.preflight(config, world_size=1)
+    assert {str(w.message) for w in recwarn} >= {"this data library is deprecated", "noisy at import"}
 
 
 @pytest.mark.parametrize("command", ["run", "bench"])

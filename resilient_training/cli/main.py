@@ -62,12 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     # torch.cuda imports pynvml, which warns about its own deprecation on every import; the commands
     # that import torch (task preflight, validation) would print it on every run.
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, not at exit, where a broken pipe could not be caught
         return code
+    except KeyboardInterrupt:
+        # Commands that start something say what they stopped; this is Ctrl-C anywhere else (a
+        # stranger trial pressed it while the first command's modules were importing: a traceback).
+        sys.stderr.write("interrupted (Ctrl-C)\n")
+        return 128 + signal.SIGINT
     except BrokenPipeError:
         # The reader went away (`| head -1`): as a Unix tool killed by SIGPIPE would, stop quietly
         # (a stranger trial got a traceback); stdout goes to /dev/null so the exit's flush is silent.

@@ -207,6 +207,12 @@ def validate(spec: JobSpec) -> None:
             raise ValueError(f"{what} {value!r} is zero: give a positive quantity (e.g. 32, 500m, 64Gi)")
         if value and what != "cpu" and quantity(value) > INT64_MAX:
             raise ValueError(f"{what} {value!r} is past the largest byte count Kubernetes takes (int64)")
+    # A stranger trial rendered --memory 1 (one byte): the pod is OOM-killed before python starts.
+    for what, value, floor, why in (
+            ("memory", spec.memory, "1Gi", "PyTorch and CUDA alone take several GiB"),
+            ("shm_size", spec.shm_size, "256Mi", "NCCL and the data loader's workers share tensors through /dev/shm")):
+        if value and quantity(value) < quantity(floor):
+            raise ValueError(f"{what} {value!r} is below {floor}: {why}")
     if spec.memory and quantity(spec.shm_size) > quantity(spec.memory):
         raise ValueError(f"shm_size {spec.shm_size!r} exceeds memory {spec.memory!r}: /dev/shm is memory-backed and "
                          "counts against the pod's memory limit, so filling it would kill the pod")

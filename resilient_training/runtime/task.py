@@ -22,6 +22,7 @@ import inspect
 import os
 import posix
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -254,12 +255,27 @@ def preflight(config: Any, *, world_size: int) -> None:
     under a second); the optimizer is built over it; rank 0's data yields its first batch.
     ``loss`` needs real weights, so the workers check it at their first step.
     """
+    # What the task's code warns about while it is checked is held back until it passes: a stranger
+    # trial's one-line refusal came after a screen of a library's import warnings.
+    with warnings.catch_warnings(record=True) as caught:
+        _preflight(config, world_size=world_size)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
+def _preflight(config: Any, *, world_size: int) -> None:
     import torch
 
     task = task_from_config(config)
     seed = config.seed
     with torch.device("meta"):
         model = build_model(task)
+    # FSDP2 fails on an empty parameter at the first step ("_chunk_cat expects non-empty tensor"),
+    # again after every in-process restart: a stranger trial's zero-width layer retried 8 times.
+    empty = [f"{name} {list(p.shape)}" for name, p in model.named_parameters() if p.numel() == 0]
+    if empty:
+        raise TaskError(f"task build_model() has parameters with no elements ({', '.join(empty[:3])}"
+                        f"{', ...' if len(empty) > 3 else ''}): FSDP cannot shard an empty parameter")
     build_optimizer(task, model)
     data = build_data(task, 0, world_size, seed)
     try:

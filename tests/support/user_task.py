@@ -108,3 +108,11 @@ class HalfImportedOnce(Task):
 
 
 half_imported_once = HalfImportedOnce(16, 0.05)
+
+
+class _EmptyLayer(_Broken):
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(8, 0), nn.Linear(0, 1))
+
+
+empty_layer = _EmptyLayer()
