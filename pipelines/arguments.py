@@ -238,6 +238,8 @@ def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any]) 
         gpus_per_node=values["gpus_per_node"], procs_per_node=values["procs_per_node"], image=values["trainer_image"],
         service_account=values.get("service_account", ""), efa_per_node=values.get("efa_per_node", 0),
         node_selector=values.get("node_selector") or None, tolerations=values.get("tolerations") or None,
+        cpu=values.get("cpu", ""), memory=values.get("memory", ""),
+        shm_size=values.get("shm_size", jobshape.DEFAULT_SHM_SIZE),
     )
     if spec is None:  # local: the cluster job checked these and the schedule against its world; here the local one
         if not 1 <= values["nodes"] <= jobshape.MAX_NODES:  # unused by local, but never meant as written
@@ -247,8 +249,8 @@ def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any]) 
         if values["procs_per_node"] < 0:
             raise ValueError(f"procs_per_node must be >= 0 (0: 2 local workers), got {values['procs_per_node']}")
         # Worker pods' placement, which local training (no pods) would drop without a word (stranger trial).
-        for name in ("efa_per_node", "node_selector", "tolerations"):
-            if values.get(name):
+        for name in ("efa_per_node", "node_selector", "tolerations", "cpu", "memory", "shm_size"):
+            if values.get(name) and values[name] != (jobshape.DEFAULT_SHM_SIZE if name == "shm_size" else None):
                 raise ValueError(f"{name} places the worker pods of launcher=pytorchjob or trainjob; launcher "
                                  f"'local' starts none and would ignore it")
         text = config.faults.strip()

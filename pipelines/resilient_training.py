@@ -91,6 +91,9 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         efa_per_node: int = 0,
         node_selector: dict = {},  # noqa: B006
         tolerations: list = [],  # noqa: B006
+        cpu: str = "",
+        memory: str = "",
+        shm_size: str = "64Gi",
         namespace: str = "",
         local_root: str = "runs",
         pvc_name: str = "",
@@ -141,6 +144,11 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
                 "p5.48xlarge"}.
             tolerations: Worker pod tolerations, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists",
                 "effect": "NoSchedule"}].
+            cpu: CPU request and limit per worker pod for launcher=pytorchjob or trainjob, a Kubernetes
+                quantity such as 180; empty: none.
+            memory: Memory request and limit per worker pod, such as 1800Gi (at least 1Gi); empty: none.
+            shm_size: Size of each worker pod's in-memory /dev/shm (NCCL, data loaders, checkpoint staging),
+                at least 256Mi and at most memory.
             namespace: Kubernetes namespace of the claim and the job (pvc, fsx, pytorchjob, trainjob).
             local_root: Parent directory of run directories for storage=local.
             pvc_name: Existing claim for storage=pvc.
@@ -185,7 +193,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
                 task_args=task_args, nodes=nodes,
                 gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=trainer_image,
                 service_account=service_account, efa_per_node=efa_per_node, node_selector=node_selector,
-                tolerations=tolerations,
+                tolerations=tolerations, cpu=cpu, memory=memory, shm_size=shm_size,
             ).set_display_name("train (NVRx)")
             side_effecting(trained, LAUNCH_RETRY if retries else None)
             run_dir = trained.outputs["run_dir"]

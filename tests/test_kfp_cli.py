@@ -830,7 +830,7 @@ def test_a_package_that_is_not_yaml_is_one_line(cli, server, tmp_path):
         err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("name", ["efa_per_node", "node_selector", "tolerations"])
+@pytest.mark.parametrize("name", ["efa_per_node", "node_selector", "tolerations", "cpu", "memory", "shm_size"])
 def test_the_pipeline_passes_the_worker_pods_placement_to_the_launch_step(tmp_path, name):
     # The launch step had them, the pipeline did not: worker pods could not ask for EFA or GPU nodes (stranger trial).
     from resilient_training.pipelines.resilient_training import resilient_training as pipeline
@@ -850,6 +850,11 @@ def test_the_pipeline_passes_the_worker_pods_placement_to_the_launch_step(tmp_pa
      "unknown fields"),
     ('tolerations=[{"key": "a", "tolerationSeconds": "60"}]', "tolerationSeconds must be an integer"),
     ("efa_per_node=33", "efa_per_node must be between 0 and 32"),
+    # Stranger trial: the pipeline had no way to size the worker pods (memory, /dev/shm, CPUs).
+    ("memory=512Mi", "memory '512Mi' is below 1Gi"),
+    ("shm_size=10E", "shm_size '10E' is past the largest byte count"),
+    ("shm_size=", "shm_size '' is not a Kubernetes quantity"),
+    ("cpu=lots", "cpu 'lots' is not a Kubernetes quantity"),
 ])
 def test_worker_pod_placement_is_checked_before_the_run_is_created(cli, server, param, message):
     code, _, err = cli("submit", "--host", server.url, "--package", *OK_PARAMS, "--param", param)
@@ -860,10 +865,12 @@ def test_worker_pod_placement_is_checked_before_the_run_is_created(cli, server, 
 def test_worker_pod_placement_reaches_the_server(cli, server):
     code, _, err = cli("submit", "--host", server.url, "--package", *OK_PARAMS, "--param", "efa_per_node=32",
                        "--param", 'node_selector={"node.kubernetes.io/instance-type": "p5.48xlarge"}',
-                       "--param", 'tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]')
+                       "--param", 'tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]',
+                       "--param", "cpu=180", "--param", "memory=1800Gi", "--param", "shm_size=128Gi")
     assert code == 0, err
     [run] = server.runs.values()
     parameters = run["runtime_config"]["parameters"]
     assert parameters["efa_per_node"] == 32
     assert parameters["node_selector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
     assert parameters["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert (parameters["cpu"], parameters["memory"], parameters["shm_size"]) == ("180", "1800Gi", "128Gi")

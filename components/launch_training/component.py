@@ -30,6 +30,9 @@ def launch_training(
     node_selector: Optional[dict] = None,  # noqa: UP045
     tolerations: Optional[list] = None,  # noqa: UP045
     service_account: str = "",
+    cpu: str = "",
+    memory: str = "",
+    shm_size: str = "64Gi",
     nvrx_version: str = "0.7.0",
     backoff_limit: int = 3,
     timeout_seconds: int = 86400,
@@ -67,6 +70,9 @@ def launch_training(
         tolerations: cluster: pod tolerations, e.g. ``[{"key": "nvidia.com/gpu", "operator":
             "Exists", "effect": "NoSchedule"}]``.
         service_account: cluster: service account of the worker pods.
+        cpu: cluster: CPU request and limit per pod (a Kubernetes quantity); empty: none.
+        memory: cluster: memory request and limit per pod (at least 1Gi); empty: none.
+        shm_size: cluster: size of each pod's in-memory ``/dev/shm`` (at least 256Mi, at most ``memory``).
         nvrx_version: cluster: NVRx version in the trainer image (selects ft_launcher flags).
         backoff_limit: cluster: pod replacements (exit code >= 128) before the job fails; for
             ``trainjob`` it must equal the runtime's JobSet ``maxRestarts`` (3), which sets it.
@@ -94,9 +100,9 @@ def launch_training(
     job_name = launch(
         storage_ref=storage_ref, run_id=run_id, launcher=launcher, train=train, nodes=nodes, min_nodes=min_nodes,
         gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=image, efa_per_node=efa_per_node,
-        node_selector=node_selector, tolerations=tolerations, service_account=service_account,
-        nvrx_version=nvrx_version, backoff_limit=backoff_limit, timeout_s=timeout_seconds, poll_s=poll_seconds,
-        stream_logs=stream_logs,
+        node_selector=node_selector, tolerations=tolerations, service_account=service_account, cpu=cpu,
+        memory=memory, shm_size=shm_size, nvrx_version=nvrx_version, backoff_limit=backoff_limit,
+        timeout_s=timeout_seconds, poll_s=poll_seconds, stream_logs=stream_logs,
     )
     outputs = namedtuple("Outputs", ["job_name", "run_dir"])
     return outputs(job_name, StorageRef.from_json(storage_ref).run_dir)

@@ -37,6 +37,9 @@ def job_spec_for(
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict[str, Any]] | None = None,
     service_account: str = "",
+    cpu: str = "",
+    memory: str = "",
+    shm_size: str = jobshape.DEFAULT_SHM_SIZE,
     nvrx_version: str = jobshape.DEFAULT_NVRX_VERSION,
     backoff_limit: int = 3,
 ) -> jobshape.JobSpec | None:
@@ -58,12 +61,16 @@ def job_spec_for(
         raise ValueError(f"node_selector must be a mapping of node label to value, got {node_selector!r}")
     if not isinstance(tolerations, list | None):
         raise ValueError(f"tolerations must be a list of tolerations, got {tolerations!r}")
+    for what, value in (("cpu", cpu), ("memory", memory), ("shm_size", shm_size)):
+        if not isinstance(value, str):  # a pipeline's JSON parameter
+            raise ValueError(f"{what} must be a Kubernetes quantity as a string (e.g. '64Gi'), got {value!r}")
     return jobshape.JobSpec(
         kind=launcher, name=jobshape.job_name_for_run(run_id), namespace=ref.namespace, train=config, storage=ref,
         image=image or images.TRAINER_IMAGE, nodes=nodes, min_nodes=min_nodes, gpus_per_node=gpus_per_node,
         procs_per_node=procs_per_node,
         efa_per_node=efa_per_node, node_selector=dict(node_selector or {}), tolerations=list(tolerations or []),
-        service_account=service_account, run_id=run_id, nvrx_version=nvrx_version, backoff_limit=backoff_limit,
+        service_account=service_account, cpu=cpu, memory=memory, shm_size=shm_size, run_id=run_id,
+        nvrx_version=nvrx_version, backoff_limit=backoff_limit,
     )
 
 

@@ -94,6 +94,9 @@ def quantity(text: str) -> Fraction:
     return Fraction(number) * _SUFFIX_FACTORS[suffix]
 
 
+# /dev/shm per pod: NCCL, data loaders, the async checkpoint staging and the node-local tier.
+DEFAULT_SHM_SIZE = "64Gi"
+
 @dataclass(kw_only=True, slots=True)
 class JobSpec:
     """What one training job needs; ``pytorchjob.build_job`` or ``trainjob.build_job`` wraps it."""
@@ -124,7 +127,7 @@ class JobSpec:
     """CPU request and limit per pod (Kubernetes quantity), empty for none."""
     memory: str = ""
     """Memory request and limit per pod (Kubernetes quantity), empty for none."""
-    shm_size: str = "64Gi"
+    shm_size: str = DEFAULT_SHM_SIZE
     """Size limit of the in-memory ``/dev/shm`` (NCCL, data loaders, async checkpoint staging)."""
     node_selector: dict[str, str] = field(default_factory=dict)
     """Node labels the worker pods require."""

@@ -33,7 +33,7 @@ def test_pytorchjob_backend_through_the_local_runner(kfp_local, cluster):
                            train_overrides={"heartbeat_timeout": 120.0, "model": {"d_model": 1024, "n_heads": 16}},
                            node_selector={"node.kubernetes.io/instance-type": "p5.48xlarge"},
                            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                           poll_seconds=0.05, timeout_seconds=30)
+                           cpu="180", memory="1800Gi", shm_size="128Gi", poll_seconds=0.05, timeout_seconds=30)
     assert task.outputs["job_name"] == job_name_for_run("run-7")
     assert task.outputs["run_dir"] == "/mnt/run/runs/run-7"
     job = cluster.get("pytorchjobs", job_name_for_run("run-7"), "team-a")
@@ -41,6 +41,9 @@ def test_pytorchjob_backend_through_the_local_runner(kfp_local, cluster):
     (container,) = worker["template"]["spec"]["containers"]
     args = container["args"]
     assert worker["replicas"] == 8 and container["command"] == ["resilient-ft-launcher"]
+    assert container["resources"]["limits"]["memory"] == "1800Gi" and container["resources"]["limits"]["cpu"] == "180"
+    (shm,) = [v for v in worker["template"]["spec"]["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+    assert shm["emptyDir"]["sizeLimit"] == "128Gi"
     assert (job["spec"]["elasticPolicy"]["minReplicas"], job["spec"]["elasticPolicy"]["maxReplicas"]) == (6, 8)
     for flag, value in (("--steps", "100"), ("--faults", "sigkill@50:9"), ("--heartbeat-timeout", "120.0"),
                         ("--model-d-model", "1024"), ("--run-dir", "/mnt/run/runs/run-7")):
