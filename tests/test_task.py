@@ -292,6 +292,11 @@ class Exiting(ut.Task):
     def build_model(self):
         if WHERE == "build_model":
             os._exit(0)
+        if WHERE == "c-exit":
+            import ctypes
+            ctypes.CDLL(None).exit(0)
+        if WHERE == "exec":
+            os.execv("/bin/true", ["true"])
         return super().build_model()
 
     def build_optimizer(self, model):
@@ -340,6 +345,19 @@ def test_a_task_that_ends_the_process_is_not_a_valid_checkpoint(exiting_task_run
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "INVALID" in proc.stdout and "load_failed" in proc.stdout, proc.stdout
     assert said in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("where", ["c-exit", "exec"])
+@pytest.mark.parametrize("command", ["validate-checkpoint", "export"])
+def test_a_task_that_ends_the_process_below_python_is_no_verdict(exiting_task_run, tmp_path, where, command):
+    """The C library's exit (ctypes) or an exec while the gate ran the task: status 0 was "valid"."""
+    argv = ["--no-record"] if command == "validate-checkpoint" else ["--format", "hf", "-o", str(tmp_path / "hf")]
+    proc = _cli(command, str(exiting_task_run), *argv, where=where)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines()[-1:] == [
+        f"error: {command} ended without a verdict (exit status 0): the run's task ended the process below Python "
+        "(the C library's exit or an exec) while it ran"], proc.stderr
+    assert not (tmp_path / "hf").exists()
 
 
 def test_an_hf_export_whose_task_ends_the_process_is_refused(exiting_task_run, tmp_path):

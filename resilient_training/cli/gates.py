@@ -8,8 +8,13 @@ used (missing path, not a run, bad flag, destination not writable); nothing is w
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import json
+import os
+import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -29,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None, help="parallel file readers (default: CPU count)")
     p.add_argument("--no-record", dest="record", action="store_false",
                    help="do not write RUN/gates/validation.json (promotion needs it)")
-    p.set_defaults(func=validate_main)
+    p.set_defaults(func=_with_a_verdict("validate-checkpoint", validate_main))
 
     p = subparsers.add_parser(
         "check-convergence",
@@ -85,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", dest="fmt", default=None, metavar="{dcp,torch,safetensors,hf}", help="output format")
     p.add_argument("-o", "--output", default=None, metavar="PATH", help="file (torch, safetensors) or directory")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON (a refusal too)")
-    p.set_defaults(func=export_main)
+    p.set_defaults(func=_with_a_verdict("export", export_main))
 
     p = subparsers.add_parser(
         "report",
@@ -98,6 +103,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the metrics as JSON to FILE (or stdout)")
     p.set_defaults(func=report_main)
+
+
+def _with_a_verdict(name: str, command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command`` in a child process whose exit status counts only if it ended through Python's exit.
+
+    These gates run the run's task code (validation loads the checkpoint into the task's model, an
+    hf export builds it). ``runtime.task.cannot_exit`` turns its ``sys.exit``/``os._exit`` into a
+    finding, but a task can still end the process below Python (the C library's ``exit`` through
+    ctypes, an ``exec``): status 0, read as "valid". The child tells this process, at Python's own
+    exit, that it got there; without that, its status is not a verdict (exit 2, one line). Only
+    where the command owns the process (the command line, not ``main(argv)`` called in a program).
+    """
+    @functools.wraps(command)
+    def guarded(args: argparse.Namespace) -> int:
+        if not getattr(args, "owns_process", False):  # main(argv) called by other code: no fork under it
+            return command(args)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the command itself, as if unwrapped
+            os.close(read)
+            atexit.register(os.write, write, b"exited")  # Python's own exit (sys.exit, a return from main)
+            return command(args)
+        os.close(write)
+        # Ctrl-C reaches the child too (the terminal's process group): it says what it stopped.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))
+        status = os.waitpid(pid, 0)[1]
+        with os.fdopen(read, "rb") as said:
+            exited = said.read() == b"exited"
+        code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code  # killed by a signal, as a shell reports it
+        if not exited and code == 0:  # any other status is not a "yes" (a signal, a failure)
+            print(f"error: {name} ended without a verdict (exit status {code}): the run's task ended the process "
+                  "below Python (the C library's exit or an exec) while it ran", file=sys.stderr)
+            return EXIT_USAGE
+        return code
+
+    return guarded
 
 
 def _fail_usage(message: str) -> int:

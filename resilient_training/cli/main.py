@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        args.owns_process = argv is None  # the process's own command line (see gates._with_a_verdict)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, not at exit, where a broken pipe could not be caught
         return code

@@ -78,8 +78,9 @@ class TaskError(ValueError):
 def cannot_exit(what: str) -> Iterator[None]:
     """Task code run by a gate may not end the process: a task whose import or method called
     ``sys.exit(0)`` or ``os._exit(0)`` made ``validate-checkpoint`` exit 0, a "yes" with no
-    verdict. Inside, either raises :class:`TaskError` naming ``what`` instead. (A task reaching
-    the C library's ``exit`` directly, through ctypes, is not covered.)
+    verdict. Inside, either raises :class:`TaskError` naming ``what`` instead. (A task ending the
+    process below Python, through the C library's ``exit`` or an ``exec``, is caught by the command
+    line's process guard, ``cli.gates._with_a_verdict``: no verdict, exit 2.)
     """
     real = os._exit, posix._exit
 
