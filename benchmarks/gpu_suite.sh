@@ -353,6 +353,12 @@ case $suite in
       mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
     fi
     ;;
+  call47)  # one device call: the 1.3B killed rank with the load split into load_prepare (DCP's state dict,
+    # the optimizer's state made) / load_read / load_checkpoint (set_state_dict): call45's read 16 GB in
+    # 1.5 s in dcp_read.py, yet its load took 5.68 s
+    MODEL_SIZE=1b RUN_TIMEOUT=${RUN_TIMEOUT:-160} FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"

@@ -1291,7 +1291,7 @@ class Checkpointer:
         return copy.deepcopy(self._staging.data_state)
 
     def load(self, path: Path, manifest: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: Any = None) -> tuple[str, Any]:
+             scheduler: Any = None, *, lap: Callable[[str], None] | None = None) -> tuple[str, Any]:
         """Restore checkpoint ``path`` into sharded ``model``/``optimizer``/``scheduler``; returns
         (source, this rank's data state).
 
@@ -1299,6 +1299,8 @@ class Checkpointer:
         (host memory, page-locked on GPUs): then nothing is read from storage. Otherwise DCP
         reads what this rank's shards need, from any world size (no collective: every rank plans
         its own reads from ``.metadata``, so a slow reader never trips the short collective timeout).
+        ``lap(name)`` marks the end of ``load_prepare`` (DCP's state dict, the optimizer's state
+        made) and ``load_read`` (the files read into it) in the restart profile.
         """
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -1306,7 +1308,9 @@ class Checkpointer:
         same_world = manifest["world_size"] == self.world_size or manifest.get("ranks") is not None
         if same_world and self._staging.staged_step == manifest["step"]:
             return "memory", self.load_staged(model, optimizer, scheduler)
+        lap = lap or (lambda name: None)
         state = state_dict(model, optimizer, scheduler)
+        lap("load_prepare")
         try:
             fmt.dcp_load(state, path)
         except Exception as exc:  # DCP names the key or shape that does not fit
@@ -1315,6 +1319,7 @@ class Checkpointer:
             ) from exc
         # A different world size splits the data differently: the task resumes from rank 0's
         # state (the built-in task's position is global, so that is exact).
+        lap("load_read")  # (every reading thread waited for its copies to the device)
         source = "storage" if same_world else "storage (resharded)"
         data_state = fmt.load_data_state(path, self.rank if same_world else min(manifest.get("ranks") or [0]))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -594,7 +594,7 @@ class Trainer:
             source, data_state = checkpointer.load_memory(manifest, model, optimizer, scheduler)
             tk.call(data, "load_state_dict", data_state)
         elif path is not None:
-            source, data_state = checkpointer.load(path, manifest, model, optimizer, scheduler)
+            source, data_state = checkpointer.load(path, manifest, model, optimizer, scheduler, lap=laps.lap)
             tk.call(data, "load_state_dict", data_state)
         laps.lap("load_checkpoint")
         # Every rank must restore the same step; a disagreement would silently mix states.
