@@ -299,7 +299,7 @@ def model_state(ckpt_dir: Path) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = dcp.FileSystemReader(str(ckpt_dir))
+    reader = cf.reader(ckpt_dir)  # DCP's FileSystemReader, chunks read straight into the tensors
     metadata = reader.read_metadata()
     state: dict[str, Any] = {}
     others = []
