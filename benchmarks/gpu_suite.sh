@@ -359,6 +359,18 @@ case $suite in
     MODEL_SIZE=1b RUN_TIMEOUT=${RUN_TIMEOUT:-160} FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
     ;;
+  call48)  # one device call: the 1.3B killed rank after call47 (7.01 s: 1.02 s the teardown waiting for
+    # the dead worker's exit, 0.98 s the first step): the teardown no longer waits for an exiting
+    # process and spares warm their kernels; then the reference schedule with the defaults (call46:
+    # 3.19 s lost per fault), then the 1.3B again if the call has room
+    MODEL_SIZE=1b RUN_TIMEOUT=150 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    SPARE=1 RUN_TIMEOUT=$(( 560 - SECONDS )) "$0" goodput-product "$out"
+    if [ $(( 570 - SECONDS )) -gt 140 ]; then
+      MODEL_SIZE=1b RUN_TIMEOUT=$(( 570 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto2 "$0" pin-1b "$out"
+      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+    fi
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"

@@ -142,6 +142,25 @@ ATTACKS.update({
     "mount options through the beta annotation (the kubelet still honours it)": (_changed(
         metadata__annotations={"volume.beta.kubernetes.io/mount-options": "flock,user_xattr"}), _MOUNT_OPTIONS),
 })
+# Stranger trial (nineteenth round, left): access modes, csi.readOnly and claimRef.name were not checked.
+_SHAPE = "must have the shape provision_storage gives it"
+ATTACKS.update({
+    "accessModes: ReadWriteOnce": (_changed(spec__accessModes=["ReadWriteOnce"]), _SHAPE),
+    "accessModes: ReadWriteMany plus ReadOnlyMany": (_changed(spec__accessModes=["ReadWriteMany", "ReadOnlyMany"]),
+                                                     _SHAPE),
+    "accessModes left out": (_changed(spec__accessModes=None), _SHAPE),
+    "volumeMode Block": (_changed(spec__volumeMode="Block"), _SHAPE),
+    "csi.readOnly true": (_changed(spec__csi={**our_pv()["spec"]["csi"], "readOnly": True}), _SHAPE),
+    "claimRef with a namespace and no name": (_changed(spec__claimRef={"namespace": "team-a"}), _SHAPE),
+    "claimRef.name empty": (_changed(spec__claimRef={"namespace": "team-a", "name": ""}), _SHAPE),
+    "claimRef.name with a trailing newline": (_changed(spec__claimRef={"namespace": "team-a", "name": "rt-x-data\n"}),
+                                              _SHAPE),
+})
+
+
+def test_the_shape_rule_admits_csi_read_only_false_and_no_volume_mode():
+    assert admit(_policy(), "CREATE", LAUNCHER,
+                 _changed(spec__volumeMode=None, spec__csi={**our_pv()["spec"]["csi"], "readOnly": False})) is None
 
 
 def test_the_pv_provision_storage_creates_is_admitted_and_deleted():

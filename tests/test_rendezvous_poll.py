@@ -89,6 +89,29 @@ def test_a_worker_that_ignores_sigterm_gets_the_whole_grace_then_sigkill() -> No
     assert proc.wait(timeout=5) == -9
 
 
+def test_the_log_names_the_process_that_held_the_teardown_up(caplog: pytest.LogCaptureFixture) -> None:
+    proc = _group("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")
+    with caplog.at_level("WARNING", logger=nvrx_adapter.__name__):
+        nvrx_adapter.terminate_process_groups({proc.pid}, grace=0.3)
+    assert proc.wait(timeout=5) == -9
+    assert f"{proc.pid} python" in caplog.text and "SIGKILLed" in caplog.text
+
+
+def _stat(pid: int, state: str, pgrp: int, flags: int, name: str = "python3") -> bytes:
+    return f"{pid} ({name}) {state} 1 {pgrp} {pgrp} 0 -1 {flags} 0 0 0 0 5 3 0 0 20 0 4 0 100".encode()
+
+
+def test_an_exiting_process_does_not_hold_the_teardown_up() -> None:
+    # A SIGKILLed worker with 16 GB page-locked is in the kernel's exit for over a second (1 H200):
+    # PF_EXITING (0x4) set, state R or D. It runs no more code: its group counts as gone.
+    assert nvrx_adapter._still_running(_stat(7, "R", 42, 0x400000)) == 42
+    assert nvrx_adapter._still_running(_stat(7, "D", 42, 0x400000 | 0x4)) is None
+    assert nvrx_adapter._still_running(_stat(7, "R", 42, 0x4)) is None
+    assert nvrx_adapter._still_running(_stat(7, "Z", 42, 0)) is None
+    # a name with ") " in it does not shift the fields (the name is cut at the last ")")
+    assert nvrx_adapter._still_running(_stat(7, "S", 42, 0, name="a) Z 1 9 9")) == 42
+
+
 def test_the_teardown_replaces_only_nvrx_0_7_s_shape_of_the_function(monkeypatch: pytest.MonkeyPatch) -> None:
     from nvidia_resiliency_ext.fault_tolerance import utils
 

@@ -246,6 +246,28 @@ def test_spares_make_a_cuda_context_unless_ft_launcher_waits_for_gpu_memory(tmp_
     assert spare_pool.make_cuda_context(0) == ""  # no GPU here: nothing to prepare
 
 
+def test_the_kernel_warm_up_runs_a_training_step_and_leaves_the_global_rng_alone():
+    import torch
+
+    before = torch.random.get_rng_state()
+    expected = torch.rand(3)
+    torch.random.set_rng_state(before)
+    calls = []
+    original = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        calls.append(len(self.param_groups[0]["params"]))
+        return original(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = step
+    try:
+        spare_pool.warm_kernels(torch.device("cpu"))  # on a GPU: in the spare, after its CUDA context
+    finally:
+        torch.optim.AdamW.step = original
+    assert calls == [10, 10]  # head sizes 64 and 128: embedding, norm (2), three linears with bias (6), head
+    assert torch.equal(torch.rand(3), expected)  # a task that does not seed sees what it would have
+
+
 def test_no_pool_means_a_cold_start_and_a_pool_for_next_time_that_ends_with_its_agent(tmp_path):
     run_dir = tmp_path / "run"
     # A stand-in agent: it starts one stub (local rank 0 of 1) and exits when the stub exits.
