@@ -371,6 +371,13 @@ case $suite in
       mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
     fi
     ;;
+  call49)  # one device call: after call48 (1.3B killed rank 6.56/6.68 s, the reference schedule 3.49 s lost
+    # per fault) the ranks agree through the store before a restore and the communicator is built
+    # on a thread while the checkpoint loads: the 1.3B killed rank, then the reference schedule
+    MODEL_SIZE=1b RUN_TIMEOUT=150 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    SPARE=1 RUN_TIMEOUT=$(( 570 - SECONDS )) "$0" goodput-product "$out"
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"

@@ -32,6 +32,7 @@ from resilient_training.runtime import gpu_reclaim, nvrx_adapter
 from resilient_training.runtime import task as tk
 from resilient_training.runtime.checkpointing import (
     Checkpointer,
+    CollectiveWarmUp,
     CommitStuck,
     Committer,
     HostSnapshot,
@@ -39,6 +40,7 @@ from resilient_training.runtime.checkpointing import (
     MemorySnapshot,
     Remover,
     StagingBuffers,
+    StoreGather,
     local_tensors,
     local_tier_base,
     local_tier_root,
@@ -158,6 +160,9 @@ class Trainer:
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 on_wait=self.guard.progress, remover=self.remover, snapshot=self.snapshot, committer=self.committer,
                 host=self.host_snapshot, lineage=self.lineage,
+                gather=StoreGather(torch.distributed.PrefixStore("ckpt", self._iteration_store), self.rank,
+                                   self.world_size, collective_timeout(self.config.timeouts, nccl=self.on_gpu),
+                                   on_wait=self.guard.progress),
             )
             started = time.time()
             # After an in-process restart a step staged on every rank (a save in flight) is newer
@@ -174,8 +179,11 @@ class Trainer:
             model, optimizer, scheduler = self._build(from_storage=path is not None or manifest.get("memory") == "host")
             laps.lap("build_model")
             data = tk.build_data(self.task, self.rank, self.world_size, self.config.seed)
+            # No collective before this (agreements went through the store): the communicator is
+            # built while the checkpoint loads; _restore joins it before its first collective.
+            warm_up = CollectiveWarmUp(self.device)
             self.guard.end_phase(start_phase, warm_up=True)
-            self._restore(checkpointer, path, manifest, model, optimizer, scheduler, data, started, laps)
+            self._restore(checkpointer, path, manifest, model, optimizer, scheduler, data, started, laps, warm_up)
             checkpointer.carry_owed(self._owed, self.step)
             self._train(model, optimizer, scheduler, data, checkpointer, call_wrapper)
             self._wind_down(checkpointer)
@@ -447,6 +455,7 @@ class Trainer:
         # The base store is new with every worker group (see _base_store); inside it, each
         # in-process restart iteration gets its own namespace.
         store = torch.distributed.PrefixStore(f"rt/i{iteration}", self._base_store())
+        self._iteration_store = store
         torch.distributed.init_process_group(
             backend, store=store, rank=self.rank, world_size=self.world_size,
             timeout=datetime.timedelta(seconds=collective_timeout(self.config.timeouts, nccl=self.on_gpu)),
@@ -573,7 +582,8 @@ class Trainer:
         return 4 * count < torch.cuda.get_device_properties(self.device).total_memory / 4
 
     def _restore(self, checkpointer: Checkpointer, path: Any, manifest: dict[str, Any], model: Any,
-                 optimizer: Any, scheduler: Any, data: Any, started: float, laps: _Laps) -> None:
+                 optimizer: Any, scheduler: Any, data: Any, started: float, laps: _Laps,
+                 warm_up: CollectiveWarmUp) -> None:
         step = manifest.get("step", 0)
         source = None
         if manifest.get("progress"):
@@ -590,13 +600,16 @@ class Trainer:
             # Any restore, a memory snapshot's too: with snapshots an in-process restore never reads
             # storage, and a load-hang never fired (fault matrix on one H200, 2026-12-02).
             self.injector.hang_in_restore(flt.reached_step(ev.read_events(self.config.run_dir), self.rank), step)
+        data_state = None
         if manifest.get("memory"):
             source, data_state = checkpointer.load_memory(manifest, model, optimizer, scheduler)
-            tk.call(data, "load_state_dict", data_state)
         elif path is not None:
             source, data_state = checkpointer.load(path, manifest, model, optimizer, scheduler, lap=laps.lap)
-            tk.call(data, "load_state_dict", data_state)
         laps.lap("load_checkpoint")
+        warm_up.join()  # before the task's code (it may make collectives) and the agreement below
+        laps.lap("first_collective")  # what of the communicator's set-up the load did not cover
+        if source is not None:
+            tk.call(data, "load_state_dict", data_state)
         # Every rank must restore the same step; a disagreement would silently mix states.
         agreed = torch.tensor([step, -step], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
