@@ -378,6 +378,12 @@ case $suite in
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
     SPARE=1 RUN_TIMEOUT=$(( 570 - SECONDS )) "$0" goodput-product "$out"
     ;;
+  call50)  # one device call (short): call49's in-process restarts took 1.38-1.46 s (call48: 1.06-1.20),
+    # find_checkpoint 0.39 s without the communicator's set-up: find_restorable now laps find_settle and
+    # find_scan. Two exceptions and a killed rank, 500 steps, the reference schedule's saves
+    run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
+        --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"

@@ -1159,7 +1159,8 @@ class Checkpointer:
             for path in stale:
                 self.remover(path)
 
-    def find_restorable(self, *, in_memory: bool = False, after_nan: bool = False) -> tuple[Path | None, dict[str, Any]]:
+    def find_restorable(self, *, in_memory: bool = False, after_nan: bool = False,
+                        lap: Callable[[str], None] | None = None) -> tuple[Path | None, dict[str, Any]]:
         """(checkpoint to restore, its manifest): the newest committed one every rank can load.
 
         With ``in_memory`` (an in-process restart: the same processes, the same world), a newer
@@ -1170,13 +1171,18 @@ class Checkpointer:
         may already hold the cause), a snapshot only when every value in it is finite. The final
         step is never restored from memory (its save is what failed, most likely).
 
-        Collective. Checks the model shape before anything is built.
+        Collective (through the store, see :class:`StoreGather`). Checks the model shape before
+        anything is built. ``lap(name)`` marks the end of ``find_settle`` (rank 0's commit in
+        flight, on every rank) and ``find_scan`` (stale writes handed over, the newest checkpoint
+        on storage and the node-local one every rank holds) in the restart profile.
         """
+        lap = lap or (lambda name: None)
         self.committer.settle(self._commit_timeout())
         if self.world_size > 1:
             # Rank 0 commits the persistent tier on its committer thread: no rank reads `latest`
             # before rank 0's commit in flight is done (rank 0 joins this only after settling).
             self._gather(None, "waiting for rank 0's commit before finding the checkpoint")
+        lap("find_settle")
         self._remove_stale_writes()
         persistent = fmt.read_latest(self.root)
         persistent_id = None
@@ -1184,6 +1190,7 @@ class Checkpointer:
             persistent_manifest = fmt.read_manifest(persistent)
             persistent_id = (persistent_manifest["step"], (persistent_manifest.get("lineage") or {}).get("branch"))
         latest = self._newest_restorable(persistent, persistent_id)
+        lap("find_scan")
         manifest: dict[str, Any] = {}
         if latest is not None:
             manifest = fmt.read_manifest(latest)

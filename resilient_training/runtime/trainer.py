@@ -167,7 +167,8 @@ class Trainer:
             started = time.time()
             # After an in-process restart a step staged on every rank (a save in flight) is newer
             # than any commit; not after a NaN, whose cause may already be in that state.
-            path, manifest = checkpointer.find_restorable(in_memory=iteration > 0, after_nan=self.last_kind == "nan")
+            path, manifest = checkpointer.find_restorable(in_memory=iteration > 0, after_nan=self.last_kind == "nan",
+                                                          lap=laps.lap)
             laps.lap("find_checkpoint")
             if predecessor is not None:  # the worker this one replaces, still exiting: its GPU memory
                 if not gpu_reclaim.wait_gone(predecessor, self.config.restart.gpu_reclaim_timeout,
