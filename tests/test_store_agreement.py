@@ -57,6 +57,13 @@ def test_every_rank_gets_every_rank_s_value_call_after_call() -> None:
     assert results == {0: expected, 1: expected}
 
 
+def test_a_world_of_one_agrees_with_itself_without_the_store() -> None:
+    store = _stores(1)[0]
+    keys = store.num_keys()
+    assert StoreGather(store, 0, 1, timeout=1)({"step": 3}, "alone") == [{"step": 3}]
+    assert store.num_keys() == keys
+
+
 def test_a_rank_that_never_arrives_is_named_and_counts_as_a_timeout() -> None:
     store = _stores(1)[0]
     gather = StoreGather(store, 0, 3, timeout=0.3)

@@ -1726,15 +1726,17 @@ class StoreGather:
         import datetime
         import json
 
+        if self.world_size == 1:
+            return [value]
         self._count += 1
         prefix = f"agree/{self._count}"
         self.store.set(f"{prefix}/{self.rank}", json.dumps(value))
         keys = [f"{prefix}/{r}" for r in range(self.world_size)]
         deadline = time.monotonic() + self.timeout
-        while True:
+        while not self.store.check(keys):  # the last rank to arrive does not wait at all
             try:
                 self.store.wait(keys, datetime.timedelta(seconds=self.SLICE_S))
-                break
+                continue
             except (RuntimeError, torch.distributed.DistError) as exc:  # DistStoreError: this slice's timeout
                 if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
                     raise
