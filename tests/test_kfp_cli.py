@@ -874,3 +874,69 @@ def test_worker_pod_placement_reaches_the_server(cli, server):
     assert parameters["node_selector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
     assert parameters["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert (parameters["cpu"], parameters["memory"], parameters["shm_size"]) == ("180", "1800Gi", "128Gi")
+
+
+# --- compile --default: the IR's defaults, what the KFP UI's Create run form starts from ----------------
+
+CLUSTER_DEFAULTS = ["--default", "storage=pvc", "--default", "pvc_name=training-data", "--default",
+                    "launcher=pytorchjob", "--default", "promote_to=/mnt/run/promoted"]
+
+
+def test_compiled_cluster_defaults_are_what_the_form_shows_and_what_submit_accepts(cli, server, tmp_path):
+    """Stranger trial: the IR kept the laptop's defaults, so the KFP UI's Create run (which checks
+    nothing) started from storage=local and launcher=local. The defaults a team compiles in pass the
+    checks submit makes, and a run submitted from that file with no --param is sent as they are."""
+    from resilient_training.kfp.compile import load_package
+
+    out = tmp_path / "rt.yaml"
+    code, _, err = cli("compile", "-o", out, "--pipeline", "resilient-training", *CLUSTER_DEFAULTS,
+                       "--default", 'node_selector={"b": "2", "a": "1"}')
+    assert code == 0 and err == "", err  # no laptop note: these defaults run on a cluster
+    compiled = load_package(out)
+    assert {name: compiled.inputs[name].default for name in ("storage", "launcher", "pvc_name", "node_selector")} \
+        == {"storage": "pvc", "launcher": "pytorchjob", "pvc_name": "training-data", "node_selector": {"a": "1", "b": "2"}}
+    header = out.read_text().split("\ndeployment", 1)[0]  # the comment kfp writes above the spec says them too
+    assert "#    launcher: str [Default: 'pytorchjob']" in header
+    assert "#    node_selector: dict [Default: {'a': '1', 'b': '2'}]" in header
+    code, _, err = cli("submit", "--host", server.url, "--package", out)
+    assert code == 0, err
+    [run] = server.runs.values()
+    spec = run["pipeline_spec"]["pipeline_spec"]["root"]["inputDefinitions"]["parameters"]
+    assert spec["launcher"]["defaultValue"] == "pytorchjob" and spec["storage"]["defaultValue"] == "pvc"
+    assert not run["runtime_config"].get("parameters")  # nothing given: the server runs the compiled defaults
+
+
+def test_without_defaults_compile_says_the_form_starts_from_a_laptop_s(cli, tmp_path):
+    code, _, err = cli("compile", "-o", tmp_path / "out")
+    assert code == 0
+    notes = err.splitlines()
+    assert len(notes) == 2 and all(n.startswith("note: ") and "storage 'local' is a directory on one machine" in n
+                                   and "--default KEY=VALUE" in n for n in notes), err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # what submit would refuse is not baked into the form either
+    (["--default", "storage=pvc"], "error: --default: storage 'pvc' needs pvc_name"),
+    (CLUSTER_DEFAULTS[:-2], "error: --default: promote_to 'promoted' is relative"),
+    ([*CLUSTER_DEFAULTS, "--default", "steps=-1"], "error: --default: steps must be positive"),
+    (["--default", "nodes=2\n"], "error: parameter 'nodes' value '2\\n' contains a control character"),
+    (["--default", "bogus=1"], "error: unknown parameter 'bogus'"),
+    (["--default", "storage"], "error: --default 'storage' is not key=value"),
+    ([*CLUSTER_DEFAULTS, "--default", "launcher=trainjob"], "error: parameter 'launcher' is given twice"),
+])
+def test_defaults_a_run_s_steps_would_refuse_are_refused_in_one_line(cli, tmp_path, args, message):
+    out = tmp_path / "rt.yaml"
+    out.write_text("the team's compiled pipeline\n")
+    code, _, err = cli("compile", "-o", out, "--pipeline", "resilient-training", *args)
+    assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
+    assert out.read_text() == "the team's compiled pipeline\n"  # refused before anything was written
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (CLUSTER_DEFAULTS, "error: --default: name the pipeline it is for with --pipeline NAME"),
+    (["--format", "argo", "--pipeline", "resilient-training", *CLUSTER_DEFAULTS], "error: --default: KFP IR only"),
+])
+def test_defaults_need_one_kfp_pipeline(cli, tmp_path, args, message):
+    code, _, err = cli("compile", "-o", tmp_path / "out", *args)
+    assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()

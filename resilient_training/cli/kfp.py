@@ -57,6 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=("kfp", "argo"), default="kfp",
                    help="kfp (default): KFP IR YAML; argo: NAME.workflowtemplate.yaml and NAME.cronworkflow.yaml")
     _add_pipeline_args(p)
+    p.add_argument("--default", action="append", metavar="KEY=VALUE",
+                   help="a parameter's default in the compiled KFP IR, what the KFP UI's Create run form starts "
+                   "from (repeatable; typed by the pipeline's inputs; checked as submit checks a run's), "
+                   "e.g. --default storage=pvc --default launcher=pytorchjob --default pvc_name=training-data")
     cron = p.add_argument_group("Argo CronWorkflow (--format argo)")
     cron.add_argument("--schedule", action="append", metavar="CRON",
                       help=f"5-field cron (minute hour day-of-month month day-of-week) or @daily / @every 6h; "
@@ -214,6 +218,9 @@ def _compile(args: argparse.Namespace) -> int:
     if cron_flags:
         print(f"error: {', '.join(cron_flags)}: only with --format argo", file=sys.stderr)
         return 2
+    if args.default and not args.pipeline:
+        print("error: --default: name the pipeline it is for with --pipeline NAME", file=sys.stderr)
+        return 2
 
     def body() -> int:
         _check_images()
@@ -225,9 +232,21 @@ def _compile(args: argparse.Namespace) -> int:
         selected = kfp_compile.select(registry, args.pipeline)
         paths = kfp_compile.output_paths(list(selected), Path(args.output))
         for key, pipeline in selected.items():
-            compiled = _writing(args.output, kfp_compile.compile_pipeline, key, pipeline, paths[key])
+            defaults = None
+            if args.default:  # checked before -o is touched: a refused default leaves the file there as it was
+                with tempfile.TemporaryDirectory(prefix="rt-compile-") as tmp:
+                    plain = kfp_compile.compile_pipeline(key, pipeline, Path(tmp) / f"{key}.yaml")
+                defaults = kfp_params.parse_params(args.default, plain.inputs, flag="--default")
+                _check_arguments(plain, defaults, recurring=False, flag="--default")
+            compiled = _writing(args.output, kfp_compile.compile_pipeline, key, pipeline, paths[key], defaults)
+            if defaults:
+                changed = {name: _ir_default(spec) for name, spec in compiled.inputs.items() if name in defaults}
+                if changed != defaults:  # what the form shows is what was checked
+                    raise CompileError(f"{compiled.path}: the compiled defaults {changed} are not the given {defaults}")
             print(f"{key}: {compiled.path} (pipeline {compiled.name!r}, {compiled.num_tasks} top-level task(s), "
                   f"{len(compiled.inputs)} parameter(s), sha256 {compiled.content_hash[:12]})")
+            if not args.default:
+                _note_laptop_defaults(compiled)
         return 0
 
     return _run(body)
@@ -235,6 +254,9 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _compile_argo(args: argparse.Namespace) -> int:
     def body() -> int:
+        if args.default:
+            raise _InputError("--default: KFP IR only; the CronWorkflow's runs take --cron-param KEY=VALUE, and a "
+                              "run submitted from the WorkflowTemplate takes its own arguments")
         if args.registry != DEFAULT_REGISTRY or args.pipeline not in (None, ARGO_PIPELINE):
             raise _InputError(f"--format argo writes the {ARGO_PIPELINE!r} pipeline only "
                               f"(got --pipeline {args.pipeline!r}, --registry {args.registry!r})")
@@ -317,7 +339,21 @@ def _note_default_schedule() -> None:
               f"({exc}); give the schedule's values with --cron-param KEY=VALUE", file=sys.stderr)
 
 
-def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any], *, recurring: bool) -> None:
+def _note_laptop_defaults(compiled: CompiledPipeline) -> None:
+    """The IR's defaults are the laptop's (storage=local, launcher=local): a KFP UI's Create run form
+    starts from them and, unlike ``submit``, checks nothing; say so, and how to compile a cluster's.
+    """
+    try:
+        _check_arguments(compiled, {}, recurring=False)
+    except ParamError as exc:
+        reason = str(exc).removeprefix("--param: ")
+        print(f"note: {compiled.key}'s compiled defaults are a laptop's, which submit refuses for a KFP server "
+              f"({reason}); the KFP UI's Create run form starts from them: compile the cluster's with "
+              f"--pipeline {compiled.key} --default KEY=VALUE", file=sys.stderr)
+
+
+def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any], *, recurring: bool,
+                     flag: str = "--param") -> None:
     """For this project's two pipelines: what their steps would refuse, refused before the run exists."""
     from resilient_training.pipelines import arguments
     from resilient_training.pipelines.recovery_benchmark import recovery_benchmark
@@ -336,7 +372,7 @@ def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any], *, recu
         else:
             arguments.check_benchmark(values, cluster=True, local_launcher=False)
     except ValueError as exc:
-        raise ParamError(f"--param: {exc}") from None
+        raise ParamError(f"{flag}: {exc}") from None
 
 
 def _ir_default(spec: kfp_params.PipelineInput) -> Any:

@@ -157,13 +157,16 @@ def output_paths(keys: list[str], output: Path) -> dict[str, Path]:
     return paths
 
 
-def compile_pipeline(key: str, pipeline: Callable[..., Any], path: Path) -> CompiledPipeline:
+def compile_pipeline(key: str, pipeline: Callable[..., Any], path: Path,
+                     defaults: Mapping[str, Any] | None = None) -> CompiledPipeline:
     """Compile one pipeline to IR YAML and prove the file loads back with kfp.
 
     Args:
         key: the pipeline's registry name.
         pipeline: the ``@dsl.pipeline`` function.
         path: the YAML file to write (parents are created).
+        defaults: parameters whose defaults the IR gets instead of the function's (typed, checked
+            by the caller): what a KFP UI's "Create run" form starts from.
 
     Returns:
         The compiled pipeline.
@@ -178,10 +181,11 @@ def compile_pipeline(key: str, pipeline: Callable[..., Any], path: Path) -> Comp
 
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        compiler.Compiler().compile(pipeline_func=pipeline, package_path=str(path))
+        compiler.Compiler().compile(pipeline_func=pipeline, package_path=str(path),
+                                    pipeline_parameters=dict(defaults) if defaults else None)
     except Exception as exc:  # kfp raises many types for user errors; all mean "does not compile"
         raise CompileError(f"pipeline {key!r} does not compile: {type(exc).__name__}: {exc}") from None
-    data = _stable_header(path.read_text()).encode()
+    data = _stable_header(_with_defaults(path.read_text(), defaults or {})).encode()
     path.write_bytes(data)
     documents = list(yaml.safe_load_all(data))
     spec = documents[0]
@@ -207,6 +211,19 @@ def _sorted(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _sorted(value[key]) for key in sorted(value)}
     return [_sorted(item) for item in value] if isinstance(value, list) else value
+
+
+def _with_defaults(text: str, defaults: Mapping[str, Any]) -> str:
+    """The header comment with the defaults the IR was compiled with (kfp writes the function's)."""
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        if not line.startswith("#"):
+            break
+        match = _HEADER_DEFAULT.match(line)
+        name = line[5:].split(":", 1)[0] if match else ""
+        if name in defaults:
+            lines[index] = f"{match.group(1)}{_sorted(defaults[name])!r}]"
+    return "\n".join(lines)
 
 
 def _stable_header(text: str) -> str:

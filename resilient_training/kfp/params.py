@@ -57,7 +57,7 @@ def pipeline_inputs(pipeline_spec: Mapping[str, Any]) -> dict[str, PipelineInput
     return inputs
 
 
-def split_param(item: str) -> tuple[str, str]:
+def split_param(item: str, flag: str = "--param") -> tuple[str, str]:
     """Split ``key=value`` (the value may contain ``=``).
 
     Raises:
@@ -67,16 +67,17 @@ def split_param(item: str) -> tuple[str, str]:
     key, sep, value = item.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ParamError(f"--param {item!r} is not key=value")
+        raise ParamError(f"{flag} {item!r} is not key=value")
     return key, value
 
 
-def parse_params(items: Iterable[str], inputs: Mapping[str, PipelineInput]) -> dict[str, Any]:
+def parse_params(items: Iterable[str], inputs: Mapping[str, PipelineInput], flag: str = "--param") -> dict[str, Any]:
     """Turn ``--param key=value`` items into typed pipeline arguments.
 
     Args:
         items: the raw ``key=value`` strings, in command-line order.
         inputs: the pipeline's inputs (:func:`pipeline_inputs`).
+        flag: the option the items came with, for the messages (``--param``, ``--default``).
 
     Returns:
         Arguments by name, converted to each input's type; inputs left out keep their defaults
@@ -89,7 +90,7 @@ def parse_params(items: Iterable[str], inputs: Mapping[str, PipelineInput]) -> d
     """
     params: dict[str, Any] = {}
     for item in items:
-        key, raw = split_param(item)
+        key, raw = split_param(item, flag)
         if key not in inputs:
             known = ", ".join(inputs) or "none"
             raise ParamError(f"unknown parameter {key!r}; the pipeline's parameters are: {known}")
@@ -99,7 +100,7 @@ def parse_params(items: Iterable[str], inputs: Mapping[str, PipelineInput]) -> d
         params[key] = convert(inputs[key], raw)
     missing = [name for name, spec in inputs.items() if not spec.optional and name not in params]
     if missing:
-        raise ParamError(f"missing required parameter(s): {', '.join(missing)} (give them with --param KEY=VALUE)")
+        raise ParamError(f"missing required parameter(s): {', '.join(missing)} (give them with {flag} KEY=VALUE)")
     return params
 
 

@@ -12,7 +12,8 @@ What differs between versions, and is handled here (see ../shared/NVRX_NOTES.md)
   or not yet open, a fixed wait in every launcher restart; :func:`quicken_rendezvous` (run in the
   launcher process by :mod:`resilient_training.runtime.ft_launch`) shortens that poll. Its
   worker teardown sleeps a fixed second between SIGTERM and SIGKILL of the workers' process
-  groups; :func:`quicken_teardown` ends that wait as soon as the groups are gone.
+  groups; :func:`quicken_teardown` ends that wait as soon as no process of theirs can run code
+  (gone, a zombie, or already exiting: a killed worker releasing its memory).
 - Async checkpointing: a dead persistent writer makes NVRx's blocking wait spin forever and its
   ``close()`` block in ``queue.join()``; :class:`AsyncWriter` watches the process instead (and
   starts it off the caller's thread: the spawn blocks while the child imports torch).
