@@ -923,6 +923,14 @@ def test_without_defaults_compile_says_the_form_starts_from_a_laptop_s(cli, tmp_
     (["--default", "bogus=1"], "error: unknown parameter 'bogus'"),
     (["--default", "storage"], "error: --default 'storage' is not key=value"),
     ([*CLUSTER_DEFAULTS, "--default", "launcher=trainjob"], "error: parameter 'launcher' is given twice"),
+    # Stranger trial: a string no rule checks went into the header comment with its line break (a
+    # traceback, and a broken file over the team's); numbers past 2**53 were refused after the write.
+    ([*CLUSTER_DEFAULTS, "--default", "fsx_deployment_type=a\nb"],
+     "error: --default: fsx_deployment_type 'a\\nb' contains a control character"),
+    ([*CLUSTER_DEFAULTS, "--default", "checkpoint_every=9007199254740993"],
+     "error: --default: checkpoint_every 9007199254740993 is past what the IR holds exactly"),
+    ([*CLUSTER_DEFAULTS, "--default", 'task_args={"vocab_size": 99999999999999999999999}'],
+     "error: --default: task_args: the IR would hold"),
 ])
 def test_defaults_a_run_s_steps_would_refuse_are_refused_in_one_line(cli, tmp_path, args, message):
     out = tmp_path / "rt.yaml"
@@ -940,3 +948,9 @@ def test_defaults_need_one_kfp_pipeline(cli, tmp_path, args, message):
     code, _, err = cli("compile", "-o", tmp_path / "out", *args)
     assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_yaml_suffix_in_capitals_names_a_file_too(cli, tmp_path):
+    code, _, err = cli("compile", "-o", tmp_path / "RT.YAML", "--pipeline", "resilient-training", *CLUSTER_DEFAULTS)
+    assert code == 0, err
+    assert (tmp_path / "RT.YAML").is_file()  # it made a directory RT.YAML/ holding resilient-training.yaml

@@ -227,22 +227,15 @@ def _compile(args: argparse.Namespace) -> int:
         if Path(args.output).suffix.lower() in _FILE_SUFFIXES:
             # Anything but .yaml/.yml reads as a directory: `-o x.json` made a directory (stranger trial).
             raise _InputError(f"-o {args.output}: KFP IR is written as YAML: give a .yaml file or a directory")
-        _check_output(args.output, directory=Path(args.output).suffix not in (".yaml", ".yml"))
+        _check_output(args.output, directory=Path(args.output).suffix.lower() not in (".yaml", ".yml"))
         registry = kfp_compile.load_registry(args.registry)
         selected = kfp_compile.select(registry, args.pipeline)
         paths = kfp_compile.output_paths(list(selected), Path(args.output))
         for key, pipeline in selected.items():
-            defaults = None
-            if args.default:  # checked before -o is touched: a refused default leaves the file there as it was
-                with tempfile.TemporaryDirectory(prefix="rt-compile-") as tmp:
-                    plain = kfp_compile.compile_pipeline(key, pipeline, Path(tmp) / f"{key}.yaml")
-                defaults = kfp_params.parse_params(args.default, plain.inputs, flag="--default")
-                _check_arguments(plain, defaults, recurring=False, flag="--default")
-            compiled = _writing(args.output, kfp_compile.compile_pipeline, key, pipeline, paths[key], defaults)
-            if defaults:
-                changed = {name: _ir_default(spec) for name, spec in compiled.inputs.items() if name in defaults}
-                if changed != defaults:  # what the form shows is what was checked
-                    raise CompileError(f"{compiled.path}: the compiled defaults {changed} are not the given {defaults}")
+            if args.default:
+                compiled = _writing(args.output, _compile_with_defaults, key, pipeline, paths[key], args.default)
+            else:
+                compiled = _writing(args.output, kfp_compile.compile_pipeline, key, pipeline, paths[key])
             print(f"{key}: {compiled.path} (pipeline {compiled.name!r}, {compiled.num_tasks} top-level task(s), "
                   f"{len(compiled.inputs)} parameter(s), sha256 {compiled.content_hash[:12]})")
             if not args.default:
@@ -337,6 +330,38 @@ def _note_default_schedule() -> None:
     except StepError as exc:
         print(f"note: the CronWorkflow starts runs with the template's defaults, which a run's steps refuse "
               f"({exc}); give the schedule's values with --cron-param KEY=VALUE", file=sys.stderr)
+
+
+def _compile_with_defaults(key: str, pipeline: Any, path: Path, items: list[str]) -> CompiledPipeline:
+    """``compile --default``: parsed, checked as ``submit`` checks a run's arguments, compiled and read
+    back in a scratch directory; only a file whose defaults are exactly the ones checked replaces ``path``
+    (a refused default leaves an existing file as it was).
+    """
+    import dataclasses
+    import shutil
+
+    with tempfile.TemporaryDirectory(prefix="rt-compile-") as tmp:
+        plain = kfp_compile.compile_pipeline(key, pipeline, Path(tmp) / "plain.yaml")
+        defaults = kfp_params.parse_params(items, plain.inputs, flag="--default")
+        for name, value in defaults.items():
+            # kfp writes a string default into the file's header comment as it is: a line break there
+            # broke the YAML (stranger trial); the IR holds numbers as doubles.
+            if isinstance(value, str) and has_control(value):
+                raise ParamError(f"--default: {name} {value!r} contains {control_note(value)}: a compiled default "
+                                 "cannot hold one")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+                raise ParamError(f"--default: {name} {value} is past what the IR holds exactly (numbers are doubles: "
+                                 f"at most {2**53})")
+        _check_arguments(plain, defaults, recurring=False, flag="--default")
+        compiled = kfp_compile.compile_pipeline(key, pipeline, Path(tmp) / "defaults.yaml", defaults)
+        held = {name: _ir_default(spec) for name, spec in compiled.inputs.items() if name in defaults}
+        if held != defaults:  # what the form shows is what was checked (a JSON number past 2**53, say)
+            wrong = sorted(name for name in defaults if held.get(name) != defaults[name])
+            raise ParamError(f"--default: {', '.join(wrong)}: the IR would hold {[held.get(n) for n in wrong]}, not the "
+                             f"given {[defaults[n] for n in wrong]} (numbers are doubles)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(compiled.path, path)
+    return dataclasses.replace(compiled, path=path)
 
 
 def _note_laptop_defaults(compiled: CompiledPipeline) -> None:

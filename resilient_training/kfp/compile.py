@@ -138,7 +138,7 @@ def output_paths(keys: list[str], output: Path) -> dict[str, Path]:
         CompileError: a single file was asked for several pipelines, or a path cannot be written.
 
     """
-    if output.suffix in (".yaml", ".yml"):
+    if output.suffix.lower() in (".yaml", ".yml"):  # X.YAML made a directory (stranger trial)
         if len(keys) != 1:
             raise CompileError(
                 f"-o {output} is one file but {len(keys)} pipelines are selected ({', '.join(keys)}); "
@@ -187,7 +187,10 @@ def compile_pipeline(key: str, pipeline: Callable[..., Any], path: Path,
         raise CompileError(f"pipeline {key!r} does not compile: {type(exc).__name__}: {exc}") from None
     data = _stable_header(_with_defaults(path.read_text(), defaults or {})).encode()
     path.write_bytes(data)
-    documents = list(yaml.safe_load_all(data))
+    try:
+        documents = list(yaml.safe_load_all(data))
+    except yaml.YAMLError as exc:
+        raise CompileError(f"pipeline {key!r} compiled to YAML that does not load back: {exc}"[:500]) from None
     spec = documents[0]
     name = spec.get("pipelineInfo", {}).get("name", "")
     loaded = components.load_component_from_file(str(path))
