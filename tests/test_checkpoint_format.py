@@ -158,11 +158,14 @@ def test_stale_writes_are_earlier_rounds_uncommitted_saves_only(tmp_path: Path) 
     for name in ("step_8", ".tmp-step_12-aaaa0000i0", ".tmp-step_12-aaaa0000i3", ".tmp-step_16-bbbb1111i0",
                  ".tmp-replaced-step_4-77", ".tmp-pruned-step_4-1234abcd"):
         (root / name).mkdir(parents=True)
-    (root / ".tmp-latest.99").write_text("step_8\n")  # an atomic write's file: not a save
+    # `latest`'s temporary file of a commit killed before its rename (seen in CI: left behind after a
+    # ckpt-kill round); callers ask once this root's commits are settled, so no process renames it.
+    (root / ".tmp-latest.99").write_text("step_8\n")
+    (root / ".tmp-latest.x").write_text("step_8\n")  # not the atomic writer's name: not ours to remove
     # This round's (aaaa0000: an in-process restart's abandoned write is still written) stay; the
     # pruned one is prune's; a committed step is never touched.
     assert [p.name for p in fmt.stale_writes(root, live_tag_prefix="aaaa0000i")] == [
-        ".tmp-replaced-step_4-77", ".tmp-step_16-bbbb1111i0"]
+        ".tmp-latest.99", ".tmp-replaced-step_4-77", ".tmp-step_16-bbbb1111i0"]
     assert fmt.stale_writes(root, live_tag_prefix="") == []
 
 

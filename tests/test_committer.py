@@ -9,7 +9,14 @@ import pytest
 
 from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run.config import CheckpointConfig, TrainConfig
-from resilient_training.runtime.checkpointing import Checkpointer, CommitStuck, Committer, StagingBuffers, state_dict
+from resilient_training.runtime.checkpointing import (
+    Checkpointer,
+    CommitStuck,
+    Committer,
+    Remover,
+    StagingBuffers,
+    state_dict,
+)
 from tests.support.gates import TINY, train_state
 
 
@@ -160,3 +167,18 @@ def test_a_commit_whose_log_line_fails_still_moves_latest_to_it(tmp_path):
     with pytest.raises(OSError, match="No space left"):
         checkpointer.committer.settle(30)
     assert fmt.read_latest(tmp_path / "run" / "checkpoints").name == "step_2"
+
+
+def test_the_remover_deletes_a_killed_commit_s_temporary_latest_file_as_well_as_a_save(tmp_path):
+    """CI: `.tmp-latest.<pid>` stayed after a ckpt-kill round (rank 0 stopped between writing it and
+    its rename); stale_writes names it, and rmtree alone leaves a file where it is."""
+    save = tmp_path / ".tmp-step_4-abcd1234i0"
+    save.mkdir()
+    (save / "__0_0.distcp").write_bytes(b"x" * 10)
+    latest = tmp_path / ".tmp-latest.12047"
+    latest.write_text("step_4\n")
+    remover = Remover()
+    remover(save)
+    remover(latest)
+    remover.wait(30)
+    assert list(tmp_path.iterdir()) == []

@@ -108,6 +108,11 @@ def stale_writes(root: str | os.PathLike[str], *, live_tag_prefix: str) -> list[
     and the ``replaced-`` leftovers of a commit killed while it deleted. Each can be a whole
     checkpoint's size: on one H200 a 1.3B run's killed saves (16 GB each) filled the 64 GB disk
     and the writer died of ENOSPC (2026-12-02). An empty ``live_tag_prefix`` names none.
+
+    Also ``.tmp-latest.<pid>``: a commit killed between writing ``latest``'s temporary file and
+    renaming it (CI, a rank stopped by the launcher while it committed). Only the rank that commits
+    this root writes it, and callers ask once that rank's commits are settled, so whatever pid
+    (of whichever node) is in the name, no process will rename it.
     """
     if not live_tag_prefix:
         return []
@@ -115,6 +120,9 @@ def stale_writes(root: str | os.PathLike[str], *, live_tag_prefix: str) -> list[
     for child in Path(root).iterdir():
         name = child.name
         if name.startswith(f"{TMP_PREFIX}replaced-"):
+            found.append(child)
+        elif name.startswith(f"{TMP_PREFIX}{LATEST_NAME}.") and name.rpartition(".")[2].isdigit() \
+                and child.is_file() and not child.is_symlink():
             found.append(child)
         elif name.startswith(f"{TMP_PREFIX}step_") and child.is_dir():
             tag = name.partition("-")[2].partition("-")[2]  # ".tmp-step_N-<tag>"

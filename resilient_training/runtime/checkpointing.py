@@ -933,7 +933,11 @@ class Remover:
                 return
 
             def remove() -> None:
-                shutil.rmtree(path, ignore_errors=True)
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:  # a file (a killed commit's temporary `latest`): rmtree would leave it
+                    with contextlib.suppress(OSError):
+                        path.unlink()
                 with self._lock:
                     self._running.pop(path, None)
 
