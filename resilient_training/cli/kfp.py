@@ -368,18 +368,25 @@ def _note_laptop_defaults(compiled: CompiledPipeline) -> None:
     """The IR's defaults are the laptop's (storage=local, launcher=local): a KFP UI's Create run form
     starts from them and, unlike ``submit``, checks nothing; say so, and how to compile a cluster's.
     """
-    try:
-        _check_arguments(compiled, {}, recurring=False)
-    except ParamError as exc:
-        reason = str(exc).removeprefix("--param: ")
+    problem = _argument_problem(compiled, {}, recurring=False)
+    if problem:
         print(f"note: {compiled.key}'s compiled defaults are a laptop's, which submit refuses for a KFP server "
-              f"({reason}); the KFP UI's Create run form starts from them: compile the cluster's with "
+              f"({problem}); the KFP UI's Create run form starts from them: compile the cluster's with "
               f"--pipeline {compiled.key} --default KEY=VALUE", file=sys.stderr)
 
 
 def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any], *, recurring: bool,
                      flag: str = "--param") -> None:
     """For this project's two pipelines: what their steps would refuse, refused before the run exists."""
+    problem = _argument_problem(compiled, params, recurring=recurring)
+    if problem:
+        raise ParamError(f"{flag}: {problem}")
+
+
+def _argument_problem(compiled: CompiledPipeline, params: dict[str, Any], *, recurring: bool) -> str | None:
+    """What the steps of this project's two pipelines would refuse in the compiled defaults with
+    ``params`` over them, as a KFP server runs them (None: nothing, or not one of ours).
+    """
     from resilient_training.pipelines import arguments
     from resilient_training.pipelines.recovery_benchmark import recovery_benchmark
     from resilient_training.pipelines.resilient_training import resilient_training
@@ -387,7 +394,7 @@ def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any], *, recu
     ours = {arguments.PIPELINE_NAME: resilient_training, arguments.BENCHMARK_NAME: recovery_benchmark}
     pipeline = ours.get(compiled.name)
     if pipeline is None or set(compiled.inputs) != set(pipeline.component_spec.inputs):
-        return  # another pipeline (or another version of one of these): its steps check their own inputs
+        return None  # another pipeline (or another version of one of these): its steps check their own inputs
     values = {name: _ir_default(spec) for name, spec in compiled.inputs.items()}
     values.update(params)
     try:
@@ -397,7 +404,8 @@ def _check_arguments(compiled: CompiledPipeline, params: dict[str, Any], *, recu
         else:
             arguments.check_benchmark(values, cluster=True, local_launcher=False)
     except ValueError as exc:
-        raise ParamError(f"{flag}: {exc}") from None
+        return str(exc)
+    return None
 
 
 def _ir_default(spec: kfp_params.PipelineInput) -> Any:

@@ -185,7 +185,7 @@ def compile_pipeline(key: str, pipeline: Callable[..., Any], path: Path,
                                     pipeline_parameters=dict(defaults) if defaults else None)
     except Exception as exc:  # kfp raises many types for user errors; all mean "does not compile"
         raise CompileError(f"pipeline {key!r} does not compile: {type(exc).__name__}: {exc}") from None
-    data = _stable_header(_with_defaults(path.read_text(), defaults or {})).encode()
+    data = _stable_header(path.read_text(), defaults or {}).encode()
     path.write_bytes(data)
     try:
         documents = list(yaml.safe_load_all(data))
@@ -216,21 +216,9 @@ def _sorted(value: Any) -> Any:
     return [_sorted(item) for item in value] if isinstance(value, list) else value
 
 
-def _with_defaults(text: str, defaults: Mapping[str, Any]) -> str:
-    """The header comment with the defaults the IR was compiled with (kfp writes the function's)."""
-    lines = text.split("\n")
-    for index, line in enumerate(lines):
-        if not line.startswith("#"):
-            break
-        match = _HEADER_DEFAULT.match(line)
-        name = line[5:].split(":", 1)[0] if match else ""
-        if name in defaults:
-            lines[index] = f"{match.group(1)}{_sorted(defaults[name])!r}]"
-    return "\n".join(lines)
-
-
-def _stable_header(text: str) -> str:
-    """The header comment kfp writes, with dict defaults in sorted key order, as the YAML below it has them.
+def _stable_header(text: str, defaults: Mapping[str, Any]) -> str:
+    """The header comment kfp writes, with the defaults the IR was compiled with (kfp writes the
+    function's) and dict defaults in sorted key order, as the YAML below it has them.
 
     kfp prints each default as ``str()`` of a protobuf Struct turned into a dict, whose key order
     changes from one process to the next: the recovery benchmark's ``strategies`` made every compile
@@ -242,6 +230,10 @@ def _stable_header(text: str) -> str:
             break
         match = _HEADER_DEFAULT.match(line)
         if match is None:
+            continue
+        name = line[5:].split(":", 1)[0]  # "#    NAME: TYPE [Default: ...]"
+        if name in defaults:
+            lines[index] = f"{match.group(1)}{_sorted(defaults[name])!r}]"
             continue
         try:
             value = ast.literal_eval(match.group(2))

@@ -1182,10 +1182,9 @@ class Checkpointer:
         """
         lap = lap or (lambda name: None)
         self.committer.settle(self._commit_timeout())
-        if self.world_size > 1:
-            # Rank 0 commits the persistent tier on its committer thread: no rank reads `latest`
-            # before rank 0's commit in flight is done (rank 0 joins this only after settling).
-            self._gather(None, "waiting for rank 0's commit before finding the checkpoint")
+        # Rank 0 commits the persistent tier on its committer thread: no rank reads `latest`
+        # before rank 0's commit in flight is done (rank 0 joins this only after settling).
+        self._gather(None, "waiting for rank 0's commit before finding the checkpoint")
         lap("find_settle")
         self._remove_stale_writes()
         persistent = fmt.read_latest(self.root)
@@ -1235,10 +1234,8 @@ class Checkpointer:
         """A new branch token, rank 0's, on every rank. Collective."""
         import uuid
 
-        token = uuid.uuid4().hex[:16] if self.rank == 0 else None
-        if self.world_size > 1:
-            token = self._gather(token, "agreeing on a new branch token")[0]
-        return str(token)
+        mine = uuid.uuid4().hex[:16] if self.rank == 0 else None
+        return str(self._gather(mine, "agreeing on a new branch token")[0])
 
     def _held_by_every_rank(self, held: dict[int, str]) -> int | None:
         """The newest of these steps (this rank's host snapshot slots) that every rank holds too,
