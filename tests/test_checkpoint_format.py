@@ -162,6 +162,8 @@ def test_stale_writes_are_earlier_rounds_uncommitted_saves_only(tmp_path: Path) 
     # ckpt-kill round); callers ask once this root's commits are settled, so no process renames it.
     (root / ".tmp-latest.99").write_text("step_8\n")
     (root / ".tmp-latest.x").write_text("step_8\n")  # not the atomic writer's name: not ours to remove
+    (root / ".tmp-latest.5").mkdir()  # a directory of that name is no temporary `latest`
+    (root / ".tmp-latest.6").symlink_to(tmp_path / "elsewhere")  # nor is a link (its target is not ours)
     # This round's (aaaa0000: an in-process restart's abandoned write is still written) stay; the
     # pruned one is prune's; a committed step is never touched.
     assert [p.name for p in fmt.stale_writes(root, live_tag_prefix="aaaa0000i")] == [
