@@ -308,11 +308,17 @@ def test_a_killed_rank_resumes_from_the_host_snapshot_not_the_older_node_local_s
     snapshot both hold), not from the node-local save of step 8, and the losses after it are the
     clean run's, step for step (weights, Adam state, schedule and data position all restored).
     The node-local tier's directory, snapshots included, is gone after the run.
+
+    The kill comes at step 12, not 11: a rank copies step 10 into its slot after step 10, and
+    only step 11's all-reduce proves every rank is past that copy. Killed at 11, rank 1 died while
+    a slower rank 0 still copied; the launcher stopped rank 0 mid-copy, its slot held no step,
+    and both ranks rightly resumed from step 6, the newest both held (CI, 2026-12-03; 2 runs
+    in 10 at a load of 20 on 2 cores). That case is test_host_snapshot's copy killed midway.
     """
     local = tmp_path / "local"
     run = train(tmp_path / "run", *FAST, *RELAXED, "--checkpoint-every", "20", "--local-checkpoint-every", "8",
                 "--local-checkpoint-dir", str(local), "--memory-snapshot-every", "2", "--host-snapshot",
-                "--faults", "sigkill@11:1")
+                "--faults", "sigkill@12:1")
     assert run.returncode == 0, run.output[-3000:]
     events = run.events
     restarts = [e for e in events if e.event == "restart_done"]
