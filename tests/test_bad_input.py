@@ -201,6 +201,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("render-step-seconds-huge", [*RENDER, "--step-seconds", "1e308"], "step_seconds must be between 0 and 3600"),
     ("render-pg-timeout-huge", [*RENDER, "--pg-timeout", "1e308"], "pg_timeout must be a positive number of seconds"),
     ("render-min-world-size-negative", [*RENDER, "--min-world-size", "-1"], "min_world_size must be >= 0"),
+    ("render-min-world-size-past-the-world", [*RENDER, "--min-world-size", "2"],
+     "min_world_size 2 exceeds the world size 1 (nodes 1 x 1 per node)"),
     ("render-gpu-reclaim-timeout-negative", [*RENDER, "--gpu-reclaim-timeout", "-1"], "gpu_reclaim_timeout must be"),
     ("render-gpu-reclaim-tolerance-negative", [*RENDER, "--gpu-reclaim-tolerance-mb", "-1"],
      "gpu_reclaim_tolerance_mb must be >= 0"),

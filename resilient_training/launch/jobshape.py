@@ -258,6 +258,11 @@ def validate(spec: JobSpec) -> None:
         raise ValueError(f"max_restarts must be at most {INT32_MAX}, got {spec.train.restart.max_restarts}")
     if spec.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
         raise ValueError(f"image_pull_policy must be Always, IfNotPresent or Never, got {spec.image_pull_policy!r}")
+    world = spec.nodes * spec.nproc_per_node
+    if spec.train.restart.min_world_size > world:  # (stranger trial: only launcher=local checked it)
+        raise ValueError(f"min_world_size {spec.train.restart.min_world_size} exceeds the world size {world} "
+                         f"(nodes {spec.nodes} x {spec.nproc_per_node} per node): the in-process layer could never "
+                         "go on after a fault")
     _check_faults(spec)
     for key in spec.env:
         if not re.fullmatch(r"[-._a-zA-Z][-._a-zA-Z0-9]*", key):
