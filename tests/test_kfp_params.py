@@ -51,6 +51,9 @@ def test_values_are_converted_to_each_inputs_type(inputs):
         (["nodes=two"], "parameter 'nodes' must be an integer, got 'two'"),
         (["nodes=2.5"], "parameter 'nodes' must be an integer, got '2.5'"),
         (["tolerance=nan"], "parameter 'tolerance' must be a number, got 'nan'"),
+        # Stranger trial: float() takes both; the KFP backend (Go) and the integers' rule do not.
+        (["tolerance=٠.٥"], "parameter 'tolerance' must be a number, got '٠.٥'"),
+        (["tolerance=0.0_5"], "parameter 'tolerance' must be a number, got '0.0_5'"),
         (["inject_faults=yes"], "parameter 'inject_faults' must be true or false, got 'yes'"),
         (["fault_steps={}"], "parameter 'fault_steps' must be a JSON list, got '{}'"),
         (["extra=[1]"], "parameter 'extra' must be a JSON object, got '[1]'"),

@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from resilient_training.kfp.params import parse_int, parse_json
+from resilient_training.kfp.params import parse_float, parse_int, parse_json
 
 # The components an Argo step may run (the resilient-training pipeline's); nothing else is imported.
 COMPONENTS: tuple[str, ...] = (
@@ -88,10 +87,7 @@ def _convert(name: str, kind: str, raw: str) -> Any:
         if kind == "Integer":
             return parse_int(raw)
         if kind == "Float":
-            value = float(raw.strip())
-            if not math.isfinite(value):
-                raise ValueError(raw)
-            return value
+            return parse_float(raw)
         if kind == "Boolean":
             lowered = raw.strip().lower()
             if lowered not in ("true", "false"):

@@ -128,6 +128,16 @@ def parse_int(raw: str) -> int:
     return strict_int(raw.strip())
 
 
+def parse_float(raw: str) -> float:
+    """A finite number by :func:`parse_int`'s rule: ASCII only (``float()`` also takes '٠.٥' and '0.0_5')."""
+    from resilient_training.run.config import strict_float
+
+    value = strict_float(raw.strip())
+    if not math.isfinite(value):
+        raise ValueError(raw)
+    return value
+
+
 def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     keys = [key for key, _ in pairs]
     repeated = sorted({key for key in keys if keys.count(key) > 1})
@@ -165,10 +175,7 @@ def convert(spec: PipelineInput, raw: str) -> Any:
         if spec.type == "NUMBER_INTEGER":
             return parse_int(raw)
         if spec.type == "NUMBER_DOUBLE":
-            value = float(raw.strip())
-            if not math.isfinite(value):
-                raise ValueError(raw)
-            return value
+            return parse_float(raw)
         if spec.type == "BOOLEAN":
             lowered = raw.strip().lower()
             if lowered not in ("true", "false"):
