@@ -238,6 +238,9 @@ def test_parameters_are_the_pipelines_with_its_defaults_and_descriptions(compile
         if p["name"] == "storage":
             # Steps run in separate pods: only shared storage; the enum refuses local at submit.
             assert p["enum"] == ["pvc", "fsx"] and p["value"] == "pvc"
+        elif p["name"] == "launcher":
+            # local trains in the launch step's pod: the release's components image has no torch or NVRx.
+            assert p["enum"] == ["pytorchjob", "trainjob"] and p["value"] == "pytorchjob"
         else:
             assert "enum" not in p
             assert p["value"] == argo.argo_value(spec.default), p["name"]
@@ -432,15 +435,9 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--cron-param", "pvc_name=data", "--cron-param", 'train_overrides={"seed": -1}'],
      "--cron-param: seed must be between 0 and 4294967295"),
     (["--cron-param", "pvc_name=data", "--cron-param", "export=onnx"], "--cron-param: export 'onnx'"),
-    # stranger trial: launcher=local dropped the worker pods' placement without a word
-    (["--cron-param", "pvc_name=data", "--cron-param", "launcher=local", "--cron-param", "efa_per_node=8"],
-     "--cron-param: efa_per_node places the worker pods of launcher=pytorchjob or trainjob"),
-    (["--cron-param", "pvc_name=data", "--cron-param", "launcher=local", "--cron-param", "memory=64Gi"],
-     "--cron-param: memory places the worker pods of launcher=pytorchjob or trainjob"),
+    # (launcher=local dropping the worker pods' placement: test_launcher_local_with_pod_placement_is_refused)
     (["--cron-param", "pvc_name=data", "--cron-param", "launcher=pytorchjob", "--cron-param", "shm_size=1Mi"],
      "--cron-param: shm_size '1Mi' is below 256Mi"),
-    (["--cron-param", "pvc_name=data", "--cron-param", "launcher=local", "--cron-param", 'tolerations=[{"key": "a"}]'],
-     "--cron-param: tolerations places the worker pods"),
     (["--cron-param", "pvc_name=data", "--cron-param", "launcher=pytorchjob", "--cron-param", 'node_selector={"k": 5}'],
      "--cron-param: node selector {'k': 5}: labels and values are strings"),
     (["--cron-param", "pvc_name=data", "--cron-param", "launcher=pytorchjob", "--cron-param", 'tolerations=["gpu"]'],
@@ -492,6 +489,46 @@ def test_compile_argo_refuses_bad_flags_with_one_line_and_writes_nothing(flags, 
     assert cli(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_launcher_local_is_scheduled_only_with_a_components_image_of_the_users_own(tmp_path, capsys, monkeypatch):
+    """A stranger trial scheduled launcher=local on Argo: every night's launch step would have failed
+    (the release's components image has no torch or NVRx). With RT_COMPONENTS_IMAGE set at compile
+    (an image of the user's, which may have them) it is offered and may be scheduled.
+    """
+    from resilient_training.launch import images
+
+    monkeypatch.chdir(tmp_path)
+    flags = ["compile", "--format", "argo", "-o", "out", "--cron-param", "pvc_name=data",
+             "--cron-param", "promote_to=s3://models/{run_id}", "--cron-param", "launcher=local"]
+    assert cli(flags) == 2
+    assert "launcher 'local' would train inside the launch step's pod" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setitem(images._FROM_ENV, images.COMPONENTS_ENV, "registry.example/team/components:1")
+    assert cli(flags) == 0
+    template = yaml.safe_load(argo.output_paths(tmp_path / "out").workflow_template.read_text())
+    launcher = next(p for p in template["spec"]["arguments"]["parameters"] if p["name"] == "launcher")
+    assert launcher["enum"] == ["pytorchjob", "trainjob", "local"] and launcher["value"] == "pytorchjob"
+
+
+@pytest.mark.parametrize(("flag", "message"), [
+    ("efa_per_node=8", "efa_per_node places the worker pods of launcher=pytorchjob or trainjob"),
+    ("memory=64Gi", "memory places the worker pods of launcher=pytorchjob or trainjob"),
+    ('tolerations=[{"key": "a"}]', "tolerations places the worker pods"),
+])
+def test_launcher_local_with_pod_placement_is_refused(flag, message, tmp_path, capsys, monkeypatch):
+    """Stranger trial: launcher=local dropped the worker pods' placement without a word (with a
+    components image of the user's, where launcher=local may be scheduled at all).
+    """
+    from resilient_training.launch import images
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(images._FROM_ENV, images.COMPONENTS_ENV, "registry.example/team/components:1")
+    assert cli(["compile", "--format", "argo", "-o", "out", "--cron-param", "pvc_name=data",
+                "--cron-param", "launcher=local", "--cron-param", flag]) == 2
+    err = capsys.readouterr().err
+    assert f"--cron-param: {message}" in err and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -44,6 +44,18 @@ RUN_ID = "{{workflow.uid}}"
 ARGO_STORAGE = ("pvc", "fsx")
 
 
+def argo_launchers() -> tuple[str, ...]:
+    """The launchers a run on Argo may use, the first the template's default. ``local`` trains inside
+    the launch step's pod, so only when the components image is the user's own ($RT_COMPONENTS_IMAGE at
+    compile): the release's has no torch or NVRx (a stranger trial scheduled launcher=local, and
+    every night's run would have failed in its launch step).
+    """
+    from resilient_training.launch import images, jobshape
+
+    own_image = images.COMPONENTS_ENV in images.from_environment()
+    return (*jobshape.KINDS, "local") if own_image else tuple(jobshape.KINDS)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Param:
     """A workflow parameter (a pipeline input of the same name)."""
@@ -180,6 +192,12 @@ def workflow_parameters() -> list[WorkflowParameter]:
         if name == "storage":
             out.append(WorkflowParameter(name, ARGO_STORAGE[0], description + " Argo: pvc or fsx (steps run in "
                                          "separate pods and share the run through the claim).", ARGO_STORAGE))
+        elif name == "launcher":
+            launchers = argo_launchers()
+            why = ("local needs this components image to hold torch and NVRx" if "local" in launchers else
+                   "not local: the components image has no torch or NVRx")
+            out.append(WorkflowParameter(name, launchers[0], f"{description} Argo: {' or '.join(launchers)} "
+                                         f"({why}).", launchers))
         else:
             out.append(WorkflowParameter(name, argo_value(spec.default), description))
     return out
@@ -290,6 +308,10 @@ def cron_arguments(items: list[str]) -> tuple[tuple[str, str], ...]:
             raise StepError(str(exc)) from None
     if "storage" in values and values["storage"] not in ARGO_STORAGE:
         raise StepError(f"storage must be one of {', '.join(ARGO_STORAGE)} on Argo, got {values['storage']!r}")
+    if values.get("launcher") == "local" and "local" not in argo_launchers():
+        raise StepError("launcher 'local' would train inside the launch step's pod, and the components image has no "
+                        "torch or NVRx: use launcher=pytorchjob or trainjob, or compile with RT_COMPONENTS_IMAGE set "
+                        "to an image of yours that has them")
     if values:
         check_scheduled_run(values)
     return tuple((name, argo_value(value)) for name, value in values.items())
@@ -307,7 +329,8 @@ def check_scheduled_run(values: dict[str, Any]) -> None:
     from resilient_training.pipelines.resilient_training import resilient_training
 
     merged = {name: spec.default for name, spec in resilient_training.component_spec.inputs.items()}
-    merged["storage"] = ARGO_STORAGE[0]  # the template's default (workflow_parameters)
+    merged["storage"] = ARGO_STORAGE[0]  # the template's defaults (workflow_parameters)
+    merged["launcher"] = argo_launchers()[0]
     merged.update(values)
     try:
         arguments.check(merged, cluster=True, recurring=True)
