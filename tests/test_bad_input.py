@@ -251,6 +251,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("compile-argo-o-newline", ["compile", "--format", "argo", "-o", "d\n"], "control character"),
     ("compile-argo-o-file", ["compile", "--format", "argo", "-o", "{file}"], "exists and is not a directory"),
     ("compile-argo-o-proc", ["compile", "--format", "argo", "-o", "/proc/rt-bad-input"], "cannot write"),
+    # found by a stranger trial: the file system's refusal read "pipeline ... does not compile"
+    ("compile-o-file-in-proc", ["compile", "--pipeline", "resilient-training", "-o", "/proc/rt-bad-input.yaml"],
+     "-o /proc/rt-bad-input.yaml: cannot write /proc/rt-bad-input.yaml"),
     ("compile-argo-deadline-past-int64", ["compile", "--format", "argo", "--starting-deadline", "9" * 20], "int64"),
     ("runs-token-space", ["runs", *HOST, "--token", "s3cret value"], "contains a space, control or non-ASCII"),
     ("runs-token-blank", ["runs", *HOST, "--token", " \n"], "is empty"),

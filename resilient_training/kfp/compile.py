@@ -174,6 +174,7 @@ def compile_pipeline(key: str, pipeline: Callable[..., Any], path: Path,
     Raises:
         CompileError: the pipeline does not compile, or the file does not load back as the
             same pipeline.
+        OSError: ``path`` cannot be written.
 
     """
     import yaml
@@ -183,6 +184,10 @@ def compile_pipeline(key: str, pipeline: Callable[..., Any], path: Path,
     try:
         compiler.Compiler().compile(pipeline_func=pipeline, package_path=str(path),
                                     pipeline_parameters=dict(defaults) if defaults else None)
+    except OSError as exc:
+        if exc.filename == str(path):  # the file system's refusal (/proc, a full disk), not the pipeline's
+            raise
+        raise CompileError(f"pipeline {key!r} does not compile: {type(exc).__name__}: {exc}") from None
     except Exception as exc:  # kfp raises many types for user errors; all mean "does not compile"
         raise CompileError(f"pipeline {key!r} does not compile: {type(exc).__name__}: {exc}") from None
     data = _stable_header(path.read_text(), defaults or {}).encode()
