@@ -39,6 +39,28 @@ def test_a_task_file_and_its_arguments():
         tk.load_task(f"{USER_TASK}:model_raises", {"width": "3"})
 
 
+def test_annotated_task_arguments_arrive_converted_by_the_command_lines_rules():
+    """A factory's int, float and bool parameters get their values converted; a str (or unannotated)
+    one gets the string. What int()/float() forgive and the command line refuses (stranger trial:
+    each task parsed its own numbers, and '٤', '1_0' and 'nan' passed) is refused here too.
+    """
+    task = tk.load_task(f"{USER_TASK}:make_typed", {"width": "4", "lr": "0.5", "momentum": "false", "name": "7"})
+    assert task.settings == (4, 0.5, False, "7")
+    assert [type(v) for v in task.settings] == [int, float, bool, str]
+    assert tk.load_task(f"{USER_TASK}:make_typed").settings == (16, 0.05, True, "x")  # the defaults, untouched
+    for name, value, kind in [("width", "٤", "an integer"), ("width", "1_0", "an integer"), ("width", "4 ", "an integer"),
+                              ("width", "4.0", "an integer"), ("lr", "nan", "a finite number"),
+                              ("lr", "0.0_5", "a finite number"), ("momentum", "yes", "true or false")]:
+        with pytest.raises(tk.TaskError, match=rf"^task .*:make_typed: task argument {name}='{value}' is not {kind}$"):
+            tk.load_task(f"{USER_TASK}:make_typed", {name: value})
+    # The built-in tasks take **settings / strings and convert them by the same rules.
+    for spec, args in [("resilient_training.tasks.gpt:task", {"d_model": "٤"}),
+                       ("resilient_training.tasks.gpt:task", {"lr": "0.0_1"}),
+                       ("resilient_training.tasks.llama:task", {"seq_len": "1_6"})]:
+        with pytest.raises(tk.TaskError, match="is not an? (int|integer|float|number)$"):
+            tk.load_task(spec, args)
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("user_task.py:make", "user_task.py does not exist"),
     (f"{USER_TASK}:nothing", "has no attribute 'nothing'"),

@@ -109,8 +109,7 @@ class CharConvTask:
         return F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
 
 
-def task(data: str = str(HERE / "data" / "*.txt"), seq_len: str = "32", batch_size: str = "8", lr: str = "0.05",
-         channels: str = "64", layers: str = "4") -> CharConvTask:
-    """The task from its ``--task-arg`` settings (strings)."""
-    return CharConvTask(data=data, seq_len=int(seq_len), batch_size=int(batch_size), lr=float(lr),
-                        channels=int(channels), layers=int(layers))
+def task(data: str = str(HERE / "data" / "*.txt"), seq_len: int = 32, batch_size: int = 8, lr: float = 0.05,
+         channels: int = 64, layers: int = 4) -> CharConvTask:
+    """The task from its ``--task-arg`` settings (the trainer converts the annotated numbers)."""
+    return CharConvTask(data=data, seq_len=seq_len, batch_size=batch_size, lr=lr, channels=channels, layers=layers)

@@ -2,8 +2,10 @@
 
 A task is named ``MODULE:ATTR`` (an importable module) or ``path/to/file.py:ATTR`` (a file,
 imported under a private module name). ATTR is the task object itself or a callable returning
-one; a callable receives the ``--task-arg KEY=VALUE`` settings as keyword arguments (strings: the
-task parses them), so ``def task(lr="3e-3", **_): ...`` is a complete factory. An object named
+one; a callable receives the ``--task-arg KEY=VALUE`` settings as keyword arguments, so
+``def task(lr: float = 3e-3, **_): ...`` is a complete factory. A parameter annotated ``int``,
+``float`` or ``bool`` receives its value converted by the command line's rules (:func:`parse_arg`:
+ASCII digits, no ``_``, no blanks, finite; ``true``/``false``), any other a string. An object named
 directly takes no settings (any given are an error).
 
 The trainer owns everything around the task: process group, FSDP2 sharding (``fully_shard`` on
@@ -153,6 +155,7 @@ def load_task(spec: str, task_args: dict[str, str] | None = None) -> Any:
             except TypeError as exc:
                 raise TaskError(f"task {spec} does not accept these --task-arg settings: {exc}"
                                 f"{_accepted(signature)}") from None
+            task_args = _typed(spec, target, signature, task_args)
         try:
             task = target(**task_args)
         except TaskError:
@@ -165,6 +168,56 @@ def load_task(spec: str, task_args: dict[str, str] | None = None) -> Any:
     if missing:
         raise TaskError(f"task {spec} lacks {', '.join(missing)} (a task needs {', '.join(REQUIRED)})")
     return task
+
+
+_KINDS: dict[Any, str] = {int: "an integer", float: "a finite number", bool: "true or false"}
+
+
+def parse_arg(value: str, kind: type) -> Any:
+    """A ``--task-arg`` value as ``kind`` (int, float or bool) by the command line's rules: what
+    ``int()``/``float()`` forgive (blanks, a trailing newline, '٤', '1_0', 'nan') is a ValueError.
+    For factories that take ``**task_args`` and convert them themselves.
+    """
+    import math
+
+    from resilient_training.run.config import strict_float, strict_int
+
+    if kind is bool:
+        if value not in ("true", "false"):
+            raise ValueError(value)
+        return value == "true"
+    if kind is int:
+        return strict_int(value)
+    number = strict_float(value)
+    if not math.isfinite(number):
+        raise ValueError(value)
+    return number
+
+
+def _typed(spec: str, target: Any, signature: inspect.Signature, task_args: dict[str, Any]) -> dict[str, Any]:
+    """``task_args`` with each value whose parameter is annotated int, float or bool converted
+    (:func:`parse_arg`); a value that does not convert is a TaskError naming the setting.
+    """
+    import typing
+
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # an annotation that does not resolve: read the text below
+        hints = {}
+    typed = {}
+    for name, value in task_args.items():
+        kind = hints.get(name)
+        parameter = signature.parameters.get(name)
+        if kind is None and parameter is not None and isinstance(parameter.annotation, str):
+            kind = {"int": int, "float": float, "bool": bool}.get(parameter.annotation)
+        kind = next((k for k in _KINDS if kind is k), None)  # Optional[int] and the like: a string
+        if kind is not None and isinstance(value, str):
+            try:
+                value = parse_arg(value, kind)
+            except ValueError:
+                raise TaskError(f"task {spec}: task argument {name}={value!r} is not {_KINDS[kind]}") from None
+        typed[name] = value
+    return typed
 
 
 def _accepted(signature: inspect.Signature) -> str:

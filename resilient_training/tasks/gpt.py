@@ -16,6 +16,7 @@ import torch
 
 from resilient_training.run.config import ModelConfig
 from resilient_training.runtime.model import GPT, batch, loss_fn
+from resilient_training.runtime.task import parse_arg
 
 
 class SyntheticTokens:
@@ -63,7 +64,7 @@ def task(*, vocab_size: str = "256", d_model: str = "64", n_layers: str = "2", n
     """The GPT task from ``--task-arg`` strings (ValueError names a bad one)."""
     def number(name: str, value: str, kind: type) -> Any:
         try:
-            return kind(value)
+            return parse_arg(value, kind)
         except ValueError:
             raise ValueError(f"task argument {name}={value!r} is not a{'n integer' if kind is int else ' number'}") from None
 

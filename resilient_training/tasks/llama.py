@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resilient_training.runtime.task import parse_arg
 from resilient_training.tasks import text
 
 # name: (hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads)
@@ -62,7 +63,7 @@ class LlamaTask:
             kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
             if isinstance(value, str) and kind is not str:
                 try:
-                    value = kind(value.strip())
+                    value = parse_arg(value, kind)
                 except ValueError:
                     raise ValueError(f"llama task arg {f.name}={value!r} is not a{'n int' if kind is int else ' float'}"
                                      ) from None

@@ -53,6 +53,13 @@ def make(width: str = "16", lr: str = "0.05") -> Task:
     return Task(int(width), float(lr))
 
 
+def make_typed(width: int = 16, lr: float = 0.05, momentum: bool = True, name: str = "x") -> Task:
+    """Annotated settings: the loader converts them (``--task-arg width=4`` arrives as the int 4)."""
+    task = Task(width, lr)
+    task.settings = (width, lr, momentum, name)
+    return task
+
+
 # Broken tasks: each must be refused before any worker starts, naming the method.
 class _Broken(Task):
     def __init__(self) -> None:
