@@ -295,6 +295,9 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
          "key 'lr' is given twice"),
         (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "train_overrides={\"min_world_size\": 3}"],
          "min_world_size 3 exceeds the world size 2"),
+        # Stranger trial: the FSx sizing was dropped without a word under storage=pvc.
+        (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "launcher=pytorchjob", "fsx_capacity_gib=2400"],
+         "--param: fsx_capacity_gib is for storage=fsx, and storage 'pvc' would ignore it"),
         (["storage=pvc", "pvc_name=data", "promote_to=s3://models/x", "launcher=trainjob", "nodes=2",
           "procs_per_node=2", "gpus_per_node=2", "train_overrides={\"restart\": {\"min_world_size\": 5}}"],
          "min_world_size 5 exceeds the world size 4 (nodes 2 x 2 per node)"),

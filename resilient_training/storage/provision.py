@@ -234,6 +234,18 @@ def provision_request(
         ) if creating_fsx else None,
         fsx_timeout_s=fsx_timeout_s, fsx_poll_s=fsx_poll_s, bind_timeout_s=bind_timeout_s,
     )
+    if backend != "fsx":  # (a stranger trial's fsx_capacity_gib with storage=pvc went unused without a word)
+        fsx_only = {"fsx_file_system_id": fsx_file_system_id, "fsx_subnet_id": fsx_subnet_id,
+                    "fsx_security_group_ids": fsx_security_group_ids, "fsx_import_path": fsx_import_path,
+                    "fsx_export_path": fsx_export_path, "fsx_tags": fsx_tags or {},
+                    "fsx_per_unit_throughput": fsx_per_unit_throughput}
+        given = [name for name, value in fsx_only.items() if value]
+        given += [name for name, value, default in (("fsx_capacity_gib", fsx_capacity_gib, 1200),
+                                                    ("fsx_deployment_type", fsx_deployment_type, "SCRATCH_2"))
+                  if value != default]
+        if given:
+            raise ValueError(f"{given[0]} is for storage=fsx, and storage {backend!r} would ignore it: leave it at its "
+                             "default, or use storage=fsx")
     if backend == "fsx" and fsx_file_system_id and (fsx_subnet_id or fsx_security_group_ids or fsx_import_path):
         raise ValueError("fsx_file_system_id reuses a file system: subnet, security groups and S3 paths do not apply")
     return request

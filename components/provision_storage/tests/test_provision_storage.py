@@ -259,6 +259,12 @@ BAD_INPUTS = [
     (dict(fsx_poll_s=60, fsx_timeout_s=30), "exceeds fsx_timeout_s"),
     (dict(fsx_file_system_id="fs-123"), "is not an FSx id"),
     (dict(fsx_file_system_id=FS_ID), "subnet, security groups and S3 paths do not apply"),
+    # Each would be ignored by another backend: refused, not dropped (stranger trial).
+    (dict(backend="pvc", pvc_name="claim"), "fsx_subnet_id is for storage=fsx, and storage 'pvc' would ignore it"),
+    (dict(backend="local", fsx_subnet_id="", fsx_security_group_ids="", fsx_capacity_gib=2400),
+     "fsx_capacity_gib is for storage=fsx, and storage 'local' would ignore it"),
+    (dict(backend="pvc", pvc_name="claim", fsx_subnet_id="", fsx_security_group_ids="",
+          fsx_deployment_type="PERSISTENT_2"), "fsx_deployment_type is for storage=fsx"),
 ]
 
 
