@@ -384,6 +384,15 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
+  call51)  # one device call: what call49/50 left unmeasured: the reference schedule with the gathers of a
+    # world of one skipping the store (d84dfaf; find_scan was 0.20 s in every restart), then the 1.3B
+    # killed rank (call49: 6.34 s) if the call has room
+    SPARE=1 RUN_TIMEOUT=420 "$0" goodput-product "$out"
+    if [ $(( 570 - SECONDS )) -gt 140 ]; then
+      MODEL_SIZE=1b RUN_TIMEOUT=$(( 570 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    fi
+    ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
     # snapshot's read-back on the GPU, then call8 (the reference schedule with --host-snapshot)
     python3 benchmarks/pin_contention.py 2>&1 | tee "$out/pin-contention.txt"
