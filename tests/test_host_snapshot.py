@@ -7,6 +7,7 @@ Real models and AdamW on the CPU; the end-to-end launcher restart is in test_rec
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -74,6 +75,56 @@ def test_a_copy_killed_midway_leaves_the_other_slot_whole(tmp_path: Path, monkey
     with pytest.raises(SystemExit):
         host.write(snapshot, 4)  # into step 2's slot, the older one
     assert host.held((0, 1)) == {3: held[3]}
+
+
+class _CopyInFlight:
+    """Stands for the CUDA event of a device-to-host copy that is still running."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def query(self) -> bool:
+        return self.done.is_set()
+
+    def synchronize(self) -> None:
+        self.done.wait()
+
+
+def test_a_device_copy_is_committed_once_done_without_waiting_for_the_next_steps_poll(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On GPUs the copy into a slot runs on a side stream. It used to be committed at the next step's
+    poll: a peer that died in that step left this rank (stopped while it waited in the step's
+    collective) without the snapshot. A thread commits it once the copy is done; until then the
+    slot holds no step, and the next snapshot is skipped, never written over a copy in flight.
+    """
+    host = HostSnapshot(tmp_path)
+    snapshot, *_ = _snapshot_at(2)
+    _ready(host, snapshot, 2)
+    copies: list[_CopyInFlight] = []
+    start_copy = host._start_copy
+
+    def device_copy(snapshot, pairs):  # the copy itself is done; its event says so only when set
+        start_copy(snapshot, pairs)
+        copies.append(_CopyInFlight())
+        return copies[-1]
+
+    monkeypatch.setattr(host, "_start_copy", device_copy)
+    snapshot, *_ = _snapshot_at(3)
+    host.write(snapshot, 3)
+    time.sleep(0.2)
+    assert sorted(host.held((0, 1))) == [2]  # the copy of step 3 is not done
+    later, *_ = _snapshot_at(4)
+    host.write(later, 4)  # skipped: step 3's copy is in flight
+    assert len(copies) == 1
+    copies[0].done.set()  # no poll() from here on: the commit thread alone
+    deadline = time.monotonic() + 10
+    while sorted(host.held((0, 1))) != [2, 3] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(host.held((0, 1))) == [2, 3]
+    host.write(later, 4)  # into step 2's slot, the older one
+    copies[1].done.set()
+    host.wait()
+    assert sorted(host.held((0, 1))) == [3, 4]
 
 
 @pytest.mark.parametrize("world", [(1, 2), (0, 2)], ids=["other rank", "other world size"])

@@ -675,6 +675,7 @@ class HostSnapshot:
         self._layout: list[tuple[Any, int, tuple[int, ...], torch.dtype]] | None = None
         self._next = 0  # the slot written next
         self._pending: tuple[str, Any, dict[str, Any]] | None = None  # (slot, CUDA event, meta) until committed
+        self._commit_lock = threading.Lock()  # the training thread's poll and the commit thread's
         self._stream: Any = None
         self._preparing: threading.Thread | None = None
         self._pinned: list[tuple[int, torch.device]] = []  # (start, GPU) of each page-locked run of the slots
@@ -713,7 +714,24 @@ class HostSnapshot:
         self._next = 1 - self._next
         self._meta_path(slot).unlink(missing_ok=True)  # from here on the slot holds no step
         views = self._views(slot)
-        pairs: _Pairs = [(views[key], buffer) for key, buffer in buffers]
+        event = self._start_copy(snapshot, [(views[key], buffer) for key, buffer in buffers])
+        meta = {"step": step, "world": snapshot.world, "layout": [(k, o, s, fmt.dtype_name(d)) for k, o, s, d in layout],
+                "param_groups": snapshot._param_groups, "scheduler": snapshot._scheduler,
+                "data_state": snapshot.data_state, "lineage": (lineage or Lineage()).record()}
+        pending = self._pending = (slot, event, meta)
+        if event is None:
+            self.poll()
+        else:
+            # Committed by a thread of its own as soon as the copy is done, not at the next step's
+            # poll: a peer that dies in the next step (the launcher then stops this rank while it
+            # waits in that step's collective) no longer costs this snapshot.
+            threading.Thread(target=self._commit_when_copied, args=(pending,), name="host-snapshot-commit",
+                             daemon=True).start()
+
+    def _start_copy(self, snapshot: MemorySnapshot, pairs: _Pairs) -> Any:
+        """Start copying (slot view, buffer) ``pairs``: a GPU buffer's on a side stream; returns the
+        CUDA event of those copies (None: all on the host, already done).
+        """
         event = None
         on_device = [pair for pair in pairs if pair[1].is_cuda]
         if on_device:
@@ -728,11 +746,14 @@ class HostSnapshot:
                 event.record(self._stream)
             snapshot.add_reader(event)
         _copy([pair for pair in pairs if not pair[1].is_cuda])
-        meta = {"step": step, "world": snapshot.world, "layout": [(k, o, s, fmt.dtype_name(d)) for k, o, s, d in layout],
-                "param_groups": snapshot._param_groups, "scheduler": snapshot._scheduler,
-                "data_state": snapshot.data_state, "lineage": (lineage or Lineage()).record()}
-        self._pending = (slot, event, meta)
-        self.poll()
+        return event
+
+    def _commit_when_copied(self, pending: tuple[str, Any, dict[str, Any]]) -> None:
+        try:
+            pending[1].synchronize()  # (releases the GIL while it waits)
+            self._commit(pending)
+        except Exception:  # noqa: BLE001 - a slot whose meta is not written holds no step: never restored
+            pass
 
     def _prepare(self, layout: list[Any], size: int, *, device: torch.device | None) -> None:
         """(Re)create both slots' files at ``size`` bytes, mapped and, on GPUs, page-locked for
@@ -834,20 +855,26 @@ class HostSnapshot:
 
     def poll(self) -> None:
         """Commit the copy in flight once it is complete (never blocks): write its slot's meta."""
-        if self._pending is None:
-            return
-        slot, event, meta = self._pending
-        if event is not None and not event.query():
-            return
-        self._pending = None
-        tmp = self._meta_path(slot).with_suffix(".meta.tmp")
-        torch.save(meta, tmp)
-        os.replace(tmp, self._meta_path(slot))
+        pending = self._pending
+        if pending is not None and (pending[1] is None or pending[1].query()):
+            self._commit(pending)
+
+    def _commit(self, pending: tuple[str, Any, dict[str, Any]]) -> None:
+        """Write ``pending``'s meta, unless it is no longer the copy in flight (committed already)."""
+        with self._commit_lock:
+            if self._pending is not pending:
+                return
+            self._pending = None  # (a write that fails leaves the slot without a step: not held)
+            slot, _, meta = pending
+            tmp = self._meta_path(slot).with_suffix(".meta.tmp")
+            torch.save(meta, tmp)
+            os.replace(tmp, self._meta_path(slot))
 
     def wait(self) -> None:
         """Commit the copy in flight, waiting for it."""
-        if self._pending is not None and self._pending[1] is not None:
-            self._pending[1].synchronize()
+        pending = self._pending
+        if pending is not None and pending[1] is not None:
+            pending[1].synchronize()
         self.poll()
 
     # ------------------------------------------------------------------ restore
