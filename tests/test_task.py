@@ -48,6 +48,8 @@ def test_annotated_task_arguments_arrive_converted_by_the_command_lines_rules():
     assert task.settings == (4, 0.5, False, "7")
     assert [type(v) for v in task.settings] == [int, float, bool, str]
     assert tk.load_task(f"{USER_TASK}:make_typed").settings == (16, 0.05, True, "x")  # the defaults, untouched
+    task = tk.load_task(f"{USER_TASK}:TypedTask", {"width": "4", "lr": "0.5"})  # a class: its __init__'s
+    assert (task.width, task.lr) == (4, 0.5) and type(task.width) is int
     for name, value, kind in [("width", "٤", "an integer"), ("width", "1_0", "an integer"), ("width", "4 ", "an integer"),
                               ("width", "4.0", "an integer"), ("lr", "nan", "a finite number"),
                               ("lr", "0.0_5", "a finite number"), ("momentum", "yes", "true or false")]:

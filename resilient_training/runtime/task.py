@@ -200,16 +200,17 @@ def _typed(spec: str, target: Any, signature: inspect.Signature, task_args: dict
     """
     import typing
 
-    try:
-        hints = typing.get_type_hints(target)
-    except Exception:  # an annotation that does not resolve: read the text below
+    try:  # a class's settings are its __init__'s
+        hints = typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
+    except Exception:  # an annotation that does not resolve: read the signature's below
         hints = {}
     typed = {}
     for name, value in task_args.items():
         kind = hints.get(name)
         parameter = signature.parameters.get(name)
-        if kind is None and parameter is not None and isinstance(parameter.annotation, str):
-            kind = {"int": int, "float": float, "bool": bool}.get(parameter.annotation)
+        if kind is None and parameter is not None:
+            annotation = parameter.annotation
+            kind = {"int": int, "float": float, "bool": bool}.get(annotation) if isinstance(annotation, str) else annotation
         kind = next((k for k in _KINDS if kind is k), None)  # Optional[int] and the like: a string
         if kind is not None and isinstance(value, str):
             try:
