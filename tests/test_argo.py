@@ -504,8 +504,13 @@ def test_launcher_local_is_scheduled_only_with_a_components_image_of_the_users_o
              "--cron-param", "promote_to=s3://models/{run_id}", "--cron-param", "launcher=local"]
     assert cli(flags) == 2
     assert "launcher 'local' would train inside the launch step's pod" in capsys.readouterr().err
+    # The release's image under another tag or a digest is still the release's: no torch, no NVRx.
+    for release in (images.COMPONENTS_IMAGE, f"{images.RELEASE_COMPONENTS_REPOSITORY}:0.0.9@sha256:{'a' * 64}"):
+        monkeypatch.setitem(images._FROM_ENV, images.COMPONENTS_ENV, release)
+        assert cli(flags) == 2
+        assert "launcher 'local' would train inside the launch step's pod" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setitem(images._FROM_ENV, images.COMPONENTS_ENV, "registry.example/team/components:1")
+    monkeypatch.setitem(images._FROM_ENV, images.COMPONENTS_ENV, "registry.example:5000/team/components:1")
     assert cli(flags) == 0
     template = yaml.safe_load(argo.output_paths(tmp_path / "out").workflow_template.read_text())
     launcher = next(p for p in template["spec"]["arguments"]["parameters"] if p["name"] == "launcher")

@@ -52,8 +52,7 @@ def argo_launchers() -> tuple[str, ...]:
     """
     from resilient_training.launch import images, jobshape
 
-    own_image = images.COMPONENTS_ENV in images.from_environment()
-    return (*jobshape.KINDS, "local") if own_image else tuple(jobshape.KINDS)
+    return (*jobshape.KINDS, "local") if images.components_image_is_the_users() else tuple(jobshape.KINDS)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ TRAINER_ENV = "RT_TRAINER_IMAGE"
 _FROM_ENV = {name: os.environ[name] for name in (COMPONENTS_ENV, TRAINER_ENV) if name in os.environ}
 
 # Lightweight KFP components run in this image: Python, kfp, kubernetes, boto3, this package.
-COMPONENTS_IMAGE = _FROM_ENV.get(COMPONENTS_ENV, f"ghcr.io/resilient-training/components:{__version__}")
+RELEASE_COMPONENTS_REPOSITORY = "ghcr.io/resilient-training/components"
+COMPONENTS_IMAGE = _FROM_ENV.get(COMPONENTS_ENV, f"{RELEASE_COMPONENTS_REPOSITORY}:{__version__}")
 # Training workers (PyTorchJob pods) run in this image: CUDA PyTorch, NVRx 0.7.0, this package.
 TRAINER_IMAGE = _FROM_ENV.get(TRAINER_ENV, f"ghcr.io/resilient-training/trainer:{__version__}")
 # The pipelines' trainer_image default: $RT_TRAINER_IMAGE compiled in when set, else "" (launch_training
@@ -24,3 +25,13 @@ COMPILED_TRAINER_IMAGE = _FROM_ENV.get(TRAINER_ENV, "")
 def from_environment() -> dict[str, str]:
     """The image variables that were set at import (an empty one too), by name: what a compile bakes in."""
     return dict(_FROM_ENV)
+
+
+def components_image_is_the_users() -> bool:
+    """$RT_COMPONENTS_IMAGE named an image of the user's (which may hold torch and NVRx), not a tag
+    or digest of the release's components image (which does not).
+    """
+    image = _FROM_ENV.get(COMPONENTS_ENV, "")
+    head, _, last = image.split("@", 1)[0].rpartition("/")  # no digest; a registry's port stays in head
+    repository = f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+    return bool(image) and repository != RELEASE_COMPONENTS_REPOSITORY
