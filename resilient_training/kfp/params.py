@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -130,12 +129,9 @@ def parse_int(raw: str) -> int:
 
 def parse_float(raw: str) -> float:
     """A finite number by :func:`parse_int`'s rule: ASCII only (``float()`` also takes '٠.٥' and '0.0_5')."""
-    from resilient_training.run.config import strict_float
+    from resilient_training.run.config import strict_finite_float
 
-    value = strict_float(raw.strip())
-    if not math.isfinite(value):
-        raise ValueError(raw)
-    return value
+    return strict_finite_float(raw.strip())
 
 
 def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -27,11 +27,15 @@ def from_environment() -> dict[str, str]:
     return dict(_FROM_ENV)
 
 
+def repository(image: str) -> str:
+    """``image`` without its digest and tag (a registry's ``:PORT`` stays)."""
+    name = image.split("@", 1)[0]
+    return name.rsplit(":", 1)[0] if ":" in name.rpartition("/")[2] else name
+
+
 def components_image_is_the_users() -> bool:
     """$RT_COMPONENTS_IMAGE named an image of the user's (which may hold torch and NVRx), not a tag
     or digest of the release's components image (which does not).
     """
     image = _FROM_ENV.get(COMPONENTS_ENV, "")
-    head, _, last = image.split("@", 1)[0].rpartition("/")  # no digest; a registry's port stays in head
-    repository = f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
-    return bool(image) and repository != RELEASE_COMPONENTS_REPOSITORY
+    return bool(image) and repository(image) != RELEASE_COMPONENTS_REPOSITORY

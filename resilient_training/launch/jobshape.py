@@ -47,13 +47,10 @@ def image_reference_ok(image: str) -> bool:
     """True for a reference the kubelet can pull (the grammar above, name at most 255 characters)."""
     if not _IMAGE.fullmatch(image):
         return False
-    name = image.split("@")[0]
-    first, slash, _ = name.partition("/")
+    first, slash, _ = image.partition("/")
     if slash and not ("." in first or ":" in first or first == "localhost") and not re.fullmatch(_PATH_COMPONENT, first):
         return False  # not a registry host: a path component, which must be lowercase
-    if ":" in name.rpartition("/")[2]:
-        name = name.rsplit(":", 1)[0]
-    return len(name) <= 255
+    return len(images.repository(image)) <= 255
 
 
 def check_image(image: str, what: str) -> str:

@@ -347,6 +347,14 @@ def strict_float(text: str) -> float:
     return float(text)
 
 
+def strict_finite_float(text: str) -> float:
+    """:func:`strict_float`, refusing NaN and the infinities too (1e400 overflows to one)."""
+    value = strict_float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
 # argparse names the type in its message ("invalid int value: '3\n'").
 strict_int.__name__, strict_float.__name__ = "int", "float"
 

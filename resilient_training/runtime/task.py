@@ -178,20 +178,13 @@ def parse_arg(value: str, kind: type) -> Any:
     ``int()``/``float()`` forgive (blanks, a trailing newline, '٤', '1_0', 'nan') is a ValueError.
     For factories that take ``**task_args`` and convert them themselves.
     """
-    import math
-
-    from resilient_training.run.config import strict_float, strict_int
+    from resilient_training.run.config import strict_finite_float, strict_int
 
     if kind is bool:
         if value not in ("true", "false"):
             raise ValueError(value)
         return value == "true"
-    if kind is int:
-        return strict_int(value)
-    number = strict_float(value)
-    if not math.isfinite(number):
-        raise ValueError(value)
-    return number
+    return strict_int(value) if kind is int else strict_finite_float(value)
 
 
 def _typed(spec: str, target: Any, signature: inspect.Signature, task_args: dict[str, Any]) -> dict[str, Any]:

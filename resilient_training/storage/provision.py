@@ -7,6 +7,7 @@ provisioning leaves nothing billing; the exit handler's teardown covers the rest
 
 from __future__ import annotations
 
+import inspect
 import posixpath
 import re
 from collections.abc import Callable
@@ -235,20 +236,20 @@ def provision_request(
         fsx_timeout_s=fsx_timeout_s, fsx_poll_s=fsx_poll_s, bind_timeout_s=bind_timeout_s,
     )
     if backend != "fsx":  # (a stranger trial's fsx_capacity_gib with storage=pvc went unused without a word)
-        fsx_only = {"fsx_file_system_id": fsx_file_system_id, "fsx_subnet_id": fsx_subnet_id,
-                    "fsx_security_group_ids": fsx_security_group_ids, "fsx_import_path": fsx_import_path,
-                    "fsx_export_path": fsx_export_path, "fsx_tags": fsx_tags or {},
-                    "fsx_per_unit_throughput": fsx_per_unit_throughput}
-        given = [name for name, value in fsx_only.items() if value]
-        given += [name for name, value, default in (("fsx_capacity_gib", fsx_capacity_gib, 1200),
-                                                    ("fsx_deployment_type", fsx_deployment_type, "SCRATCH_2"))
-                  if value != default]
+        given = [name for name, value in locals().items() if name in _FSX_ONLY  # (the arguments, by name)
+                 and value and value != _FSX_ONLY[name]]  # "", [], None and 0 are "not given" too
         if given:
             raise ValueError(f"{given[0]} is for storage=fsx, and storage {backend!r} would ignore it: leave it at its "
                              "default, or use storage=fsx")
     if backend == "fsx" and fsx_file_system_id and (fsx_subnet_id or fsx_security_group_ids or fsx_import_path):
         raise ValueError("fsx_file_system_id reuses a file system: subnet, security groups and S3 paths do not apply")
     return request
+
+
+# provision_request's settings that only a new or reused FSx file system reads, with their defaults
+# (the timeouts are the provision step's own, for any backend).
+_FSX_ONLY = {name: parameter.default for name, parameter in inspect.signature(provision_request).parameters.items()
+             if name.startswith("fsx_") and name not in ("fsx_timeout_s", "fsx_poll_s")}
 
 
 def planned_ref(request: ProvisionRequest) -> StorageRef:
