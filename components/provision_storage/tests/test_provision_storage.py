@@ -265,6 +265,8 @@ BAD_INPUTS = [
      "fsx_capacity_gib is for storage=fsx, and storage 'local' would ignore it"),
     (dict(backend="pvc", pvc_name="claim", fsx_subnet_id="", fsx_security_group_ids="",
           fsx_deployment_type="PERSISTENT_2"), "fsx_deployment_type is for storage=fsx"),
+    (dict(backend="pvc", pvc_name="claim", fsx_subnet_id="", fsx_security_group_ids=[], fsx_tags={},
+          fsx_lustre_version="2.12"), "fsx_lustre_version is for storage=fsx"),
 ]
 
 
