@@ -384,6 +384,26 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
+  call53)  # one device call: call52 again (the 1.3B killed rank: 5.15 s; the reference schedule: 3.05 s lost
+    # per fault), then the 1.3B once more if the call has room; the device time left was ~630 s
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    SPARE=1 RUN_TIMEOUT=$(( 420 - SECONDS )) "$0" goodput-product "$out"
+    if [ $(( 440 - SECONDS )) -gt 120 ]; then
+      MODEL_SIZE=1b RUN_TIMEOUT=$(( 440 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_again "$0" pin-1b "$out"
+      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-again.tar.gz"
+    fi
+    ;;
+  call52)  # one device call: the optimizer's state made without DCP's zero step (optim_init.py, both ways
+    # in fresh processes), the 1.3B killed rank with it (call49: 6.34 s, call51: 6.75 s), then the
+    # reference schedule again (call51: 2.78 s lost per fault, one run)
+    python3 benchmarks/optim_init.py --repeat 2 2>&1 | tee "$out/optim-init.txt" || true
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    if [ $(( 570 - SECONDS )) -gt 240 ]; then
+      SPARE=1 RUN_TIMEOUT=$(( 570 - SECONDS )) "$0" goodput-product "$out"
+    fi
+    ;;
   call51)  # one device call: what call49/50 left unmeasured: the reference schedule with the gathers of a
     # world of one skipping the store (d84dfaf; find_scan was 0.20 s in every restart), then the 1.3B
     # killed rank (call49: 6.34 s) if the call has room

@@ -217,11 +217,38 @@ def state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
     """
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    init_optimizer_state(optimizer)  # before a restore: no step taken to make the state (see there)
     model_state, optim_state = get_state_dict(model, optimizer)
     out: dict[str, Any] = {"model": model_state, "optim": optim_state}
     if scheduler is not None:
         out["lr_scheduler"] = scheduler.state_dict()
     return out
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Make an empty Adam or AdamW state as its first step would, without taking the step.
+
+    DCP loads only into state that exists; its ``get_state_dict`` makes it with zero gradients
+    and a step at lr 0 (a gradient-sized allocation and the step's kernels). Here the optimizer's
+    own lazy set-up (``_init_group``, whatever it makes in this torch version) runs once per
+    group, each parameter standing in as its own gradient (no allocation, nothing computed).
+    Other optimizers, or one with state already: False, and DCP's way applies.
+    """
+    import inspect
+
+    if optimizer.state or type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return False
+    lists = len(inspect.signature(optimizer._init_group).parameters) - 1  # the group, then lists it fills
+    for group in optimizer.param_groups:
+        params = [p for p in group["params"] if p.requires_grad and p.grad is None]
+        try:
+            for p in params:
+                p.grad = p.detach()
+            optimizer._init_group(group, *([] for _ in range(lists)))
+        finally:
+            for p in params:
+                p.grad = None
+    return True
 
 
 def flat_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
