@@ -56,6 +56,44 @@ def check(values: Mapping[str, Any], *, cluster: bool = False, recurring: bool =
     _renamed(_check, values, cluster=cluster, recurring=recurring, local_launcher=local_launcher)
 
 
+def check_in_run(values: Mapping[str, Any], *, benchmark: bool = False) -> None:
+    """The pipeline's first step: :func:`check` (``benchmark``: :func:`check_benchmark`) on the
+    values the run was given, wherever it was made.
+
+    A run made in the KFP UI, through the API or with ``argo submit -p`` was checked by nothing of
+    ours; this step refuses it before storage is provisioned. In a pod (a KFP server, Argo) the run
+    is on a cluster; ``launcher=local`` can run only where this step's image holds torch and NVRx.
+    Not checked here: whether the run is a schedule's (``promote_to`` without ``{run_id}``), which
+    only the command that made the schedule knows.
+
+    Raises:
+        ValueError: one line naming the parameter and what is wrong with it.
+
+    """
+    import importlib.util
+    import os
+
+    local_launcher = all(importlib.util.find_spec(name) for name in ("torch", "nvidia_resiliency_ext"))
+    cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if benchmark:
+        check_benchmark(values, cluster=cluster, local_launcher=local_launcher)
+    else:
+        check(values, cluster=cluster, local_launcher=local_launcher)
+
+
+def check_step(values: Mapping[str, Any], *, benchmark: bool = False) -> None:
+    """The check step's body: a refused value ends the step with exit 2 and one ``error:`` line,
+    the whole of what a KFP or Argo user reads in the failed step's log (no traceback).
+    """
+    import sys
+
+    try:
+        check_in_run(values, benchmark=benchmark)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def check_benchmark(values: Mapping[str, Any], *, cluster: bool = False, local_launcher: bool = True) -> None:
     """Refuse recovery-benchmark arguments its steps would refuse, by the same rules as :func:`check`
     (each strategy's training as ``run_strategies`` would build it); the benchmark has no gates.

@@ -4,7 +4,7 @@ The reference study's first step for a team: run sync vs async checkpointing and
 ft_launcher vs plain relaunch side by side, then compare goodput and recovery time.
 
 ```
-provision_storage ─► run_strategies (one after another) ─► compare_strategies
+check_benchmark_arguments ─► provision_storage ─► run_strategies (one after another) ─► compare_strategies
 exit handler: teardown_storage
 ```
 """
@@ -21,6 +21,7 @@ from resilient_training.components.teardown_storage import teardown_storage
 from resilient_training.launch.images import COMPILED_TRAINER_IMAGE
 from resilient_training.launch.jobshape import TRAINER_SERVICE_ACCOUNT
 
+from .check_step import check_benchmark_arguments
 from .defaults import (
     BENCH_CHECKPOINT_EVERY,
     BENCH_FAULTS,
@@ -98,6 +99,8 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             region: AWS region (default: the client's).
 
         """
+        # First: every parameter by name (locals() also holds the closure's `retries`).
+        parameters = {k: v for k, v in locals().items() if k in check_benchmark_arguments.component_spec.inputs}
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cleanup = teardown_storage(
             run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
@@ -105,11 +108,12 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         ).set_display_name("teardown")
         side_effecting(cleanup, TEARDOWN_RETRY if retries else None)
         with dsl.ExitHandler(cleanup, name="benchmark-and-clean-up"):
+            checked = side_effecting(check_benchmark_arguments(**parameters).set_display_name("check arguments"))
             provisioned = provision_storage(
                 run_id=run_id, storage=storage, namespace=namespace, mount_path=MOUNT_PATH, local_root=local_root,
                 pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
                 fsx_security_group_ids=fsx_security_group_ids, region=region,
-            ).set_display_name("provision storage")
+            ).set_display_name("provision storage").after(checked)
             side_effecting(provisioned, PROVISION_RETRY if retries else None)
             claim = provisioned.outputs["pvc_name"]
             trained = run_strategies(

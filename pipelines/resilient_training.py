@@ -1,8 +1,10 @@
 """The resilient training pipeline: provision → train under NVRx → validate → gate → promote.
 
 ```
-provision_storage ─► launch_training ─► validate_checkpoint ─► check_convergence ─► [both passed] promote_model
-                                                                      └─► resilience_report (whatever the gates say)
+check_arguments ─► provision_storage ─► launch_training ─► validate_checkpoint ─► check_convergence ─┐
+  ┌─────────────────────────────────────────────────────────────────────────────────────────────────┘
+  ├─► [both passed] promote_model
+  └─► resilience_report (whatever the gates say)
 exit handler: teardown_storage (job, claim, file system this run created)
 ```
 Backends are parameters: ``storage`` local | pvc | fsx and ``launcher`` local | pytorchjob | trainjob.
@@ -23,6 +25,7 @@ from resilient_training.components.validate_checkpoint import validate_checkpoin
 from resilient_training.launch.images import COMPILED_TRAINER_IMAGE
 from resilient_training.launch.jobshape import TRAINER_SERVICE_ACCOUNT
 
+from .check_step import check_arguments
 from .defaults import (
     CACHING_NOTE,
     EXPORT,
@@ -170,6 +173,9 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
             delete_file_system: Delete an FSx file system this run created when the run ends.
 
         """
+        # First: every parameter by name (locals() also holds the closure's `retries`); the check
+        # step takes each one (a test says the two lists are the same).
+        parameters = {k: v for k, v in locals().items() if k in check_arguments.component_spec.inputs}
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         cleanup = teardown_storage(
             run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
@@ -177,13 +183,16 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         ).set_display_name("teardown")
         side_effecting(cleanup, TEARDOWN_RETRY if retries else None)
         with dsl.ExitHandler(cleanup, name="run-and-clean-up"):
+            # A run made in the UI, the API or `argo submit -p` was checked by nothing of ours.
+            checked = check_arguments(**parameters).set_display_name("check arguments")
+            side_effecting(checked)
             provisioned = provision_storage(
                 run_id=run_id, storage=storage, namespace=namespace, mount_path=MOUNT_PATH, local_root=local_root,
                 pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
                 fsx_security_group_ids=fsx_security_group_ids, fsx_capacity_gib=fsx_capacity_gib,
                 fsx_deployment_type=fsx_deployment_type, fsx_per_unit_throughput=fsx_per_unit_throughput,
                 region=region,
-            ).set_display_name("provision storage")
+            ).set_display_name("provision storage").after(checked)
             side_effecting(provisioned, PROVISION_RETRY if retries else None)
             claim = provisioned.outputs["pvc_name"]
             trained = launch_training(

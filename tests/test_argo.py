@@ -188,8 +188,8 @@ def argo_tasks(wt: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_same_tasks_inputs_guards_mounts_and_exit_handler_as_the_kfp_pipeline(compiled, kfp_ir):
     kfp, argo_view = kfp_tasks(kfp_ir), argo_tasks(compiled["template"])
     assert set(kfp) == set(argo_view) == {
-        "provision-storage", "launch-training", "validate-checkpoint", "check-convergence", "promote-model",
-        "resilience-report", "teardown-storage"}
+        "check-arguments", "provision-storage", "launch-training", "validate-checkpoint", "check-convergence",
+        "promote-model", "resilience-report", "teardown-storage"}
     for name in kfp:
         assert argo_view[name] == kfp[name], name
     # Argo resolves {{tasks.X...}} only for ancestors: every upstream output a task reads is one.
@@ -210,7 +210,7 @@ def test_the_comparison_notices_a_changed_wiring_or_order(compiled, kfp_ir):
             task["depends"] = "launch-training"
     kfp, changed = kfp_tasks(kfp_ir), argo_tasks(planted)
     assert changed["check-convergence"]["inputs"] != kfp["check-convergence"]["inputs"]
-    assert changed["resilience-report"]["after"] == {"launch-training", "provision-storage"}
+    assert changed["resilience-report"]["after"] == {"launch-training", "provision-storage", "check-arguments"}
     assert changed["resilience-report"] != kfp["resilience-report"]
 
 
@@ -254,7 +254,7 @@ def test_steps_run_the_component_in_the_components_image_without_a_shell_or_memo
     wt = compiled["template"]
     assert "memoize" not in json.dumps(wt)
     containers = [t for t in wt["spec"]["templates"] if "container" in t]
-    assert len(containers) == 7
+    assert len(containers) == 8
     for template in containers:
         container = template["container"]
         assert container["image"] == images.COMPONENTS_IMAGE
@@ -548,7 +548,7 @@ def test_compile_argo_prints_what_it_wrote(tmp_path, capsys):
     assert cli(["compile", "--format", "argo", "-o", str(tmp_path / "argo")]) == 0
     out = capsys.readouterr().out
     count = len(resilient_training.component_spec.inputs)
-    assert f"WorkflowTemplate 'resilient-training', 6 steps + teardown-storage on exit, {count} parameter(s)" in out
+    assert f"WorkflowTemplate 'resilient-training', 7 steps + teardown-storage on exit, {count} parameter(s)" in out
     assert ("CronWorkflow 'resilient-training': 0 2 * * * UTC, concurrency Forbid, starting deadline none; "
             "parameters: the template's defaults") in out
     assert sorted(p.name for p in (tmp_path / "argo").iterdir()) == [

@@ -235,7 +235,7 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
     code, out, err = cli("submit", "--host", server.url, "--package", "--param", "storage=pvc", "--param",
                          "pvc_name=data", "--param", "promote_to=s3://models/x", "--param", "launcher=pytorchjob")
     assert code == 0, err
-    assert "caching: off for all 7 steps (compiled in: a KFP server runs each step anew, never from an earlier run)" in out
+    assert "caching: off for all 8 steps (compiled in: a KFP server runs each step anew, never from an earlier run)" in out
     [run] = server.runs.values()
     assert "enableCache: true" not in yaml.safe_dump(run["pipeline_spec"])
     code, out, err = cli("schedule", "--host", server.url, "--package", "--pipeline", "recovery-benchmark",

@@ -32,8 +32,10 @@ def test_resilient_training_dag_has_the_exit_handler_gates_and_condition(tmp_pat
     assert set(root) == {"exit-handler-1", "teardown-storage"}
     assert root["teardown-storage"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     inner = _tasks(spec["components"]["comp-exit-handler-1"])
-    assert {"provision-storage", "launch-training", "validate-checkpoint", "check-convergence",
+    assert {"check-arguments", "provision-storage", "launch-training", "validate-checkpoint", "check-convergence",
             "resilience-report", "condition-2"} <= set(inner)
+    # Nothing is made before the arguments are checked.
+    assert inner["provision-storage"]["dependentTasks"] == ["check-arguments"]
     assert inner["condition-2"]["triggerPolicy"]["condition"].endswith("== true")
     nested = _tasks(spec["components"]["comp-condition-2"])
     promote_holder = spec["components"][nested["condition-3"]["componentRef"]["name"]]
@@ -68,7 +70,8 @@ def test_steps_mount_the_run_claim_on_a_cluster(tmp_path):
 def test_benchmark_dag_runs_strategies_then_compares(tmp_path):
     spec = _compile("recovery-benchmark", tmp_path)
     inner = _tasks(spec["components"]["comp-exit-handler-1"])
-    assert set(inner) == {"provision-storage", "run-strategies", "compare-strategies"}
+    assert set(inner) == {"check-benchmark-arguments", "provision-storage", "run-strategies", "compare-strategies"}
+    assert inner["provision-storage"]["dependentTasks"] == ["check-benchmark-arguments"]
     strategies = spec["root"]["inputDefinitions"]["parameters"]["strategies"]["defaultValue"]
     assert [s["name"] for s in strategies] == ["inprocess+async", "ft_launcher+async", "ft_launcher+sync",
                                               "torchrun+sync"]
@@ -78,11 +81,13 @@ def test_benchmark_dag_runs_strategies_then_compares(tmp_path):
 
 # Every container step of both pipelines has side effects; a new step must be added here on purpose.
 SIDE_EFFECTING = {
-    "resilient-training": {"root/teardown-storage", "comp-exit-handler-1/provision-storage",
+    "resilient-training": {"root/teardown-storage", "comp-exit-handler-1/check-arguments",
+                           "comp-exit-handler-1/provision-storage",
                            "comp-exit-handler-1/launch-training", "comp-exit-handler-1/validate-checkpoint",
                            "comp-exit-handler-1/check-convergence", "comp-exit-handler-1/resilience-report",
                            "comp-condition-3/promote-model"},
-    "recovery-benchmark": {"root/teardown-storage", "comp-exit-handler-1/provision-storage",
+    "recovery-benchmark": {"root/teardown-storage", "comp-exit-handler-1/check-benchmark-arguments",
+                           "comp-exit-handler-1/provision-storage",
                            "comp-exit-handler-1/run-strategies", "comp-exit-handler-1/compare-strategies"},
 }
 # Idempotent steps that meet transient failures (cloud throttling, an API blip while watching the job).

@@ -28,6 +28,7 @@ from resilient_training.kfp.params import parse_float, parse_int, parse_json
 
 # The components an Argo step may run (the resilient-training pipeline's); nothing else is imported.
 COMPONENTS: tuple[str, ...] = (
+    "check_arguments",
     "provision_storage",
     "launch_training",
     "validate_checkpoint",
@@ -36,6 +37,7 @@ COMPONENTS: tuple[str, ...] = (
     "resilience_report",
     "teardown_storage",
 )
+_PIPELINE_STEPS = {"check_arguments": "resilient_training.pipelines.check_step"}
 EXECUTOR_OUTPUT = "executor_output.json"
 # KFP input types (ComponentSpec.inputs[...].type) that an argument can carry, and how they read.
 _EXPECTED = {"String": "a string", "Integer": "an integer", "Float": "a number", "Boolean": "true or false",
@@ -50,7 +52,8 @@ def load_component(name: str) -> Any:
     """The ``@dsl.component`` of one of :data:`COMPONENTS` (imported only when named)."""
     if name not in COMPONENTS:
         raise StepError(f"unknown component {name!r}; known: {', '.join(COMPONENTS)}")
-    module = importlib.import_module(f"resilient_training.components.{name}")
+    # The pipeline's own first step lives beside it (it takes the pipeline's parameters).
+    module = importlib.import_module(_PIPELINE_STEPS.get(name, f"resilient_training.components.{name}"))
     return getattr(module, name)
 
 

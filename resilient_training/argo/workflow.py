@@ -127,16 +127,19 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
 
     A function, not a constant: it imports the KFP pipeline module (kfp), which ``--help`` must not.
     """
+    from resilient_training.pipelines.check_step import check_arguments
     from resilient_training.pipelines.resilient_training import MOUNT_PATH
 
     claim = Output("provision-storage", "pvc_name")
     run_dir = Output("launch-training", "run_dir")
     steps = (
+        # `argo submit -p` values were checked by nothing of ours: every parameter, before anything is made.
+        Step("check-arguments", "check_arguments", _params(*check_arguments.component_spec.inputs)),
         Step("provision-storage", "provision_storage", {
             "run_id": RunId(), **_params("storage", "namespace"), "mount_path": Const(MOUNT_PATH),
             **_params("local_root", "pvc_name", "fsx_file_system_id", "fsx_subnet_id", "fsx_security_group_ids",
                       "fsx_capacity_gib", "fsx_deployment_type", "fsx_per_unit_throughput", "region"),
-        }),
+        }, depends="check-arguments"),
         Step("launch-training", "launch_training", {
             "storage_ref": Output("provision-storage", "storage_ref"), "run_id": RunId(),
             **_params("launcher", "steps", "checkpoint_every", "faults", "async_checkpoint", "inprocess",

@@ -229,6 +229,10 @@ def check_shipped_task(config: cfg.TrainConfig) -> None:
     """
     if not config.task.startswith(SHIPPED_TASKS) or (config.task == cfg.DEFAULT_TASK and not config.task_args):
         return
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # the components image (no torch): the workers check it
+        return
     from resilient_training.runtime import task as tk
 
     try:

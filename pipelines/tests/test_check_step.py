@@ -1,0 +1,121 @@
+"""The pipeline's first step checks a run's arguments inside the run: a run made in the KFP UI, the
+API or with ``argo submit -p`` (which no command of ours checked) stops there, before storage is made.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from resilient_training.argo import workflow as argo
+from resilient_training.pipelines import arguments
+from resilient_training.pipelines.check_step import check_arguments, check_benchmark_arguments
+from resilient_training.pipelines.recovery_benchmark import recovery_benchmark
+from resilient_training.pipelines.resilient_training import resilient_training
+
+
+@pytest.mark.parametrize(("step", "pipeline"), [(check_arguments, resilient_training),
+                                               (check_benchmark_arguments, recovery_benchmark)],
+                         ids=["resilient-training", "recovery-benchmark"])
+def test_the_check_step_takes_every_pipeline_parameter_by_name_and_type(step, pipeline) -> None:
+    step, pipeline = step.component_spec.inputs, pipeline.component_spec.inputs
+    assert list(step) == list(pipeline)
+    assert {n: s.type for n, s in step.items()} == {n: s.type for n, s in pipeline.items()}
+    assert not any(s.optional for s in step.values())  # every one passed, none defaulted twice
+
+
+@pytest.mark.parametrize(("pipeline", "arguments", "step", "message"), [
+    ("resilient_training", "nodes=0, steps=4", "check-arguments",
+     "error: nodes must be an integer from 1 to 4096, got 0"),
+    ("recovery_benchmark", "strategies=[{'name': 'a', 'name2': 1}], steps=4", "check-benchmark-arguments",
+     "error: strategy a: unknown trainer settings: name2 (known: "),
+], ids=["resilient-training", "recovery-benchmark"])
+def test_a_run_made_without_our_commands_stops_at_its_first_step(tmp_path: Path, pipeline, arguments, step,
+                                                                  message) -> None:
+    """kfp.local runs the pipeline as a KFP server would get it: no `run`/`submit` check before."""
+    runs = tmp_path / "runs"
+    script = textwrap.dedent(f"""
+        from kfp import local
+        from resilient_training.pipelines.{pipeline} import build
+        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root={str(tmp_path / "kfp")!r})
+        build(retries=False)(local_root={str(runs)!r}, {arguments})
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)  # the runner's colours
+    assert proc.returncode != 0
+    assert f"Inner task failed: '{step}'" in out, out[-3000:]
+    assert message in out, out[-3000:]
+    assert "Traceback" not in out.split("Executing task")[1].split("finished with status")[0]  # one line, no trace
+    assert not runs.exists()  # nothing provisioned
+    assert list((tmp_path / "kfp").glob("*/teardown-storage/executor_output.json")), "teardown did not run"
+    assert not list((tmp_path / "kfp").glob("*/provision-storage"))
+
+
+def _argo_defaults(**changes: str) -> list[str]:
+    """The WorkflowTemplate's parameters as the step gets them (text, one argv element each)."""
+    values = {p.name: p.value for p in argo.workflow_parameters()} | {"pvc_name": "team-claim"} | changes
+    return [f"{name}={value}" for name, value in values.items()]
+
+
+def _argo_step(tmp_path: Path, items: list[str], *, in_a_pod: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    if in_a_pod:
+        env["KUBERNETES_SERVICE_HOST"] = "10.0.0.1"
+    return subprocess.run([sys.executable, "-m", "resilient_training.argo.step", "check_arguments",
+                           "--outputs", str(tmp_path / "out"), *items], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"nodes": "0"}, "error: nodes must be an integer from 1 to 4096, got 0"),
+    ({"faults": "sigkill@3:99"}, "error: faults: fault sigkill@3:99: rank 99 does not exist (world size 8)"),
+    ({"promote_to": "promoted"}, "error: promote_to 'promoted' is relative"),
+    ({"pvc_name": ""}, "error: storage 'pvc' needs pvc_name"),
+])
+def test_argo_submit_p_values_are_refused_by_the_first_step_with_one_line(tmp_path, changes, message) -> None:
+    proc = _argo_step(tmp_path, _argo_defaults(**changes))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_templates_defaults_pass_and_storage_local_passes_only_outside_a_pod(tmp_path) -> None:
+    good = _argo_step(tmp_path, _argo_defaults(promote_to="/mnt/run/promoted"))
+    assert good.returncode == 0, good.stderr
+    local = _argo_defaults(storage="local", launcher="local", promote_to="promoted")
+    in_pod = _argo_step(tmp_path, local)
+    assert in_pod.returncode == 2 and "error: storage 'local' is a directory on one machine" in in_pod.stderr
+    assert _argo_step(tmp_path, local, in_a_pod=False).returncode == 0  # kfp.local on a laptop
+
+
+def test_launcher_local_in_a_pod_needs_torch_and_nvrx_in_the_steps_image(monkeypatch) -> None:
+    values = {n: s.default for n, s in resilient_training.component_spec.inputs.items()}
+    values |= {"storage": "pvc", "pvc_name": "team-claim", "promote_to": "/mnt/run/promoted", "launcher": "local"}
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    if importlib.util.find_spec("nvidia_resiliency_ext") is not None:
+        arguments.check_in_run(values)  # this environment has both: ft_launcher can run in the step's pod
+    own = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "nvidia_resiliency_ext" else own(name, *a))
+    with pytest.raises(ValueError, match="launcher 'local' would train inside the launch step's own pod"):
+        arguments.check_in_run(values)
+
+
+def test_in_the_components_image_without_torch_a_shipped_tasks_task_args_are_left_to_its_workers(monkeypatch) -> None:
+    """Making the built-in task imports torch, which the components image has not: the step would
+    fail on the import. There the trainer's workers check task_args, as they do a user's own task."""
+    values = {n: s.default for n, s in resilient_training.component_spec.inputs.items()}
+    values |= {"task_args": {"n_layers": "two"}}
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ValueError, match="task_args: .*n_layers"):
+        arguments.check_in_run(values)
+    own = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else own(name, *a))
+    arguments.check_in_run(values)
