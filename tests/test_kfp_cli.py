@@ -242,7 +242,7 @@ def test_submit_and_schedule_say_whether_steps_are_cached_and_send_caching_off(c
                          "--cron", "0 0 2 * * *", "--param", "storage=pvc", "--param", "pvc_name=data",
                          "--param", "launcher=pytorchjob")
     assert code == 0, err
-    assert "caching: off for all 4 steps" in out
+    assert "caching: off for all 5 steps" in out
     # A pipeline compiled with KFP's default (caching on) is named as such, step by step; kfp.Client's
     # enable_caching=False still reaches the top-level tasks of a sent package.
     code, out, err = cli("submit", "--host", server.url, "--registry", REGISTRY, "--package", "--param", "run_id=c")

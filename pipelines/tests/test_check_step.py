@@ -119,3 +119,29 @@ def test_in_the_components_image_without_torch_a_shipped_tasks_task_args_are_lef
     own = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else own(name, *a))
     arguments.check_in_run(values)
+
+
+def test_the_check_runs_in_the_components_image_which_has_no_torch_nvrx_or_numpy() -> None:
+    """images/components installs the package without its dependencies: an import of torch anywhere
+    on the check's path would fail every run's first step on a cluster."""
+    script = textwrap.dedent("""
+        import os, sys
+        for name in ("torch", "nvidia_resiliency_ext", "safetensors", "numpy"):
+            sys.modules[name] = None  # absent: importing it raises, find_spec says None
+        os.environ["KUBERNETES_SERVICE_HOST"] = "10.0.0.1"
+        from resilient_training.pipelines.resilient_training import resilient_training
+        from resilient_training.pipelines import arguments
+        values = {n: s.default for n, s in resilient_training.component_spec.inputs.items()}
+        values |= {"storage": "pvc", "pvc_name": "team-claim", "promote_to": "/mnt/run/promoted",
+                   "launcher": "pytorchjob", "task_args": {"n_layers": "3"}}
+        arguments.check_in_run(values)
+        for bad in ({"nodes": 0}, {"launcher": "local"}):
+            try:
+                arguments.check_in_run(values | bad)
+            except ValueError as exc:
+                print("refused:", exc)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("refused:") == 2, proc.stdout
+    assert "launcher 'local' would train inside the launch step's own pod" in proc.stdout
