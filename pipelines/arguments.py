@@ -146,15 +146,7 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool, local_l
     from resilient_training.gates.export import FORMATS
 
     _check_text(values, ("promote_to", "export"))
-    overrides = values["train_overrides"] or {}
-    for key in overrides:
-        if key in FROM_PARAMETERS:
-            raise ValueError(f"train_overrides sets {key!r}, which the pipeline's {FROM_PARAMETERS[key]} parameter "
-                             f"overwrites: give it as {FROM_PARAMETERS[key]}=...")
-    for (group, key), parameter in NESTED_FROM_PARAMETERS.items():
-        if isinstance(overrides.get(group), dict) and key in overrides[group]:
-            raise ValueError(f"train_overrides sets {group}.{key}, which the pipeline's {parameter} parameter "
-                             f"overwrites: give it as {parameter}=...")
+    _check_overrides(values["train_overrides"] or {}, set(FROM_PARAMETERS.values()))
     ref = _storage_ref(values)
     train = dict(values["train_overrides"] or {})
     train.update(steps=values["steps"], checkpoint_every=values["checkpoint_every"], faults=values["faults"],
@@ -180,10 +172,24 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool, local_l
     _check_on_a_cluster(values, cluster=cluster, local_launcher=local_launcher)
 
 
+def _check_overrides(overrides: Mapping[str, Any], parameters: set[str]) -> None:
+    """Refuse a ``train_overrides`` setting that one of the pipeline's ``parameters`` overwrites."""
+    for key in overrides:
+        if FROM_PARAMETERS.get(key) in parameters:
+            raise ValueError(f"train_overrides sets {key!r}, which the pipeline's {FROM_PARAMETERS[key]} parameter "
+                             f"overwrites: give it as {FROM_PARAMETERS[key]}=...")
+    for (group, key), parameter in NESTED_FROM_PARAMETERS.items():
+        if parameter in parameters and isinstance(overrides.get(group), dict) and key in overrides[group]:
+            raise ValueError(f"train_overrides sets {group}.{key}, which the pipeline's {parameter} parameter "
+                             f"overwrites: give it as {parameter}=...")
+
+
 def _check_benchmark(values: Mapping[str, Any], *, cluster: bool, local_launcher: bool) -> None:
     from resilient_training.bench.strategy import parse_strategy
 
     _check_text(values, ())
+    # (a stranger trial's train_overrides {"steps": 1000} ran 30 steps without a word)
+    _check_overrides(values["train_overrides"] or {}, {"steps", "checkpoint_every", "faults", "task", "task_args"})
     strategies = values["strategies"]
     if not strategies:
         raise ValueError("strategies is empty: give at least one {\"name\": ...} (the default runs four)")
@@ -353,6 +359,10 @@ def _check_promote_path(dest: str, ref: Any) -> None:
         raise ValueError(f"promote_to {dest!r} contains the run directory ({run_dir.parent}/<run id>) or is not a "
                          f"plain path: promote to a directory beside it, e.g. {ref.mount_path}/promoted")
     expanded = PurePosixPath(dest.replace(RUN_ID_FIELD, run_dir.name))
+    # The claim's file system is not here to ask (pathconf): Linux's, FSx for Lustre's included, is 255 bytes.
+    if long := next((part for part in expanded.parts if len(part.encode()) > 255), None):
+        raise ValueError(f"promote_to {dest!r} has a name of {len(long.encode())} bytes ({long[:20]}...), longer than "
+                         "the 255 a Linux file system allows")
     if expanded == run_dir or run_dir in expanded.parents:
         raise ValueError(f"promote_to {dest!r} is inside the run directory ({run_dir.parent}/<run id>), which "
                          f"promotion refuses: promote beside it, e.g. {ref.mount_path}/promoted/{RUN_ID_FIELD}")

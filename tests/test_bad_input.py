@@ -180,6 +180,11 @@ CASES: list[tuple[str, list[str], str]] = [
      "task argument lr is given twice"),
     ("bench-task-arg-repeated", ["bench", "--task-arg", "lr=1", "--task-arg", "lr=2"], "task argument lr is given twice"),
     ("bench-strategies-not-json", ["bench", "--strategies", "sync"], "--strategies is not valid JSON"),
+    # stranger trial: nested past the parser's stack, a RecursionError traceback
+    ("run-overrides-nested-too-deeply", ["run", "--train-overrides", "[" * 5000 + "]" * 5000],
+     "--train-overrides is JSON nested too deeply"),
+    ("run-overrides-huge-integer-float", ["run", "--train-overrides", '{"lr": 1' + "0" * 400 + "}"],
+     "setting lr must be a finite number"),
     ("bench-strategies-list-of-int", ["bench", "--strategies", "[1]"], "must be a JSON list of objects"),
     ("bench-output-under-file", ["bench", "--output-dir", "{file}/out"], "is a file, not a directory"),
     ("bench-strategy-unknown-setting", ["bench", "--strategies", '[{"name": "a", "bogus": 1}]'],

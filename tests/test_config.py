@@ -77,6 +77,12 @@ def test_flat_and_nested_settings_agree_and_bad_types_are_refused():
     for bad, message in [({"model": 5}, "model must be a mapping"), ({"checkpoint_every": 2.5}, "must be an integer"),
                          ({"inprocess": "yes"}, "must be true or false"), ({"lr": float("nan")}, "finite"),
                          ({"steps": True}, "must be an integer"), ({"faults": 3}, "must be a string"),
-                         ({"run_dir": ""}, "run_dir must not be empty"), ({"soft_timeout": -1.0}, "soft_timeout")]:
+                         ({"run_dir": ""}, "run_dir must not be empty"), ({"soft_timeout": -1.0}, "soft_timeout"),
+                         # Stranger trial: an integer past a double's range raised OverflowError (a traceback).
+                         ({"lr": 10**400}, "setting lr must be a finite number, got an integer of 401 digits"),
+                         ({"timeouts": {"pg": -10**400}}, "timeouts setting pg must be a finite number"),
+                         # A key with a newline made a second "error:" line: quoted, one line.
+                         ({"lr\nerror: injected": 1}, r"unknown trainer settings: 'lr\\nerror: injected' \(known"),
+                         ({"model": {"x\ny": 1}}, r"unknown model settings: 'x\\ny' \(known")]:
         with pytest.raises(ValueError, match=message):
             cfg.from_dict({"run_dir": "/x", **bad})

@@ -58,6 +58,8 @@ def test_values_are_converted_to_each_inputs_type(inputs):
         (["fault_steps={}"], "parameter 'fault_steps' must be a JSON list, got '{}'"),
         (["extra=[1]"], "parameter 'extra' must be a JSON object, got '[1]'"),
         (["extra={bad json"], "parameter 'extra' must be a JSON object"),
+        # Stranger trial: nested past the parser's stack, RecursionError was a traceback.
+        (["fault_steps=" + "[" * 5000 + "]" * 5000], "parameter 'fault_steps' must be a JSON list"),
         (["nodes=1", "nodes=2"], "parameter 'nodes' is given twice"),
         # Stranger trial 6: numbers were stripped, strings sent with the blank; one rule for every type now.
         (["nodes= 3"], "parameter 'nodes' value ' 3' has blanks around it: give nodes=3"),

@@ -382,3 +382,19 @@ def test_launch_training_dispatches_to_a_trainjob(server):
     with pytest.raises(ValueError, match="not elastic"):
         launch_training(storage_ref=ref.to_json(), run_id="run-7", launcher="trainjob", nodes=2, min_nodes=1,
                         job_api=_api(server), progress=print)
+
+
+def test_an_empty_toleration_effect_or_key_is_left_out_as_kubernetes_reads_it():
+    """Stranger trial: effect "" (any effect) passed every check, then the TrainJob's typed model
+    (the CRD's enum) refused it in the launch step, after storage was made. Left out, it means the
+    same for both job kinds."""
+    from resilient_training.launch import pytorchjob
+
+    tolerations = [{"key": "", "operator": "Exists", "effect": ""}, {"key": "a", "value": "", "effect": ""}]
+    for tol in tolerations:
+        jobshape._check_toleration(tol)  # what every check before the launch lets through
+    tj = rendered(tolerations=tolerations)
+    pj = pytorchjob.to_dict(pytorchjob.build_job(spec(kind="pytorchjob", tolerations=tolerations)))
+    expected = [{"operator": "Exists"}, {"key": "a"}]
+    assert _pod_patch(tj)["tolerations"] == expected
+    assert pj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["tolerations"] == expected

@@ -78,6 +78,12 @@ def _argo_step(tmp_path: Path, items: list[str], *, in_a_pod: bool = True) -> su
     ({"faults": "sigkill@3:99"}, "error: faults: fault sigkill@3:99: rank 99 does not exist (world size 8)"),
     ({"promote_to": "promoted"}, "error: promote_to 'promoted' is relative"),
     ({"pvc_name": ""}, "error: storage 'pvc' needs pvc_name"),
+    # Stranger trial (each passed, or was a traceback, before):
+    ({"tolerations": "[" * 5000 + "]" * 5000}, "error: input 'tolerations' must be a JSON list"),
+    ({"train_overrides": '{"lr": 1' + "0" * 400 + "}"}, "error: setting lr must be a finite number"),
+    ({"promote_to": "/mnt/run/" + "a" * 300}, "has a name of 300 bytes (aaaaaaaaaaaaaaaaaaaa...), longer than the 255"),
+    ({"storage": "fsx", "pvc_name": "", "fsx_file_system_id": "fs-0123456789abcdef0", "fsx_deployment_type": "BOGUS"},
+     "error: fsx_file_system_id reuses a file system: fsx_deployment_type is for a new one and would be ignored"),
 ])
 def test_argo_submit_p_values_are_refused_by_the_first_step_with_one_line(tmp_path, changes, message) -> None:
     proc = _argo_step(tmp_path, _argo_defaults(**changes))
@@ -145,3 +151,16 @@ def test_the_check_runs_in_the_components_image_which_has_no_torch_nvrx_or_numpy
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("refused:") == 2, proc.stdout
     assert "launcher 'local' would train inside the launch step's own pod" in proc.stdout
+
+
+def test_the_benchmarks_parameters_are_not_overwritten_silently_by_its_train_overrides(capsys) -> None:
+    """Stranger trial: train_overrides {"steps": 1000} passed, and every strategy ran the steps parameter's 30."""
+    values = {n: s.default for n, s in recovery_benchmark.component_spec.inputs.items()}
+    arguments.check_step(values, benchmark=True)
+    for overrides, parameter in (({"steps": 1000}, "steps"), ({"checkpoint": {"every": 3}}, "checkpoint_every"),
+                                 ({"task": "mine:task"}, "task")):
+        with pytest.raises(SystemExit) as exited:
+            arguments.check_step(values | {"train_overrides": overrides}, benchmark=True)
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"which the pipeline's {parameter} parameter overwrites" in err, err

@@ -468,6 +468,8 @@ def _json_flag(text: str, flag: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{flag} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{flag} is JSON nested too deeply") from None
 
 
 def _output_dir(given: str) -> Path:

@@ -144,7 +144,10 @@ def _refuse_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def parse_json(raw: str) -> Any:
     """JSON for a list or dict parameter; a key given twice in an object is refused."""
-    return json.loads(raw, object_pairs_hook=_refuse_repeated_keys)
+    try:
+        return json.loads(raw, object_pairs_hook=_refuse_repeated_keys)
+    except RecursionError:  # nested deeper than the parser's stack: not a setting anyone means
+        raise ValueError("JSON nested too deeply") from None
 
 
 def convert(spec: PipelineInput, raw: str) -> Any:

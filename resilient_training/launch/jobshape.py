@@ -463,7 +463,9 @@ def volumes(spec: JobSpec) -> list[Any]:
 def tolerations(spec: JobSpec) -> list[Any]:
     from kubernetes import client as k8s
 
-    return [k8s.V1Toleration(**{_snake(k): v for k, v in t.items()}) for t in spec.tolerations]
+    # An empty key, value or effect means what leaving it out means (any key, any effect), and the
+    # TrainJob's CRD allows only the named effects: left out.
+    return [k8s.V1Toleration(**{_snake(k): v for k, v in t.items() if v != ""}) for t in spec.tolerations]
 
 
 def _snake(key: str) -> str:

@@ -424,7 +424,10 @@ def _coerce(f: dataclasses.Field[Any], value: Any, name: str, where: str = "") -
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{name} must be a number, got {value!r}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer past a double's range (JSON has no limit)
+            raise ValueError(f"{name} must be a finite number, got an integer of {len(str(value))} digits") from None
         if not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
         return value
@@ -435,13 +438,20 @@ def _coerce(f: dataclasses.Field[Any], value: Any, name: str, where: str = "") -
     return value
 
 
+def _names(keys: list[Any]) -> str:
+    """Keys as a message names them: a plain name as it is, anything else quoted (a key with a
+    newline would otherwise start a line of its own in a one-line error).
+    """
+    return ", ".join(k if isinstance(k, str) and k.isascii() and k.isidentifier() else repr(k) for k in keys)
+
+
 def _section(data: Any, cls: type, where: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"setting {where} must be a mapping, got {data!r}")
     known = cls.__dataclass_fields__
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ValueError(f"unknown {where} settings: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        raise ValueError(f"unknown {where} settings: {_names(unknown)} (known: {', '.join(sorted(known))})")
     return {k: _coerce(known[k], v, f"{k}", where) for k, v in data.items()}
 
 
@@ -469,7 +479,7 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
             unknown.append(key)
     if unknown:
         known = sorted({*TOP_LEVEL, *FLAT, *GROUPS, "model", "run_dir", "task_args"})
-        raise ValueError(f"unknown trainer settings: {', '.join(sorted(unknown))} (known: {', '.join(known)})")
+        raise ValueError(f"unknown trainer settings: {_names(sorted(unknown))} (known: {', '.join(known)})")
     if "run_dir" not in top:
         raise ValueError("trainer settings need run_dir")
     groups = {g: cls(**nested[g]) for g, cls in GROUPS.items()}

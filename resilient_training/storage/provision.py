@@ -235,14 +235,16 @@ def provision_request(
         ) if creating_fsx else None,
         fsx_timeout_s=fsx_timeout_s, fsx_poll_s=fsx_poll_s, bind_timeout_s=bind_timeout_s,
     )
-    if backend != "fsx":  # (a stranger trial's fsx_capacity_gib with storage=pvc went unused without a word)
-        given = [name for name, value in locals().items() if name in _FSX_ONLY  # (the arguments, by name)
-                 and value and value != _FSX_ONLY[name]]  # "", [], None and 0 are "not given" too
-        if given:
-            raise ValueError(f"{given[0]} is for storage=fsx, and storage {backend!r} would ignore it: leave it at its "
-                             "default, or use storage=fsx")
-    if backend == "fsx" and fsx_file_system_id and (fsx_subnet_id or fsx_security_group_ids or fsx_import_path):
-        raise ValueError("fsx_file_system_id reuses a file system: subnet, security groups and S3 paths do not apply")
+    # Settings given that nothing would read: (a stranger trial's fsx_capacity_gib with storage=pvc,
+    # and fsx_deployment_type=BOGUS with a reused file system, went unused without a word).
+    given = [name for name, value in locals().items() if name in _FSX_ONLY  # (the arguments, by name)
+             and value and value != _FSX_ONLY[name]]  # "", [], None and 0 are "not given" too
+    if backend != "fsx" and given:
+        raise ValueError(f"{given[0]} is for storage=fsx, and storage {backend!r} would ignore it: leave it at its "
+                         "default, or use storage=fsx")
+    if backend == "fsx" and fsx_file_system_id and (unread := [name for name in given if name in _NEW_FSX_ONLY]):
+        raise ValueError(f"fsx_file_system_id reuses a file system: {unread[0]} is for a new one and would be "
+                         "ignored; leave it at its default")
     return request
 
 
@@ -250,6 +252,10 @@ def provision_request(
 # (the timeouts are the provision step's own, for any backend).
 _FSX_ONLY = {name: parameter.default for name, parameter in inspect.signature(provision_request).parameters.items()
              if name.startswith("fsx_") and name not in ("fsx_timeout_s", "fsx_poll_s")}
+
+
+# Of those, what only a file system made for the run reads (a reused one keeps its own; its tags too).
+_NEW_FSX_ONLY = {name for name in _FSX_ONLY if name != "fsx_file_system_id"}
 
 
 def planned_ref(request: ProvisionRequest) -> StorageRef:

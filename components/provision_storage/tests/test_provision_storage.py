@@ -258,7 +258,14 @@ BAD_INPUTS = [
     (dict(fsx_timeout_s=0), "fsx_timeout_s must be positive"),
     (dict(fsx_poll_s=60, fsx_timeout_s=30), "exceeds fsx_timeout_s"),
     (dict(fsx_file_system_id="fs-123"), "is not an FSx id"),
-    (dict(fsx_file_system_id=FS_ID), "subnet, security groups and S3 paths do not apply"),
+    (dict(fsx_file_system_id=FS_ID), "fsx_file_system_id reuses a file system: fsx_subnet_id is for a new one"),
+    # A reused file system keeps its own size and type: these were dropped without a word (stranger trial).
+    (dict(fsx_file_system_id=FS_ID, fsx_subnet_id="", fsx_security_group_ids="", fsx_deployment_type="BOGUS"),
+     "fsx_deployment_type is for a new one and would be ignored"),
+    (dict(fsx_file_system_id=FS_ID, fsx_subnet_id="", fsx_security_group_ids="", fsx_capacity_gib=-7),
+     "fsx_capacity_gib is for a new one and would be ignored"),
+    (dict(fsx_file_system_id=FS_ID, fsx_subnet_id="", fsx_security_group_ids="", fsx_tags={"owner": "me"}),
+     "fsx_tags is for a new one and would be ignored"),
     # Each would be ignored by another backend: refused, not dropped (stranger trial).
     (dict(backend="pvc", pvc_name="claim"), "fsx_subnet_id is for storage=fsx, and storage 'pvc' would ignore it"),
     (dict(backend="local", fsx_subnet_id="", fsx_security_group_ids="", fsx_capacity_gib=2400),
