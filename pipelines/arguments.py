@@ -62,8 +62,10 @@ def check_in_run(values: Mapping[str, Any], *, benchmark: bool = False) -> None:
 
     A run made in the KFP UI, through the API or with ``argo submit -p`` was checked by nothing of
     ours; this step refuses it before storage is provisioned. In a pod (a KFP server, Argo) the run
-    is on a cluster; ``launcher=local`` can run only where this step's image holds torch and NVRx.
-    Not checked here: whether the run is a schedule's (``promote_to`` without ``{run_id}``), which
+    is on a cluster; ``launcher=local`` can run only where this step's image holds torch and NVRx,
+    and the later steps that run in the same image (the components image) need what they import:
+    torch to read the checkpoint (validate-checkpoint), and the export format's libraries
+    (promote-model). Not checked here: whether the run is a schedule's (``promote_to`` without ``{run_id}``), which
     only the command that made the schedule knows.
 
     Raises:
@@ -79,6 +81,26 @@ def check_in_run(values: Mapping[str, Any], *, benchmark: bool = False) -> None:
         check_benchmark(values, cluster=cluster, local_launcher=local_launcher)
     else:
         check(values, cluster=cluster, local_launcher=local_launcher)
+        if cluster:
+            _check_components_image(values["export"].strip())
+
+
+def _check_components_image(export: str) -> None:
+    """Refuse a run whose later steps would fail on an import, after training: they run in this
+    step's image. (A stranger trial's export=safetensors trained, promoted, then failed.)
+    """
+    import importlib.util
+
+    from resilient_training.gates.export import MODULES
+
+    needs = {"torch": "validate-checkpoint reads the checkpoint with it"}
+    for module in MODULES.get(export, ()):
+        needs.setdefault(module, f"promote-model's export {export!r} writes with it")
+    missing = {m: why for m, why in needs.items() if importlib.util.find_spec(m) is None}
+    if missing:
+        raise ValueError(f"the components image has no {', '.join(missing)} ({'; '.join(missing.values())}): "
+                         "build it with --build-arg EXTRA_PACKAGES (images/components/Dockerfile) and compile "
+                         "with RT_COMPONENTS_IMAGE naming it")
 
 
 def check_step(values: Mapping[str, Any], *, benchmark: bool = False) -> None:

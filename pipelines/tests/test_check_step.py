@@ -128,8 +128,9 @@ def test_in_the_components_image_without_torch_a_shipped_tasks_task_args_are_lef
 
 
 def test_the_check_runs_in_the_components_image_which_has_no_torch_nvrx_or_numpy() -> None:
-    """images/components installs the package without its dependencies: an import of torch anywhere
-    on the check's path would fail every run's first step on a cluster."""
+    """images/components installs the package without its dependencies: the check must import
+    without torch, and then say in one line that validate-checkpoint, in the same image, needs it
+    (the run would otherwise train, then fail there)."""
     script = textwrap.dedent("""
         import os, sys
         for name in ("torch", "nvidia_resiliency_ext", "safetensors", "numpy"):
@@ -140,8 +141,7 @@ def test_the_check_runs_in_the_components_image_which_has_no_torch_nvrx_or_numpy
         values = {n: s.default for n, s in resilient_training.component_spec.inputs.items()}
         values |= {"storage": "pvc", "pvc_name": "team-claim", "promote_to": "/mnt/run/promoted",
                    "launcher": "pytorchjob", "task_args": {"n_layers": "3"}}
-        arguments.check_in_run(values)
-        for bad in ({"nodes": 0}, {"launcher": "local"}):
+        for bad in ({}, {"nodes": 0}, {"launcher": "local"}):
             try:
                 arguments.check_in_run(values | bad)
             except ValueError as exc:
@@ -149,8 +149,36 @@ def test_the_check_runs_in_the_components_image_which_has_no_torch_nvrx_or_numpy
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("refused:") == 2, proc.stdout
-    assert "launcher 'local' would train inside the launch step's own pod" in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3 and all(line.startswith("refused: ") for line in lines), proc.stdout
+    assert lines[0] == ("refused: the components image has no torch (validate-checkpoint reads the checkpoint with "
+                        "it): build it with --build-arg EXTRA_PACKAGES (images/components/Dockerfile) and compile "
+                        "with RT_COMPONENTS_IMAGE naming it")
+    assert "nodes must be an integer from 1 to 4096" in lines[1]  # the value the user typed comes first
+    assert "launcher 'local' would train inside the launch step's own pod" in lines[2]
+
+
+@pytest.mark.parametrize(("export", "absent", "refused"), [
+    ("safetensors", "safetensors", "no safetensors (promote-model's export 'safetensors' writes with it)"),
+    ("hf", "transformers", "no transformers (promote-model's export 'hf' writes with it)"),
+    ("", "safetensors", None), ("torch", "safetensors", None), ("dcp", "transformers", None),
+])
+def test_in_a_pod_the_export_needs_its_libraries_in_the_components_image(monkeypatch, export, absent, refused) -> None:
+    values = {n: s.default for n, s in resilient_training.component_spec.inputs.items()}
+    values |= {"storage": "pvc", "pvc_name": "team-claim", "promote_to": "/mnt/run/promoted",
+               "launcher": "pytorchjob", "export": export}
+    if export == "hf":
+        values |= {"task": "resilient_training.tasks.llama:task", "task_args": {}}
+    own = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == absent else own(name, *a))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    arguments.check_in_run(values)  # on a laptop (kfp.local) the promote step runs here: nothing to say
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    if refused is None:
+        arguments.check_in_run(values)
+    else:
+        with pytest.raises(ValueError, match=re.escape(f"the components image has {refused}")):
+            arguments.check_in_run(values)
 
 
 def test_the_benchmarks_parameters_are_not_overwritten_silently_by_its_train_overrides(capsys) -> None:

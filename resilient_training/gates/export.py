@@ -35,6 +35,9 @@ from resilient_training.run import layout
 from resilient_training.run.paths import check_writable, probe_writable
 
 FORMATS = ("dcp", "torch", "safetensors", "hf")
+# What each format's writer imports: the promote step's image must hold it (checked before a run).
+MODULES: dict[str, tuple[str, ...]] = {"dcp": (), "torch": ("torch",), "safetensors": ("torch", "safetensors"),
+                                       "hf": ("torch", "transformers", "safetensors")}
 RECORD_NAME = "export.json"
 STAGING_PREFIX = ".tmp-export-"
 
