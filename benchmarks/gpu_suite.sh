@@ -384,6 +384,11 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
+  call54)  # one device call with ~310 s of budget left: the 1.3B killed rank a third time (call52: 5.15 s,
+    # call53: 4.93 s), capped so that the run ends inside the call
+    MODEL_SIZE=1b RUN_TIMEOUT=${RUN_TIMEOUT:-120} FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    ;;
   call53)  # one device call: call52 again (the 1.3B killed rank: 5.15 s; the reference schedule: 3.05 s lost
     # per fault), then the 1.3B once more if the call has room; the device time left was ~630 s
     MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
