@@ -116,3 +116,17 @@ def test_a_checkpoint_loads_exactly_into_the_state_made_without_a_step(world_of_
         got = got.full_tensor() if hasattr(got, "full_tensor") else got
         assert torch.equal(got, value) if isinstance(value, torch.Tensor) else got == value, name
     assert any(name.endswith(".step") and float(v) == 3 for name, v in loaded.items())
+
+
+def test_an_init_group_of_another_shape_is_left_to_dcp(world_of_one, monkeypatch) -> None:
+    """A private method: a torch whose AdamW._init_group takes other arguments (an older one took a
+    bool ``amsgrad`` among the lists) gets DCP's step, not a state made by guesswork."""
+    model = _model(world_of_one)
+    adam = torch.optim.AdamW(model.parameters(), lr=1e-3, amsgrad=True)
+
+    def older(self, group, params_with_grad, grads, amsgrad, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps):
+        raise AssertionError("called")
+
+    monkeypatch.setattr(torch.optim.AdamW, "_init_group", older)
+    assert not checkpointing.init_optimizer_state(adam)
+    assert not adam.state

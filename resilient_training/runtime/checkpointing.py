@@ -225,6 +225,9 @@ def state_dict(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: An
     return out
 
 
+_ADAM_INIT_GROUP = ("group", "params_with_grad", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "state_steps")
+
+
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     """Make an empty Adam or AdamW state as its first step would, without taking the step.
 
@@ -238,13 +241,16 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
 
     if optimizer.state or type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         return False
-    lists = len(inspect.signature(optimizer._init_group).parameters) - 1  # the group, then lists it fills
+    # A private method: only the signature known here (torch 2.11, 2.13; an older AdamW took a bool
+    # `amsgrad` among these lists), else DCP's way.
+    if list(inspect.signature(optimizer._init_group).parameters) != list(_ADAM_INIT_GROUP):
+        return False
     for group in optimizer.param_groups:
         params = [p for p in group["params"] if p.requires_grad and p.grad is None]
         try:
             for p in params:
                 p.grad = p.detach()
-            optimizer._init_group(group, *([] for _ in range(lists)))
+            optimizer._init_group(group, *([] for _ in _ADAM_INIT_GROUP[1:]))
         finally:
             for p in params:
                 p.grad = None
