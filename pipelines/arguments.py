@@ -65,8 +65,8 @@ def check_in_run(values: Mapping[str, Any], *, benchmark: bool = False) -> None:
     is on a cluster; ``launcher=local`` can run only where this step's image holds torch and NVRx,
     and the later steps that run in the same image (the components image) need what they import:
     torch to read the checkpoint (validate-checkpoint), and the export format's libraries
-    (promote-model). Not checked here: whether the run is a schedule's (``promote_to`` without ``{run_id}``), which
-    only the command that made the schedule knows.
+    (promote-model). Not checked here: whether the run is a schedule's (``promote_to`` without
+    ``{run_id}``), which only the command that made the schedule knows.
 
     Raises:
         ValueError: one line naming the parameter and what is wrong with it.
@@ -168,7 +168,7 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool, local_l
     from resilient_training.gates.export import FORMATS
 
     _check_text(values, ("promote_to", "export"))
-    _check_overrides(values["train_overrides"] or {}, set(FROM_PARAMETERS.values()))
+    _check_overrides(values)
     ref = _storage_ref(values)
     train = dict(values["train_overrides"] or {})
     train.update(steps=values["steps"], checkpoint_every=values["checkpoint_every"], faults=values["faults"],
@@ -194,14 +194,17 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool, local_l
     _check_on_a_cluster(values, cluster=cluster, local_launcher=local_launcher)
 
 
-def _check_overrides(overrides: Mapping[str, Any], parameters: set[str]) -> None:
-    """Refuse a ``train_overrides`` setting that one of the pipeline's ``parameters`` overwrites."""
+def _check_overrides(values: Mapping[str, Any]) -> None:
+    """Refuse a ``train_overrides`` setting that one of the pipeline's parameters (the keys of
+    ``values``: each pipeline has its own) overwrites.
+    """
+    overrides = values["train_overrides"] or {}
     for key in overrides:
-        if FROM_PARAMETERS.get(key) in parameters:
+        if FROM_PARAMETERS.get(key) in values:
             raise ValueError(f"train_overrides sets {key!r}, which the pipeline's {FROM_PARAMETERS[key]} parameter "
                              f"overwrites: give it as {FROM_PARAMETERS[key]}=...")
     for (group, key), parameter in NESTED_FROM_PARAMETERS.items():
-        if parameter in parameters and isinstance(overrides.get(group), dict) and key in overrides[group]:
+        if parameter in values and isinstance(overrides.get(group), dict) and key in overrides[group]:
             raise ValueError(f"train_overrides sets {group}.{key}, which the pipeline's {parameter} parameter "
                              f"overwrites: give it as {parameter}=...")
 
@@ -210,8 +213,7 @@ def _check_benchmark(values: Mapping[str, Any], *, cluster: bool, local_launcher
     from resilient_training.bench.strategy import parse_strategy
 
     _check_text(values, ())
-    # (a stranger trial's train_overrides {"steps": 1000} ran 30 steps without a word)
-    _check_overrides(values["train_overrides"] or {}, {"steps", "checkpoint_every", "faults", "task", "task_args"})
+    _check_overrides(values)  # (a stranger trial's train_overrides {"steps": 1000} ran 30 steps without a word)
     strategies = values["strategies"]
     if not strategies:
         raise ValueError("strategies is empty: give at least one {\"name\": ...} (the default runs four)")

@@ -184,8 +184,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         side_effecting(cleanup, TEARDOWN_RETRY if retries else None)
         with dsl.ExitHandler(cleanup, name="run-and-clean-up"):
             # A run made in the UI, the API or `argo submit -p` was checked by nothing of ours.
-            checked = check_arguments(**parameters).set_display_name("check arguments")
-            side_effecting(checked)
+            checked = side_effecting(check_arguments(**parameters).set_display_name("check arguments"))
             provisioned = provision_storage(
                 run_id=run_id, storage=storage, namespace=namespace, mount_path=MOUNT_PATH, local_root=local_root,
                 pvc_name=pvc_name, fsx_file_system_id=fsx_file_system_id, fsx_subnet_id=fsx_subnet_id,
