@@ -238,7 +238,8 @@ def test_spares_make_a_cuda_context_unless_ft_launcher_waits_for_gpu_memory(tmp_
     def chosen(**overrides):
         return spare_pool.preparation(cfg.from_dict({"run_dir": str(tmp_path), **overrides}), "")
 
-    assert chosen() is spare_pool.make_cuda_context
+    prepare = chosen()  # the context, the kernels, then the first step's warm-up (step_warmup)
+    assert prepare is not None and prepare(0) == ""  # no GPU here: nothing to prepare, nothing warmed
     assert chosen(spare_cuda_context=False) is None
     assert chosen(worker_gpu_reclaim=False) is None  # NVRx's NVML wait would count the idle contexts
     assert spare_pool.preparation(None, "") is None  # flags that do not parse: the workers report them

@@ -8,13 +8,14 @@ cost milliseconds and little memory (pages shared copy-on-write). The pool never
 (a forked CUDA context would be unusable), which is asserted before each fork.
 
 Each spare then prepares its own local rank's device: on a GPU node it makes that GPU's CUDA
-context (0.15-0.5 s of a restart's critical path on an H200 otherwise) and runs one tiny training
-step there (:func:`warm_kernels`: cuBLAS handles, lazily loaded kernels), ``PREPARE_AFTER_S`` after
-it was forked, so that a replacement forked during a restart does not compete with the workers
-starting. A stub connects to its local rank's address and gets that rank's spare. A spare that
-made a context declines a worker whose CUDA environment differs from the pool's (the context was
-made under the pool's). Not with ``--no-worker-gpu-reclaim``: ft_launcher's own wait for GPU memory
-would count the idle spares' contexts (about 0.5 GB each).
+context (0.15-0.5 s of a restart's critical path on an H200 otherwise), runs one tiny training
+step there (:func:`warm_kernels`: cuBLAS handles, lazily loaded kernels) and the run's first
+optimizer step on fake tensors (:mod:`.step_warmup`: DTensor's sharding decisions, cached per
+thread), ``PREPARE_AFTER_S`` after it was forked, so that a replacement forked during a restart
+does not compete with the workers starting. A stub connects to its local rank's address and gets
+that rank's spare. A spare that made a context declines a worker whose CUDA environment differs
+from the pool's (the context was made under the pool's). Not with ``--no-worker-gpu-reclaim``:
+ft_launcher's own wait for GPU memory would count the idle spares' contexts (about 0.5 GB each).
 
 The task's preflight (meta-device model, optimizer, one batch; as ``train`` runs before any
 worker starts) is run once too, for what a worker would otherwise import lazily while building
@@ -199,7 +200,20 @@ def preparation(config: cfg.TrainConfig | None, spec: str) -> Callable[[int], st
         return load(spec)
     if config is None or not (config.restart.spare_cuda_context and config.restart.worker_gpu_reclaim):
         return None
-    return make_cuda_context
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # the first worker's: a restart's is the same
+
+    def prepare(local_rank: int) -> str:
+        made = make_cuda_context(local_rank)
+        if not made:
+            return made
+        import torch
+
+        from resilient_training.runtime.step_warmup import warm_first_step
+
+        warmed = warm_first_step(config, world_size=world_size, device=torch.device("cuda", local_rank))
+        return f"{made}, {warmed}"
+
+    return prepare
 
 
 @contextlib.contextmanager

@@ -571,10 +571,7 @@ class Trainer:
         return model, optimizer, tk.lr_scheduler(self.task, optimizer)
 
     def _shard(self, model: Any, mesh: Any) -> None:
-        if callable(getattr(self.task, "shard", None)):
-            tk.call(self.task, "shard", model, mesh)
-        else:
-            default_shard(model, mesh)
+        shard(self.task, model, mesh)
 
     def _fits_unsharded(self) -> bool:
         """The unsharded fp32 weights take under a quarter of this GPU's memory (counted on the meta device)."""
@@ -740,6 +737,14 @@ def half_imported(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def shard(task: Any, model: Any, mesh: Any) -> None:
+    """The task's own ``shard(model, mesh)``, else :func:`default_shard`."""
+    if callable(getattr(task, "shard", None)):
+        tk.call(task, "shard", model, mesh)
+    else:
+        default_shard(model, mesh)
 
 
 def default_shard(model: Any, mesh: Any) -> None:
