@@ -384,6 +384,30 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
+  call58)  # one device call (~400 s of budget left): call57's reference schedule again (2.75 s lost per fault)
+    SPARE=1 RUN_TIMEOUT=${RUN_TIMEOUT:-300} "$0" goodput-product "$out"
+    ;;
+  call57)  # one device call: a warm spare warms the run's first optimizer step on fake tensors before it
+    # has work (step_warmup; call56: that step took 0.83 s of a restored 1.3B's first step, 0.03 s once
+    # warmed): the 1.3B killed rank (call52-54: 4.93-7.32 s), then the reference schedule (2.78-3.44 s/fault)
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    grep -h "spare for local rank" /tmp/gpu-runs/pin-1b/*/logs/spare-pool-*.log 2>/dev/null | head -4 || true
+    SPARE=1 RUN_TIMEOUT=$(( 560 - SECONDS )) "$0" goodput-product "$out"
+    grep -h "spare for local rank" /tmp/gpu-runs/goodput-product/*/logs/spare-pool-*.log 2>/dev/null | head -4 || true
+    ;;
+  call56)  # one device call: the first step warmed up on fake tensors while the checkpoint is read (a
+    # trainer change measured here and reverted: 6.10 s against 4.93-5.15; first_step.py's warm_step is that
+    # code; call55: the first step after a 1.3B restore took 1.06 s against 0.17 s, and it was not memory):
+    # the 1.3B killed rank, then first_step.py's base, warm and warm_serial
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    python3 benchmarks/first_step.py --variants base,warm,warm_serial --repeat 2 2>&1 | tee "$out/first-step.txt" || true
+    ;;
+  call55)  # one device call: where a restored 1.3B rank's first step goes (1.1-1.8 s against 0.18 s steady)
+    # and what takes it off the critical path (first_step.py: victim killed, warm restorer, four variants)
+    python3 benchmarks/first_step.py --repeat 3 2>&1 | tee "$out/first-step.txt" || true
+    ;;
   call54)  # one device call with ~310 s of budget left: the 1.3B killed rank a third time (call52: 5.15 s,
     # call53: 4.93 s), capped so that the run ends inside the call
     MODEL_SIZE=1b RUN_TIMEOUT=${RUN_TIMEOUT:-120} FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
