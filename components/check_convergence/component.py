@@ -50,16 +50,14 @@ def check_convergence(
 
     from resilient_training.gates.convergence import (
         ConvergenceConfig,
-        check_convergence,
-        write_convergence_record,
+        check_and_record,
     )
 
     config = ConvergenceConfig(
         max_final_loss=None if max_final_loss < 0 else max_final_loss, min_improvement=min_improvement,
         window=window, continuity_rtol=continuity_rtol, jump_rtol=jump_rtol, reference_rtol=reference_rtol,
     )
-    result = check_convergence(run_dir, config, reference_dir=reference_run_dir or None)
-    write_convergence_record(run_dir, result)
+    result = check_and_record(run_dir, config, reference_dir=reference_run_dir or None)
     learned = result.check("improvement").values
     continuity = result.check("continuity").values
     metrics.log_metric("passed", 1.0 if result.passed else 0.0)

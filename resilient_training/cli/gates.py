@@ -211,10 +211,9 @@ def convergence_main(args: argparse.Namespace) -> int:
     from resilient_training.gates.convergence import (
         ConvergenceConfig,
         RunError,
+        check_and_record,
         check_convergence,
-        write_convergence_record,
     )
-    from resilient_training.run import gate_records
     from resilient_training.run.events import EventLogError
 
     for value, name in ((args.run_dir, "RUN"), (args.reference, "--reference")):
@@ -230,16 +229,12 @@ def convergence_main(args: argparse.Namespace) -> int:
             jump_rtol=args.jump_rtol,
             reference_rtol=args.reference_rtol,
         )
-        if args.record:  # before the gate's time is spent (RecordError is a ValueError)
-            gate_records.check_recordable(args.run_dir, gate_records.CONVERGENCE)
-        verdict = check_convergence(args.run_dir, config, reference_dir=args.reference)
+        if args.record:  # RecordError is a ValueError
+            verdict = check_and_record(args.run_dir, config, reference_dir=args.reference)
+        else:
+            verdict = check_convergence(args.run_dir, config, reference_dir=args.reference)
     except (RunError, EventLogError, ValueError) as exc:  # EventLogError: FILE:LINE: what is wrong
         return _fail_usage(str(exc))
-    if args.record:
-        try:
-            write_convergence_record(args.run_dir, verdict)
-        except gate_records.RecordError as exc:
-            return _fail_usage(str(exc))
     if args.json:
         _print_json(verdict.to_dict())
     else:

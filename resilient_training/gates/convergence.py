@@ -38,7 +38,7 @@ from resilient_training.gates.metrics import RunError
 from resilient_training.run import layout
 
 __all__ = ["ConvergenceConfig", "RunError", "Verdict", "check_convergence", "check_reachable",
-           "write_convergence_record"]
+           "write_convergence_record", "check_and_record"]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -135,29 +135,27 @@ class Verdict:
         return "\n".join(lines)
 
 
-def _default_threshold(run_dir: Path) -> tuple[float | None, str]:
-    """0.8 x ln(vocab): well below the loss of uniform guessing, from the newest manifest that
-    records a vocabulary; else (None, why there is none).
+def _default_threshold(checkpoint: Path | None, unusable: str | None) -> tuple[float | None, str, bool]:
+    """0.8 x ln(vocab): well below the loss of uniform guessing, from the judged checkpoint's own
+    manifest (the one validation pins to the event log): no other step directory's, which anyone
+    could plant beside it (a stranger trial's lifted the threshold to 60 and passed a failing
+    run); else (None, why there is none, and whether that fails the check: a judged checkpoint
+    whose manifest does not read is no model to pass).
     """
     from resilient_training.run import checkpoint_format as cf
 
-    steps = cf.committed_steps(layout.checkpoints_dir(run_dir))
-    readable = 0
-    for step in reversed(steps):
-        try:
-            manifest = cf.read_manifest(layout.checkpoints_dir(run_dir) / cf.step_dirname(step))
-        except cf.CheckpointError:
-            continue
-        readable += 1
-        model = manifest.get("model_config") if isinstance(manifest, dict) else None
-        vocab = model.get("vocab_size") if isinstance(model, dict) else None
-        if _is_int(vocab) and vocab > 1:  # ln(1) = 0 would fail every loss
-            return 0.8 * math.log(vocab), f"0.8 x ln(vocab_size {vocab}) from step_{step}'s manifest"
-    if not steps:
-        return None, "no --max-final-loss, and the run has no committed checkpoint whose manifest could give one"
-    if not readable:
-        return None, "no --max-final-loss, and no committed checkpoint's manifest is readable to derive one from"
-    return None, "the run's task records no vocab_size to derive a default threshold from; pass --max-final-loss"
+    if checkpoint is None:
+        why = f"its latest checkpoint cannot be judged ({unusable})" if unusable else "it has no committed checkpoint"
+        return None, f"no --max-final-loss, and {why} to derive one from", False
+    try:
+        manifest = cf.read_manifest(checkpoint)
+    except cf.CheckpointError as exc:
+        return None, f"the judged checkpoint's manifest does not read: {exc}"[:400], True
+    model = manifest.get("model_config")
+    vocab = model.get("vocab_size") if isinstance(model, dict) else None
+    if _is_int(vocab) and vocab > 1:  # ln(1) = 0 would fail every loss
+        return 0.8 * math.log(vocab), f"0.8 x ln(vocab_size {vocab}) from {checkpoint.name}'s manifest", False
+    return None, "the run's task records no vocab_size to derive a default threshold from; pass --max-final-loss", False
 
 
 def _close(a: float, b: float, rtol: float, atol: float = 0.0) -> bool:
@@ -186,7 +184,7 @@ def check_convergence(
     checks = [_finite(runs, curve), _completed(events)]
     if unusable:  # committed steps, but `latest` names none of them: which model would pass is unknown
         checks.append(Check("latest_checkpoint", False, f"the run's latest checkpoint cannot be judged: {unusable}"))
-    learning, threshold_from = _learning(run_dir, history, config, judged_step)
+    learning, threshold_from = _learning(checkpoint, unusable, history, config, judged_step)
     checks += learning
     continuity, recoveries = _continuity(events, config)
     checks.append(continuity)
@@ -258,22 +256,26 @@ def _completed(events: list[Any]) -> Check:
                  {"status": status, "reason": reason})
 
 
-def _learning(run_dir: Path, curve: list[tuple[int, float]], config: ConvergenceConfig,
-              judged_step: int | None) -> tuple[list[Check], str | None]:
+def _learning(checkpoint: Path | None, unusable: str | None, curve: list[tuple[int, float]],
+              config: ConvergenceConfig, judged_step: int | None) -> tuple[list[Check], str | None]:
     """final_loss and improvement over ``curve`` (ending at the judged checkpoint), and where the threshold came from."""
     window = min(config.window, max(1, len(curve) // 2))
     first = [v for _, v in curve[:window]]
     final = [v for _, v in curve[-window:]]
     first_mean = statistics.fmean(first) if first else math.nan
     final_mean = statistics.fmean(final) if final else math.nan
+    unjudgeable = False
     if config.max_final_loss is not None:
         threshold, threshold_from = config.max_final_loss, "given"
     else:
-        threshold, threshold_from = _default_threshold(run_dir)
+        threshold, threshold_from, unjudgeable = _default_threshold(checkpoint, unusable)
     values = {"window": window, "first_mean": first_mean, "final_mean": final_mean, "threshold": threshold,
               "first_steps": [curve[0][0], curve[window - 1][0]] if curve else None,
               "final_steps": [curve[-window][0], curve[-1][0]] if curve else None, "judged_step": judged_step}
-    if threshold is None:
+    if unjudgeable:
+        final_check = Check("final_loss", False, threshold_from or "", values)
+        threshold_from = None
+    elif threshold is None:
         final_check = Check("final_loss", True, f"skipped: {threshold_from}", values, skipped=True)
         threshold_from = None
     elif not math.isfinite(final_mean):
@@ -415,6 +417,25 @@ def _reference(curve: list[tuple[int, float]], reference_dir: Path, config: Conv
                  f"({'within' if ok else 'exceeds'} rtol {config.reference_rtol:g})",
                  {"common_steps": len(common), "max_deviation": worst, "at_step": at,
                   "reference": str(reference_dir)})
+
+
+def check_and_record(run_dir: str | os.PathLike[str], config: ConvergenceConfig | None = None, *,
+                     reference_dir: str | os.PathLike[str] | None = None) -> Verdict:
+    """:func:`check_convergence`, then its record (:func:`write_convergence_record`). A run the gate
+    cannot judge (RunError, EventLogError) has its earlier record withdrawn before the error is
+    raised: promotion must not go on from a verdict on what the run was before.
+    """
+    from resilient_training.run import gate_records
+    from resilient_training.run.events import EventLogError
+
+    gate_records.check_recordable(run_dir, gate_records.CONVERGENCE)  # before the gate's time is spent
+    try:
+        verdict = check_convergence(run_dir, config, reference_dir=reference_dir)
+    except (RunError, EventLogError):
+        gate_records.withdraw(run_dir, gate_records.CONVERGENCE)
+        raise
+    write_convergence_record(run_dir, verdict)
+    return verdict
 
 
 def write_convergence_record(run_dir: str | os.PathLike[str], verdict: Verdict) -> Path:

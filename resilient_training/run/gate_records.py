@@ -90,6 +90,18 @@ def write_record(run_dir: str | os.PathLike[str], gate: str, record: dict[str, A
     return path
 
 
+def withdraw(run_dir: str | os.PathLike[str], gate: str) -> None:
+    """Remove the gate's record: the gate ran again and could not judge the run (its event log no
+    longer reads, say), so an earlier verdict must not stand for it (a stranger trial's promotion
+    went on from a PASS that a later, crashed gate had left in place).
+    """
+    try:
+        record_path(run_dir, gate).unlink(missing_ok=True)
+    except OSError as exc:
+        raise RecordError(f"the earlier {gate} record {record_path(run_dir, gate)} cannot be removed: "
+                          f"{exc.strerror or exc}") from None
+
+
 def read_record(run_dir: str | os.PathLike[str], gate: str) -> dict[str, Any] | None:
     """The gate's record, or None when the gate never ran in this run."""
     path = record_path(run_dir, gate)

@@ -218,7 +218,7 @@ def test_final_loss_skipped_without_a_checkpoint_says_so(tmp_path: Path) -> None
     assert final.skipped and "no committed checkpoint" in final.reason
 
 
-@pytest.mark.parametrize("damage", ["directory", "names-nothing", "not-utf8"])
+@pytest.mark.parametrize("damage", ["directory", "names-nothing", "not-utf8", "huge"])
 def test_a_latest_pointer_that_names_no_checkpoint_fails_the_gate(tmp_path: Path, damage: str) -> None:
     # Found by a stranger trial: with `latest` a directory the gate judged the whole curve and passed.
     log = ScriptedLog(tmp_path)
@@ -231,12 +231,15 @@ def test_a_latest_pointer_that_names_no_checkpoint_fails_the_gate(tmp_path: Path
     if damage == "directory":
         pointer.unlink()
         pointer.mkdir()
+    elif damage == "huge":  # a stranger trial's 20 MB pointer was quoted whole: 80 MB of "one line"
+        pointer.write_bytes(b"\0" * 20_000_000)
     else:
         pointer.write_bytes(b"step_99\n" if damage == "names-nothing" else b"step_\xff\n")
     verdict = check_convergence(tmp_path, GATE)
     assert not verdict.passed and verdict.checkpoint is None
     failed = [c.name for c in verdict.checks if not c.passed and not c.skipped]
     assert failed == ["latest_checkpoint"], verdict.format()
+    assert len(verdict.format()) < 5000
 
 
 # --------------------------------------------------------------------------- 5. the judged window
@@ -294,3 +297,43 @@ def test_rewound_trainer_run_is_judged_at_its_checkpoint(trainer_runs: Path, tmp
     assert learned["final_steps"] == [21, 25] and learned["judged_step"] == 25
     write_convergence_record(run, verdict)
     assert gate_records.read_record(run, gate_records.CONVERGENCE)["checkpoint"] == "checkpoints/step_25"
+
+
+def test_a_planted_step_directory_cannot_lift_the_default_threshold(tmp_path: Path) -> None:
+    """Stranger trial: a step_999/manifest.json with a huge vocab_size, newer than `latest`, made the
+    threshold 60.8 and passed a run whose loss failed its own (0.8 x ln 64)."""
+    write_checkpoint(tmp_path, step=30, train_steps=1)  # latest: vocab 64
+    planted = layout.checkpoints_dir(tmp_path) / "step_999"
+    planted.mkdir()
+    (planted / "manifest.json").write_text(json.dumps({"model_config": {"vocab_size": 10**33}}))
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 30, loss=lambda step: 9.0 - step * 0.1)  # learns, but ends above 0.8 ln 64 = 3.33
+    log.end()
+    log.close()
+    verdict = check_convergence(tmp_path)
+    final = verdict.check("final_loss")
+    assert final.values["threshold"] == pytest.approx(0.8 * math.log(64)) and not final.passed and not verdict.passed
+    assert verdict.thresholds["max_final_loss_from"] == "0.8 x ln(vocab_size 64) from step_30's manifest"
+
+
+@pytest.mark.parametrize("damage", ["nested", "not-json"])
+def test_a_gate_that_can_no_longer_judge_the_run_withdraws_its_earlier_pass(tmp_path: Path, damage: str,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Stranger trial: a line of 200000 '[' in an event log crashed the gate (a traceback) and left
+    its earlier PASS in place, and promotion went on from it."""
+    write_checkpoint(tmp_path, step=30, train_steps=1)
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 30)
+    log.end()
+    log.close()
+    assert main(["check-convergence", str(tmp_path)]) == 0
+    assert gate_records.read_record(tmp_path, gate_records.CONVERGENCE)["passed"] is True
+    log_file = sorted(layout.events_dir(tmp_path).glob("*.jsonl"))[0]
+    with open(log_file, "a", encoding="utf-8") as handle:
+        handle.write(("[" * 200000 + "]" * 200000 if damage == "nested" else "{oops") + "\n")
+    capsys.readouterr()
+    assert main(["check-convergence", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "not JSON" in err, err
+    assert gate_records.read_record(tmp_path, gate_records.CONVERGENCE) is None
+    assert main(["promote", str(tmp_path), str(tmp_path.parent / f"{tmp_path.name}-promoted")]) != 0
