@@ -9,6 +9,7 @@ nothing looked up or created, so each mistake is refused with the step's own mes
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -108,11 +109,18 @@ def check_step(values: Mapping[str, Any], *, benchmark: bool = False) -> None:
     the whole of what a KFP or Argo user reads in the failed step's log (no traceback).
     """
     import sys
+    import warnings
 
+    # torch.cuda imports pynvml, which warns about its own deprecation: two lines before the one
+    # this step prints (a stranger trial), as the CLI filters it too.
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
     try:
         check_in_run(values, benchmark=benchmark)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (TypeError, AttributeError, KeyError) as exc:  # a value of the wrong type (a caller past KFP's typing)
+        print(f"error: a parameter has a value of the wrong type ({type(exc).__name__}: {exc})"[:500], file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -178,7 +186,7 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool, local_l
         train["task"] = values["task"]
     if values["task_args"]:
         train["task_args"] = values["task_args"]
-    config = _check_training(values, ref, train)
+    config = _check_training(values, ref, train, cluster=cluster)
     max_final_loss = values["max_final_loss"]
     check_reachable(config.steps, ConvergenceConfig(max_final_loss=None if max_final_loss < 0 else max_final_loss,
                                                     min_improvement=values["min_improvement"]))
@@ -237,7 +245,7 @@ def _check_benchmark(values: Mapping[str, Any], *, cluster: bool, local_launcher
         shared["task_args"] = values["task_args"]
     for name, strategy in zip(names, strategies, strict=True):
         try:
-            _check_training(values, ref, {**shared, **parse_strategy(strategy)[1]})
+            _check_training(values, ref, {**shared, **parse_strategy(strategy)[1]}, cluster=cluster)
         except ValueError as exc:
             raise ValueError(f"strategy {name}: {exc}") from None
     _check_on_a_cluster(values, cluster=cluster, local_launcher=local_launcher)
@@ -277,8 +285,10 @@ def _storage_ref(values: Mapping[str, Any]) -> Any:
     return provision.planned_ref(request)
 
 
-def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any]) -> Any:
+def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any], *, cluster: bool) -> Any:
     """The trainer config and the cluster job the launch step would build from ``train``; returns the config."""
+    from pathlib import Path
+
     from resilient_training.launch import backends, jobshape
     from resilient_training.launch import local as launch_local
     from resilient_training.run import config as cfg
@@ -316,25 +326,39 @@ def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any]) 
             raise ValueError(f"gpus_per_node must be between 0 and 64, got {values['gpus_per_node']}")
         if values["procs_per_node"] < 0:
             raise ValueError(f"procs_per_node must be >= 0 (0: 2 local workers), got {values['procs_per_node']}")
+        if values["procs_per_node"] > launch_local.max_local_procs():
+            raise ValueError(f"procs_per_node {values['procs_per_node']} is more local workers than this machine can "
+                             f"run (at most {launch_local.max_local_procs()}, 8 per CPU)")
         # Worker pods' placement, which local training (no pods) would drop without a word (stranger trial).
         for name in ("efa_per_node", "node_selector", "tolerations", "cpu", "memory", "shm_size"):
             if values.get(name) and values[name] != (jobshape.DEFAULT_SHM_SIZE if name == "shm_size" else None):
                 raise ValueError(f"{name} places the worker pods of launcher=pytorchjob or trainjob; launcher "
                                  f"'local' starts none and would ignore it")
         text = config.faults.strip()
-        if text and not text.endswith((".yaml", ".yml")) and "/" not in text:  # a path: a file where the run is
+        is_file = text.endswith((".yaml", ".yml")) or "/" in text
+        # A schedule file is read where the launch step runs: this machine too, unless this step
+        # runs in a pod of its own (launcher=local on a cluster), which has not the launch pod's files.
+        if text and not (is_file and cluster):
             try:
                 flt.validate(flt.parse(text), world_size=values["procs_per_node"] or 2, steps=config.steps,
                              async_checkpoint=config.checkpoint.async_save, checkpoint_every=config.checkpoint.every,
                              local_checkpoint_every=config.checkpoint.local_every)
             except flt.FaultSpecError as exc:
-                raise ValueError(f"faults: {exc}") from None
+                relative = is_file and not Path(text).is_absolute()
+                where = f" (relative to {Path.cwd()}, where the steps run)" if relative else ""
+                raise ValueError(f"faults: {exc}{where}") from None
     return config
 
 
 def _check_on_a_cluster(values: Mapping[str, Any], *, cluster: bool, local_launcher: bool) -> None:
     """Last: a value the user typed is named before a default that cannot run on a cluster."""
     from resilient_training.launch import jobshape
+
+    if not cluster and values["storage"] == "local":  # every step runs here: the root must be a directory
+        from resilient_training.run.paths import check_writable
+
+        # (a stranger trial's local_root=/etc/passwd passed, then provisioning raised NotADirectoryError)
+        check_writable(os.path.expanduser(values["local_root"]), "local_root", directory=True)
 
     if cluster and values["storage"] == "local":
         raise ValueError("storage 'local' is a directory on one machine, but on a cluster every step runs in a pod "
@@ -358,6 +382,8 @@ def _check_promote_to(dest: str, ref: Any, *, recurring: bool) -> None:
         raise ValueError(f"promote_to: {exc}") from None
     if not dest.startswith("s3://") and ref.shared:
         _check_promote_path(dest, ref)
+    elif not dest.startswith("s3://") and ref.backend == "local":
+        _check_local_promote(dest, ref)
     if recurring and RUN_ID_FIELD not in dest:
         raise ValueError(f"promote_to {dest!r} is the same place for every scheduled run: the first run's model "
                          f"takes it and promotion refuses every later one; put {RUN_ID_FIELD} in it (the run's id), "
@@ -387,6 +413,29 @@ def _check_promote_path(dest: str, ref: Any) -> None:
     if long := next((part for part in expanded.parts if len(part.encode()) > 255), None):
         raise ValueError(f"promote_to {dest!r} has a name of {len(long.encode())} bytes ({long[:20]}...), longer than "
                          "the 255 a Linux file system allows")
+    runs = run_dir.parent
+    if runs in expanded.parents and not (expanded == run_dir or run_dir in expanded.parents):
+        raise ValueError(f"promote_to {dest!r} is inside {runs}, where each run gets its directory (another "
+                         f"run's, or one a later run takes): promote beside it, e.g. {ref.mount_path}/promoted/"
+                         f"{RUN_ID_FIELD}")
     if expanded == run_dir or run_dir in expanded.parents:
         raise ValueError(f"promote_to {dest!r} is inside the run directory ({run_dir.parent}/<run id>), which "
                          f"promotion refuses: promote beside it, e.g. {ref.mount_path}/promoted/{RUN_ID_FIELD}")
+
+
+def _check_local_promote(dest: str, ref: Any) -> None:
+    """storage=local (kfp.local, `resilient-training run`): every step runs on this machine, in this
+    step's working directory, so DEST resolves here as the promote step will resolve it. In or
+    around the directory that gets each run's directory (``local_root``/runs), promotion refuses it
+    (inside the run) or finds it not empty, after the training: refused now, as `run` refuses it.
+    """
+    from pathlib import Path
+
+    from resilient_training.gates.promote import RUN_ID_FIELD
+
+    runs = Path(ref.run_dir).expanduser().resolve().parent
+    sample = Path(dest.replace(RUN_ID_FIELD, "run")).resolve()
+    if sample == runs or runs in sample.parents or sample in runs.parents:
+        raise ValueError(f"promote_to {dest!r} is inside or around {runs}, where each run gets its directory "
+                         f"(local_root/runs; promotion refuses a place in its own run): promote beside it, "
+                         f"e.g. {runs.parent}/promoted")

@@ -91,6 +91,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train-task-arg-repeated", ["train", "--run-dir", "r", "--task-arg", "lr=1", "--task-arg", "lr=2"],
      "task argument lr is given twice"),
     ("train-nproc-0", ["train", "--run-dir", "r", "--nproc", "0"], "world size must be at least 1"),
+    # a stranger trial's started spawning workers, about 7 a second
+    ("train-nproc-huge", ["train", "--run-dir", "r", "--nproc", "100000"], "more workers than this machine"),
+    ("run-nproc-huge", ["run", "--output-dir", "o", "--nproc", "100000"], "more workers than this machine"),
+    ("train-faults-unicode-digits", ["train", "--run-dir", "r", "--faults", "sigkill@\u0661\u0662:1"],
+     "expected TYPE@STEP:RANK"),
     ("train-steps-word", ["train", "--run-dir", "r", "--steps", "many"], "invalid int value"),
     ("train-fault-rank", ["train", "--run-dir", "r", "--faults", "sigkill@3:7"], "rank 7 does not exist"),
     ("train-fault-newline", ["train", "--run-dir", "r", "--faults", "sigkill@3:0\n"], "control character"),
@@ -529,3 +534,17 @@ sys.exit(cli.main(["render-job", "--name", "j", "--nodes", "1", "--gpus-per-node
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 128 + signal.SIGINT, done.stderr
     assert done.stderr.splitlines()[-1:] == ["interrupted (Ctrl-C)"] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_run_refuses_an_output_dir_inside_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stranger trial: `run --output-dir <a run>` nested runs/, kfp/ and logs/ in that run's evidence."""
+    from resilient_training.cli.main import main
+
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    for output in (run, run / "out"):
+        assert main(["run", "--output-dir", str(output), "--faults", ""]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"is inside the run directory {run}" in err, err
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "events"]

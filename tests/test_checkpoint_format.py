@@ -182,3 +182,13 @@ def test_earlier_iterations_are_this_rounds_older_saves_only(tmp_path):
     assert names == ["ab12i0", "ab12i1"]
     assert fmt.earlier_iterations(tmp_path, "ab12i0") == []
     assert fmt.earlier_iterations(tmp_path, "no-iteration") == []
+
+
+@pytest.mark.parametrize(("name", "step"), [("step_40", 40), ("step_0", 0), ("step_040", None),
+                                            ("step_\u0664\u0660", None), ("step_+4", None), ("step_4 ", None)])
+def test_a_step_directory_is_named_exactly_as_step_dirname_names_it(name, step):
+    """Stranger trial: `latest` -> step_040 (or Arabic-Indic digits) passed validate, convergence and
+    promote, while `validate --all` found no step_40: one name per step, then."""
+    assert fmt.parse_step_dirname(name) == step
+    if step is not None:
+        assert fmt.step_dirname(step) == name

@@ -41,6 +41,10 @@ def test_task_and_task_args_round_trip_through_flags_and_data():
 @pytest.mark.parametrize(("data", "message"), [
     ({"task": "no_colon"}, "must be MODULE:ATTR"),
     ({"task": "mod:"}, "must be MODULE:ATTR"),
+    ({"task": "my-pkg:make"}, "is no module name"),  # never importable: refused before any worker starts
+    ({"task": "pkg.:make"}, "is no module name"),
+    ({"task": "pkg:make.task"}, "is no Python name"),
+    ({"task": "tasks/mine:make"}, "does not end in .py"),
     ({"task_args": ["novalue"]}, "is not KEY=VALUE"),
     ({"task_args": {"k": [1]}}, "must be a string or number"),
     ({"task_args": 3}, "must be a mapping or a list"),

@@ -297,3 +297,19 @@ def test_a_repeat_is_a_no_op_only_for_the_same_bytes(llama_run, tmp_path, capsys
         assert "is not byte for byte this checkpoint's" in err and err.count("\n") == 1, (fmt, err)
         assert target.read_bytes() == bytes(data), fmt  # refused, never overwritten
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-export-")]  # no verification left behind
+
+
+def test_a_torch_export_to_a_name_without_a_suffix_works_and_is_recognised_again(gpt_run, tmp_path, capsys):
+    """Stranger trial: `-o model_noext` gave torch's RuntimeError (its archive named after the
+    staging file, whose only dot led it), and so did exporting again onto the same file."""
+    out = tmp_path / "model_noext"
+    assert main(["export", str(gpt_run), "--format", "torch", "-o", str(out)]) == 0
+    assert "model" in torch.load(out, weights_only=True)
+    assert main(["export", str(gpt_run), "--format", "torch", "-o", str(out)]) == 0  # the same export: done
+    assert not list(tmp_path.glob(".tmp-export-*"))
+    other = tmp_path / "existing"
+    other.write_text("hi")
+    capsys.readouterr()
+    assert main(["export", str(gpt_run), "--format", "torch", "-o", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already exists" in err and other.read_text() == "hi"

@@ -18,6 +18,8 @@ def test_parse_compact_spec_sorted_by_step():
         ("sigkill@-1:0", "expected TYPE@STEP:RANK"),
         ("sigkill@3:0,sigkill@3:0", "fault listed twice"),
         ("sigkill@3:0x0", "count must be >= 1"),
+        ("sigkill@\u0661\u0662:1", "expected TYPE@STEP:RANK"),  # Arabic-Indic digits: int() reads them as 12
+        ("sigkill@12:\uff11", "expected TYPE@STEP:RANK"),  # a fullwidth 1
     ],
 )
 def test_malformed_specs_are_rejected_with_the_reason(spec, message):
@@ -77,6 +79,35 @@ def test_yaml_errors_name_the_problem(tmp_path):
     bad.write_text("seed: x\nfaults:\n  - {type: hang, step: 3, rank: 1}\n")
     with pytest.raises(flt.FaultSpecError, match="seed must be an integer, got 'x'"):
         flt.parse(str(bad))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("faults:\n  - {type: sigkill, step: 12, rank: -1}\n", "ranks start at 0"),  # never fired; the run passed
+    ("faults:\n  - {type: sigkill, step: 12, rank: 1}\nfaults: []\n", "key faults given twice"),
+    ("faults:\n  - {type: sigkill, step: 12, rank: 1, rank: 0}\n", "key rank given twice"),
+    ("random: {count: 200000, max_step: 100000000}\n", "count 200000: at most 10000 faults"),  # minutes, then
+    ("random: {count: 100000000, max_step: 1000000000}\n", "at most 10000 faults"),  # gigabytes
+])
+def test_yaml_schedules_that_would_silently_differ_or_never_end_are_refused(tmp_path, text, message):
+    """Stranger trial: each was accepted (or ran for minutes) and the run passed without its faults."""
+    import time
+
+    path = tmp_path / "faults.yaml"
+    path.write_text(text)
+    started = time.monotonic()
+    with pytest.raises(flt.FaultSpecError, match=message):
+        flt.parse(str(path))
+    assert time.monotonic() - started < 5
+
+
+def test_a_long_random_schedule_is_drawn_and_checked_quickly(tmp_path):
+    import time
+
+    path = tmp_path / "faults.yaml"
+    path.write_text("random: {count: 10000, max_step: 1000000, max_rank: 3}\n")
+    started = time.monotonic()
+    assert len(flt.parse(str(path))) == 10000
+    assert time.monotonic() - started < 5  # was quadratic: 200000 faults ran past a minute
 
 
 def test_injector_fires_once_per_count_and_logs_before_acting():

@@ -143,3 +143,16 @@ def test_output_to_a_reader_that_went_away_is_no_traceback(run: Path, flags: lis
     proc.stdout.close()  # the reader is gone before anything is written
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_manifest_nested_past_the_recursion_limit_is_a_finding_not_a_traceback(
+        run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stranger trial: 200000 '[' as a manifest gave a RecursionError traceback in all three gates."""
+    (run / "checkpoints" / "step_30" / "manifest.json").write_text("[" * 200000 + "]" * 200000)
+    assert main(["validate-checkpoint", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "manifest_invalid" in out and "nested too deeply" in out, out
+    for command in (["check-convergence", str(run)], ["promote", str(run), str(tmp_path / "promoted")]):
+        assert main(command) in (1, 2)
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.count("\n") <= 2, err

@@ -192,3 +192,103 @@ def test_the_benchmarks_parameters_are_not_overwritten_silently_by_its_train_ove
         assert exited.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"which the pipeline's {parameter} parameter overwrites" in err, err
+
+
+def _local_values(**changes) -> dict:
+    values = {n: s.default for n, s in resilient_training.component_spec.inputs.items()}
+    return values | changes
+
+
+def test_storage_local_refuses_a_promote_to_in_or_around_where_runs_get_directories(tmp_path, monkeypatch,
+                                                                                      capsys) -> None:
+    """kfp.local without `run`: promotion refused such a DEST after the training (stranger trial)."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "out"
+    for dest in (f"{root}/runs/promoted", f"{root}/runs", str(root), "out", "out/runs/{run_id}", str(tmp_path)):
+        with pytest.raises(SystemExit) as exited:
+            arguments.check_step(_local_values(local_root=str(root), promote_to=dest))
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"is inside or around {root / 'runs'}" in err, (dest, err)
+    for dest in (f"{root}/promoted", "out/promoted/{run_id}", "elsewhere"):  # beside the runs: passes
+        arguments.check_step(_local_values(local_root=str(root), promote_to=dest))
+    # relative local_root: resolved in the same working directory as the steps resolve it
+    with pytest.raises(ValueError, match="inside or around"):
+        arguments.check_in_run(_local_values(local_root="out", promote_to=f"{root}/runs/x"))
+
+
+def test_a_fault_schedule_file_is_read_by_the_check_when_the_steps_run_here(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=rf"faults: fault schedule file missing.yaml does not exist \(relative to "
+                                         rf"{re.escape(str(tmp_path))}, where the steps run\)"):
+        arguments.check_in_run(_local_values(faults="missing.yaml"))
+    (tmp_path / "bad.yaml").write_text("faults:\n  - {type: sigkill, step: 12, rank: 5}\n")
+    with pytest.raises(ValueError, match="faults: .*rank 5"):
+        arguments.check_in_run(_local_values(faults=str(tmp_path / "bad.yaml")))
+    (tmp_path / "broken.yml").write_text("faults: [\n")
+    with pytest.raises(ValueError, match="faults: fault schedule .*broken.yml is not valid YAML"):
+        arguments.check_in_run(_local_values(faults="broken.yml"))
+    (tmp_path / "good.yaml").write_text("faults:\n  - {type: sigkill, step: 12, rank: 1}\n")
+    arguments.check_in_run(_local_values(faults="good.yaml"))
+    # launcher=local in a pod of its own: the launch pod's files are not this pod's, so not read here
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    values = _local_values(storage="pvc", pvc_name="team-claim", promote_to="/mnt/run/promoted",
+                           faults="/mnt/run/faults.yaml")
+    if importlib.util.find_spec("nvidia_resiliency_ext") is not None:
+        arguments.check_in_run(values)
+
+
+@pytest.mark.parametrize("task", ["my-pkg.tasks:make", "pkg..mod:make", "pkg.mod:make.task", "tasks/mine:make",
+                                  "pkg.mod:1make"])
+def test_a_task_that_could_never_be_imported_stops_the_run_at_its_first_step(task, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        arguments.check_step(_local_values(task=task))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: task {task!r}: "), err
+
+
+def test_storage_local_needs_a_local_root_that_can_be_a_directory(tmp_path, monkeypatch) -> None:
+    """Stranger trial: local_root=/etc/passwd passed the check; provisioning then raised NotADirectoryError."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    for root, message in ((str(tmp_path / "a-file"), "exists and is not a directory"), ("   ", "local_root is empty"),
+                          ("", "local_root is empty"), (str(tmp_path / "a-file" / "runs"), "is a file, not a directory")):
+        with pytest.raises(ValueError, match=message):
+            arguments.check_in_run(_local_values(local_root=root, promote_to=str(tmp_path / "promoted")))
+    arguments.check_in_run(_local_values(local_root=str(tmp_path / "new" / "root"), promote_to=str(tmp_path / "p")))
+
+
+def test_on_a_claim_promote_to_may_not_lie_among_the_runs_directories() -> None:
+    """Stranger trial: /mnt/run/runs/x passed on pvc; `run` refuses that place on a laptop."""
+    values = _local_values(storage="pvc", pvc_name="team-claim", launcher="pytorchjob")
+    for dest in ("/mnt/run/runs/x", "/mnt/run/runs/{run_id}-model"):
+        with pytest.raises(ValueError, match="is inside /mnt/run/runs, where each run gets its directory"):
+            arguments.check(values | {"promote_to": dest}, cluster=True)
+    arguments.check(values | {"promote_to": "/mnt/run/promoted/{run_id}"}, cluster=True)
+
+
+@pytest.mark.parametrize("changes", [{"nodes": "1"}, {"train_overrides": "x"}, {"export": 5},
+                                     {"max_final_loss": "nan"}])
+def test_a_value_of_the_wrong_type_is_one_line_not_a_traceback(changes, capsys) -> None:
+    """KFP and Argo type the inputs; a caller of the step's function past them got a traceback (stranger trial)."""
+    with pytest.raises(SystemExit) as exited:
+        arguments.check_step(_local_values(**changes))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+
+
+def test_the_steps_error_is_its_only_line_even_when_the_check_imports_torch(tmp_path) -> None:
+    """task_args of a shipped task make it, importing torch, whose pynvml warned in two more lines."""
+    code = ("from resilient_training.pipelines import arguments\n"
+            "from resilient_training.pipelines.resilient_training import resilient_training as p\n"
+            "v = {n: s.default for n, s in p.component_spec.inputs.items()}\n"
+            "arguments.check_step(v | {'task_args': {'d_model': 'abc'}})\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "KUBERNETES_SERVICE_HOST")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr

@@ -73,7 +73,7 @@ _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m":
 def _seconds(duration: str) -> float:
     """A Go duration (already matched by _GO_DURATION) in seconds."""
     return sum(float(number) * _UNIT_SECONDS[unit]
-               for number, unit in re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)", duration))
+               for number, unit in re.findall(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)", duration))
 
 
 def validate_timezone(name: str) -> str:

@@ -476,9 +476,14 @@ def _output_dir(given: str) -> Path:
     from resilient_training.run.paths import check_writable
 
     try:
-        return check_writable(given, "--output-dir", directory=True).resolve()
+        output = check_writable(given, "--output-dir", directory=True).resolve()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    from resilient_training.run import layout
+
+    if (run := layout.run_dir_around(output)) is not None:  # its runs, logs and kfp would nest in a run's evidence
+        raise UsageError(f"--output-dir {given} is inside the run directory {run}: name a directory outside any run")
+    return output
 
 
 def _probe_outputs(output: Path, promote_to: str) -> None:

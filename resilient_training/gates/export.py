@@ -179,10 +179,10 @@ def _already_exported(out: Path, fmt: str, record: dict[str, Any], ckpt_dir: Pat
     if fmt in ("dcp", "hf") and (out / RECORD_NAME).is_file():
         try:
             existing = json.loads((out / RECORD_NAME).read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, json.JSONDecodeError, RecursionError):
             existing = None
     elif fmt == "safetensors" and out.is_file():
-        existing = _safetensors_record(out)
+        existing = safetensors_record(out)
     if isinstance(existing, dict) and existing.get("format") == fmt and isinstance(existing.get("source"), dict) \
             and existing["source"].get("manifest_checksum") == record["source"]["manifest_checksum"]:
         if _same_as_fresh_export(out, fmt, record, ckpt_dir):
@@ -273,7 +273,7 @@ def verify_promoted_exports(dest: Path, ckpt_dir: Path) -> None:
             raise ExportRefused(str(exc)) from None
 
 
-def _safetensors_record(path: Path) -> dict[str, Any] | None:
+def safetensors_record(path: Path) -> dict[str, Any] | None:
     try:
         from safetensors import safe_open
 
@@ -345,11 +345,22 @@ def _write_dcp(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
 def _write_torch(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+    # torch's archive names its records after the file, up to the name's last dot: the staging name
+    # (OUT's, with "-PID" or "-verifyPID") gave the same prefix in both, but an OUT without a suffix
+    # left only a leading dot, which torch refuses (a stranger trial's RuntimeError). Written in a
+    # folder of its own under a name made from OUT's alone (the prefix as before where OUT has a
+    # suffix), then moved: an export and its verification have the same bytes.
+    out_name = staging.name.removeprefix(STAGING_PREFIX).rpartition("-")[0]
+    folder = staging.with_name(f"{staging.name}.d")
+    folder.mkdir()
+    written = folder / f"{STAGING_PREFIX}{out_name}{'-x' if '.' in out_name else '.pt'}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        dcp_to_torch_save(str(ckpt_dir), str(staging))
-    with open(staging, "rb") as handle:
+        dcp_to_torch_save(str(ckpt_dir), str(written))
+    with open(written, "rb") as handle:
         os.fsync(handle.fileno())
+    os.replace(written, staging)
+    folder.rmdir()
 
 
 def _write_safetensors(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:

@@ -226,6 +226,11 @@ def check_dest_text(dest: str) -> str:
         raise PromotionUsageError(f"DEST {dest!r} has leading or trailing whitespace or a NUL byte")
     # A misspelt field ({runid}, {run-id}, {{run_id}}) would otherwise become a literal directory
     # name, the same for every run: refused, as is a brace anywhere else.
+    # `{run_id}/..` undoes the field: every run would promote to the same place (a stranger trial).
+    parts = dest.removeprefix("s3://").split("/")
+    if any(RUN_ID_FIELD in part and ".." in parts[i + 1:] for i, part in enumerate(parts)):
+        raise PromotionUsageError(f"DEST {dest!r} has '..' after {RUN_ID_FIELD}, which makes every run's place the "
+                                  "same: name the place without it")
     rest = dest.replace(RUN_ID_FIELD, "")
     if "{" in rest or "}" in rest:
         raise PromotionUsageError(f"DEST {dest!r} has a '{{' or '}}' that is not the field {RUN_ID_FIELD} (the name "
@@ -260,6 +265,8 @@ def _local_dest(dest: str, run_dir: Path) -> Path:
         raise PromotionUsageError(f"DEST {dest} lies inside the source run {run_dir}: promote to a place outside it")
     if path in run_dir.parents:
         raise PromotionUsageError(f"DEST {dest} contains the source run {run_dir}: promote to a place outside it")
+    if (other := layout.run_dir_around(path)) is not None:  # a stranger trial made another run's step_50 so
+        raise PromotionUsageError(f"DEST {dest} lies inside the run {other}: promote to a place outside any run")
     # Inside another promoted model: its files would gain a stranger's, and its own check (and an
     # idempotent repeat of its promotion) would then refuse it (stranger trial).
     if (parent := promoted_model_above(path)) is not None:
@@ -330,7 +337,7 @@ def _promotion_of(record_text: str, record: dict[str, Any], where: str) -> bool:
     try:
         existing = json.loads(record_text)
         same = existing["source"]["manifest_checksum"] == record["source"]["manifest_checksum"]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, RecursionError, KeyError, TypeError, UnicodeDecodeError):
         raise PromotionRefused(f"{where} holds an unreadable {PROMOTION_NAME}: refusing to overwrite it") from None
     if not same:
         raise PromotionRefused(f"{where} already holds another promoted model (step {existing['source'].get('step')} "
@@ -618,7 +625,7 @@ def _promote_s3(ckpt_dir: Path, url: str, record: dict[str, Any], client: Any) -
                 continue
             try:
                 other = json.loads(held)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 other = {}
             if not isinstance(other, dict) or other.get("manifest_checksum") != holder["manifest_checksum"]:
                 other = other if isinstance(other, dict) else {}

@@ -405,6 +405,9 @@ class _Checker:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             self.find("manifest_invalid", name, f"not valid JSON: {exc}")
             return False
+        except RecursionError:
+            self.find("manifest_invalid", name, "not valid JSON: nested too deeply")
+            return False
         if not isinstance(manifest, dict):
             self.find("manifest_invalid", name, f"holds a {type(manifest).__name__}, not an object")
             return False
@@ -496,9 +499,51 @@ class _Checker:
             if child.name not in self.expected_files and child.name not in allowed:
                 self.find("unexpected_file", child.name, "unknown file inside a committed checkpoint")
                 ok = False
+        exports = self._check_promoted_exports() if self._promoted_extras() else ""
         if ok:
             self.result.checks.append(f"the files of all {len(self.expected_ranks)} ranks, DCP's .metadata and the "
-                                      "manifest present, nothing else")
+                                      f"manifest present, nothing else{exports}")
+
+    def _check_promoted_exports(self) -> str:
+        """promote_model's exports inside a promoted directory must be this checkpoint's: a
+        safetensors file's or an hf folder's own record names this manifest's digest, and an hf
+        folder holds no Python (transformers runs a model folder's code with trust_remote_code;
+        no export writes any). torch's file records nothing: `export` and promote compare it byte
+        for byte. Returns what the check line adds (a stranger trial planted all three and read
+        "nothing else").
+        """
+        from resilient_training.gates.export import PROMOTED_NAMES, RECORD_NAME, safetensors_record
+
+        present = []
+        for fmt, name in PROMOTED_NAMES.items():
+            path = self.dir / name
+            if not path.exists() and not path.is_symlink():
+                continue
+            present.append(name)
+            record: Any = None
+            if fmt == "safetensors" and path.is_file() and not path.is_symlink():
+                record = safetensors_record(path)
+            elif fmt == "hf" and path.is_dir() and not path.is_symlink():
+                code = sorted(str(p.relative_to(self.dir)) for p in path.rglob("*.py"))
+                if code:
+                    self.find("export_invalid", name, f"holds Python code ({', '.join(code[:3])}), which no export "
+                              "writes: transformers would run it with trust_remote_code")
+                try:
+                    record = json.loads((path / RECORD_NAME).read_text())
+                except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                    record = None
+            elif fmt == "torch" and path.is_file() and not path.is_symlink():
+                continue  # no record inside: compared byte for byte by export and promote
+            source = record.get("source") if isinstance(record, dict) else None
+            recorded = source.get("manifest_checksum") if isinstance(source, dict) else None
+            if recorded != self.result.manifest_checksum:
+                why = (f"records the manifest digest {recorded}, not this one's" if recorded
+                       else "is not an export of ours (no readable record of its source)")
+                self.find("export_invalid", name, f"promote_model's {fmt} export {why}")
+        if not present:
+            return ""
+        return (f"; exports {', '.join(present)} (safetensors and hf record this manifest's digest; model.pt is "
+                "compared byte for byte by export and promote, not here)")
 
     # 2. bytes ----------------------------------------------------------------------------
     def check_bytes(self) -> None:
@@ -597,7 +642,7 @@ class _Checker:
             source, validation, convergence = record["source"], record["validation"], record["convergence"]
             validated = validation["checkpoints"][source["checkpoint"]]
             recorded = source["manifest_checksum"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError):
             self.find("promotion_invalid", PROMOTION_NAME, "is not a readable promotion record (source, validation "
                       "and convergence of the promoted checkpoint): cannot prove which checkpoint this is")
             return

@@ -45,10 +45,20 @@ class LaunchResult:
         return self.exit_code == 0
 
 
+def max_local_procs() -> int:
+    """The most workers one machine is asked to start: 8 per CPU (a stranger trial's --nproc 100000
+    started spawning them, about 7 a second).
+    """
+    return max(8, 8 * (os.cpu_count() or 1))
+
+
 def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> list[flt.Fault]:
     """Everything that can be wrong before a worker starts, as one clear LaunchError."""
     if world_size < 1:
         raise LaunchError(f"world size must be at least 1, got {world_size}")
+    if world_size > max_local_procs():
+        raise LaunchError(f"world size {world_size} is more workers than this machine's {os.cpu_count()} CPUs "
+                          f"can run (at most {max_local_procs()})")
     try:
         schedule = flt.parse(config.faults)
         flt.validate(schedule, world_size=world_size, steps=config.steps,

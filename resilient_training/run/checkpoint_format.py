@@ -54,7 +54,9 @@ METADATA_NAME = ".metadata"  # DCP's
 TMP_PREFIX = ".tmp-"
 PRUNED_PREFIX = f"{TMP_PREFIX}pruned-"  # a pruned checkpoint, moved aside before it is deleted
 _SHARD_FILE = re.compile(r"__(0|[1-9][0-9]*)_(0|[1-9][0-9]*)\.distcp")
-_STEP_DIR = re.compile(r"step_(\d+)")
+# The name step_dirname gives (no leading zero, ASCII digits): step_040 or step_٤٠ would be read as
+# step 40 by some readers and be no step to others (a stranger trial passed the gates with one).
+_STEP_DIR = re.compile(r"step_(0|[1-9][0-9]*)")
 _READ_CHUNK = 8 << 20
 
 
@@ -664,6 +666,9 @@ def prune(root: Path, *, keep_last: int, remove: Callable[[Path], Any] | None = 
             remove(path)
 
 
+_LATEST_MAX_BYTES = 256
+
+
 def read_latest(root: str | os.PathLike[str]) -> Path | None:
     """The committed checkpoint ``latest`` names, or None before the first commit."""
     root = Path(root)
@@ -671,11 +676,17 @@ def read_latest(root: str | os.PathLike[str]) -> Path | None:
     if not pointer.is_file():
         return None
     try:
+        size = pointer.stat().st_size
+        # `step_N` and a newline: a pointer of megabytes would be read whole and quoted whole in
+        # every gate's message and record (a stranger trial's 20 MB one printed 80 MB).
+        if size > _LATEST_MAX_BYTES:
+            raise CheckpointError(f"{pointer} is {size} bytes, not the name of a step directory")
         name = _read_text(pointer).strip()
     except FileNotFoundError:  # pruned or replaced between the check and the read
         return None
     if parse_step_dirname(name) is None:
-        raise CheckpointError(f"{pointer} names {name!r}, which is not a step directory")
+        shown = repr(name) if len(name) <= 80 else f"{name[:80]!r}..."
+        raise CheckpointError(f"{pointer} names {shown}, which is not a step directory")
     path = root / name
     if not (path / MANIFEST_NAME).is_file():
         raise CheckpointError(f"{pointer} names {name}, which has no {MANIFEST_NAME}")
@@ -713,6 +724,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:  # '[' nested past the interpreter's limit (a stranger trial's traceback)
+        raise CheckpointError(f"{path} is not valid JSON: nested too deeply") from None
     if not isinstance(value, dict):
         kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
         raise CheckpointError(f"{path} holds a JSON {kind}, not an object")

@@ -275,6 +275,16 @@ class TrainConfig:
             raise ValueError(f"task {self.task!r} must be MODULE:ATTR or path/to/file.py:ATTR")
         if self.task != self.task.strip() or any(ch.isspace() for ch in self.task.rsplit(":", 1)[1]):
             raise ValueError(f"task {self.task!r} has blanks around it or in its ATTR (no module or attribute is named so)")
+        module, _, attr = self.task.rpartition(":")
+        if module.endswith(".py") or "/" in module or "\\" in module:
+            if not module.endswith(".py"):  # Python imports a file by its suffix: any other never loads
+                raise ValueError(f"task {self.task!r}: the file {module!r} does not end in .py (path/to/file.py:ATTR)")
+        elif not all(part.isidentifier() for part in module.split(".")):
+            raise ValueError(f"task {self.task!r}: {module!r} is no module name (dotted Python names, e.g. "
+                             "my_pkg.tasks) and no path/to/file.py, so it could never be imported")
+        if not attr.isidentifier():
+            raise ValueError(f"task {self.task!r}: {attr!r} is no Python name (the task or the function that "
+                             "makes it, e.g. my_pkg.tasks:make_task)")
         self.task_args = task_args_from(self.task_args)
         if not (math.isfinite(self.step_seconds) and 0 <= self.step_seconds <= 3600):
             raise ValueError(f"step_seconds must be between 0 and 3600, got {self.step_seconds}")

@@ -157,6 +157,8 @@ class Event:
             record = json.loads(line)
         except ValueError as exc:
             raise EventLogError(f"not JSON ({exc})") from None
+        except RecursionError:  # '[' nested past the interpreter's limit (a stranger trial's traceback)
+            raise EventLogError("not JSON (nested too deeply)") from None
         if not isinstance(record, dict):
             raise EventLogError(f"not a JSON object but {type(record).__name__}")
         missing = [k for k in ("ts", "rank", "attempt", "event", "step") if k not in record]

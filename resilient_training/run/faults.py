@@ -42,7 +42,10 @@ NODE_FAULTS = ("node-loss",)
 NODE_LOSS_WAIT_SECONDS = 60.0
 # The simulated node (pod index) of this process; set by the simulated cluster on each agent.
 NODE_ENV = "RT_NODE"
-_SPEC = re.compile(r"(?P<type>[a-z-]+)@(?P<step>\d+):(?P<rank>\d+)(?:x(?P<count>\d+))?")
+# ASCII digits only: `\d` also takes '١٢' (Arabic-Indic), which int() reads as 12 (a stranger trial).
+_SPEC = re.compile(r"(?P<type>[a-z-]+)@(?P<step>[0-9]+):(?P<rank>[0-9]+)(?:x(?P<count>[0-9]+))?")
+# A schedule this long is a mistake (a YAML `random.count`): drawing and checking it would take minutes.
+MAX_FAULTS = 10_000
 
 
 class FaultSpecError(ValueError):
@@ -105,15 +108,18 @@ def _make(kind: str, step: int, rank: int, count: int) -> Fault:
         raise FaultSpecError(f"unknown fault type {kind!r}; known: {', '.join(FAULT_TYPES)}")
     if step < 1:
         raise FaultSpecError(f"fault {kind}@{step}:{rank}: steps start at 1")
+    if rank < 0:  # a YAML schedule's; it would never fire, and the run would pass without its fault
+        raise FaultSpecError(f"fault {kind}@{step}:{rank}: ranks start at 0")
     if count < 1:
         raise FaultSpecError(f"fault {kind}@{step}:{rank}: count must be >= 1")
     return Fault(kind, step, rank, count)
 
 
 def _sorted_unique(faults: Iterable[Fault]) -> list[Fault]:
+    import collections
+
     faults = sorted(faults, key=lambda f: (f.step, f.rank, f.type))
-    keys = [f.key for f in faults]
-    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    dupes = sorted(k for k, n in collections.Counter(f.key for f in faults).items() if n > 1)
     if dupes:
         raise FaultSpecError(f"fault listed twice: {', '.join(dupes)}")
     return faults
@@ -129,8 +135,23 @@ def _int_field(value: Any, where: str) -> int:
 def _parse_yaml(path: Path) -> list[Fault]:
     import yaml
 
+    class UniqueKeys(yaml.SafeLoader):
+        """A key given twice is an error: PyYAML keeps the last (a stranger trial's `faults:` list was
+        silently replaced by a later `faults: []`).
+        """
+
+    def mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+        keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
+        repeated = sorted({str(k) for k in keys if keys.count(k) > 1})
+        if repeated:
+            raise yaml.constructor.ConstructorError(None, None, f"key {', '.join(repeated)} given twice",
+                                                    node.start_mark)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                               lambda loader, node: mapping(loader, node, deep=True))
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=UniqueKeys)  # noqa: S506 (a SafeLoader)
     except FileNotFoundError:
         raise FaultSpecError(f"fault schedule file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -146,6 +167,8 @@ def _parse_yaml(path: Path) -> list[Fault]:
     items = data.get("faults") or []
     if not isinstance(items, list):
         raise FaultSpecError(f"{path}: faults must be a list of {{type, step, rank[, count]}}, got {items!r}")
+    if len(items) > MAX_FAULTS:
+        raise FaultSpecError(f"{path}: {len(items)} faults; at most {MAX_FAULTS} in a schedule")
     faults = []
     for i, item in enumerate(items):
         where = f"{path}: faults[{i}]"
@@ -178,6 +201,8 @@ def _random_faults(rand: Any, seed: int, faults: list[Fault], path: Path) -> lis
     lo = _int_field(rand.get("min_step", 1), f"{where}.min_step")
     hi = _int_field(rand["max_step"], f"{where}.max_step")
     max_rank = _int_field(rand.get("max_rank", 0), f"{where}.max_rank")
+    if count > MAX_FAULTS - len(faults):
+        raise FaultSpecError(f"{where}.count {count}: at most {MAX_FAULTS} faults in a schedule")
     if not 1 <= lo <= hi or max_rank < 0 or count < 0:
         raise FaultSpecError(f"{where}: need 1 <= min_step <= max_step, max_rank >= 0 and count >= 0 "
                              f"(got min_step {lo}, max_step {hi}, max_rank {max_rank}, count {count})")

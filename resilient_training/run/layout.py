@@ -50,6 +50,17 @@ def lock_path(run_dir: PathLike) -> Path:
     return Path(run_dir) / LOCK_NAME
 
 
+def run_dir_around(path: PathLike) -> Path | None:
+    """The run directory ``path`` is or lies in (an event log, and a config or checkpoints), else None;
+    ``path`` as named, made absolute (not resolved).
+    """
+    here = Path(os.path.abspath(path))
+    for candidate in (here, *here.parents):
+        if events_dir(candidate).is_dir() and (config_path(candidate).is_file() or checkpoints_dir(candidate).is_dir()):
+            return candidate
+    return None
+
+
 def evidence_holding(run_dir: PathLike, path: PathLike) -> str | None:
     """Which of the run's records (``events/``, ``checkpoints/``, ``gates/``, ``config.json``: the
     gates' evidence) ``path`` is or lies in, as ``name/rest`` (symlinks resolved on both sides: a

@@ -68,7 +68,7 @@ class StorageRef:
         # kfp.local hands a JSON string output to a ParallelFor body already parsed.
         try:
             data = text if isinstance(text, dict) else json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"storage ref is not JSON: {exc}") from exc
         if not isinstance(data, dict):
             raise ValueError(f"storage ref must be a JSON object, got {type(data).__name__}")

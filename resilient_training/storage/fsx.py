@@ -31,7 +31,7 @@ FAILED_STATES = ("FAILED", "MISCONFIGURED", "MISCONFIGURED_UNAVAILABLE", "DELETI
 _SUBNET = re.compile(r"subnet-[0-9a-f]{8,17}")
 _SG = re.compile(r"sg-[0-9a-f]{8,17}")
 _FS_ID = re.compile(r"fs-[0-9a-f]{8,21}")
-_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d")
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]")
 _TAG_TEXT = re.compile(r"[\w .:/=+\-@]*")  # AWS: letters, digits, spaces (not newlines), _.:/=+-@
 _S3_PATH = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/.*)?")
 

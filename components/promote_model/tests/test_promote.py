@@ -390,3 +390,22 @@ def test_a_run_validation_failed_on_another_checkpoint_says_so(gated_run: Path, 
     with pytest.raises(PromotionRefused, match=r"failed elsewhere in the run \(checksum_mismatch: checkpoints/step_2"
                                                r".*although checkpoints/step_4 itself was valid: validate it alone"):
         promote(gated_run, str(tmp_path / "dest"))
+
+
+def test_a_dest_inside_another_run_is_refused(gated_run: Path, other_gated_run: Path, tmp_path: Path) -> None:
+    """Stranger trial: `promote SRC OTHER_RUN/checkpoints/step_50` wrote a "committed" step into another run."""
+    from tests.support.gates import copy_run
+
+    other = copy_run(other_gated_run, tmp_path / "other")
+    for dest in (other / "checkpoints" / "step_50", other / "models"):
+        with pytest.raises(PromotionUsageError, match=f"lies inside the run {other}"):
+            promote(gated_run / CKPT, str(dest))
+        assert not dest.exists()
+
+
+@pytest.mark.parametrize("dest", ["{run_id}/../shared", "models/{run_id}/../../x", "s3://models/{run_id}/../x"])
+def test_dot_dot_after_run_id_is_refused(gated_run: Path, tmp_path: Path, dest: str) -> None:
+    """Stranger trial: `--promote-to '{run_id}/../x'` promoted to ./x, one place for every run."""
+    target = dest if dest.startswith("s3://") else str(tmp_path / dest)
+    with pytest.raises(PromotionUsageError, match=r"'\.\.' after \{run_id\}"):
+        promote(gated_run / CKPT, target)

@@ -30,15 +30,44 @@ def _codes(path: Path) -> list[str]:
     return sorted(f.code for f in validate(path, load=False).all_findings)
 
 
-def test_a_promoted_model_validates_with_its_exports_beside_it(promoted: Path) -> None:
-    (promoted / "model.safetensors").write_bytes(b"an export promote_model wrote")
-    (promoted / "hf").mkdir()
+def test_a_promoted_model_validates_with_its_exports_beside_it(gated_run: Path, promoted: Path) -> None:
+    from resilient_training.gates.export import export_promoted
+
+    for fmt in ("safetensors", "torch"):
+        export_promoted(str(gated_run / CKPT), str(promoted), fmt)
     report = validate(promoted)  # the full check: bytes, contents, a strict load
     assert report.valid, [f.message for f in report.all_findings]
-    assert any("before promotion (promotion.json records this manifest's digest" in c for c in report.checkpoints[0].checks)
+    checks = report.checkpoints[0].checks
+    assert any("before promotion (promotion.json records this manifest's digest" in c for c in checks)
+    assert any("nothing else; exports model.pt, model.safetensors (safetensors and hf record" in c for c in checks)
     assert sorted(p.name for p in promoted.iterdir()) == sorted(
         ["__0_0.distcp", "__1_0.distcp", ".metadata", "data_rank_0.pt", "data_rank_1.pt", "manifest.json",
-         PROMOTION_NAME, "model.safetensors", "hf"])  # validation wrote nothing into it
+         PROMOTION_NAME, "model.safetensors", "model.pt"])  # validation wrote nothing into it
+
+
+@pytest.mark.parametrize("plant", ["safetensors", "hf-code", "hf-empty", "other-export"])
+def test_an_export_planted_in_a_promoted_model_is_a_finding(promoted: Path, plant: str) -> None:
+    """Stranger trial: `evil` as model.safetensors and an hf/ holding modeling_evil.py read VALID,
+    "nothing else" (promotion.json records no export; each export records its own source)."""
+    if plant == "safetensors":
+        (promoted / "model.safetensors").write_bytes(b"evil")
+    elif plant == "hf-code":
+        (promoted / "hf").mkdir()
+        (promoted / "hf" / "modeling_evil.py").write_text("import os\n")
+    elif plant == "hf-empty":
+        (promoted / "hf").mkdir()
+    else:  # a safetensors file whose own record names another checkpoint's manifest
+        import torch
+        from safetensors.torch import save_file
+
+        save_file({"w": torch.zeros(2)}, str(promoted / "model.safetensors"),
+                  metadata={"format": "pt", "source": json.dumps({"manifest_checksum": "0" * 32})})
+    findings = validate(promoted, load=False).all_findings
+    assert {f.code for f in findings} == {"export_invalid"}, [f.message for f in findings]
+    if plant == "other-export":
+        assert "records the manifest digest 000" in findings[0].message
+    if plant == "hf-code":
+        assert "modeling_evil.py" in findings[0].message and "trust_remote_code" in findings[0].message
 
 
 def test_a_foreign_file_is_still_unexpected(promoted: Path) -> None:
