@@ -347,6 +347,16 @@ def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any], 
                 relative = is_file and not Path(text).is_absolute()
                 where = f" (relative to {Path.cwd()}, where the steps run)" if relative else ""
                 raise ValueError(f"faults: {exc}{where}") from None
+        # The task is imported where the launch step runs: here too, unless this step has a pod of
+        # its own. `run --task` refused a module that does not import; the step let it through
+        # to the training (a stranger trial).
+        import importlib.util
+
+        if not cluster and importlib.util.find_spec("torch") is not None:
+            try:
+                launch_local.check_task(config, world_size=values["procs_per_node"] or 2)
+            except launch_local.LaunchError as exc:
+                raise ValueError(f"task: {exc}") from None
     return config
 
 

@@ -292,3 +292,17 @@ def test_the_steps_error_is_its_only_line_even_when_the_check_imports_torch(tmp_
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
                           timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+
+
+def test_with_the_steps_on_this_machine_a_task_that_does_not_import_stops_the_run(tmp_path, monkeypatch,
+                                                                                  capsys) -> None:
+    """Stranger trial: task=nonexistent.module:task passed the step (launcher=local), while `run --task` refused it."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        arguments.check_step(_local_values(task="nonexistent_module_for_a_test:task"))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: task: task module nonexistent_module_for_a_test failed to import" in err
+    (tmp_path / "mytask.py").write_text("def make():\n    return object()\n")
+    with pytest.raises(ValueError, match="task: task .*mytask.py:make lacks build_model"):
+        arguments.check_in_run(_local_values(task=f"{tmp_path}/mytask.py:make"))
