@@ -119,8 +119,9 @@ def check_step(values: Mapping[str, Any], *, benchmark: bool = False) -> None:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (TypeError, AttributeError, KeyError) as exc:  # a value of the wrong type (a caller past KFP's typing)
-        print(f"error: a parameter has a value of the wrong type ({type(exc).__name__}: {exc})"[:500], file=sys.stderr)
+    except (TypeError, AttributeError, KeyError) as exc:  # a caller past KFP's and Argo's typed inputs
+        print(f"error: a parameter is missing or has a value of the wrong type ({type(exc).__name__}: {exc})"[:500],
+              file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -199,6 +200,7 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool, local_l
         raise ValueError("export 'hf' writes a transformers model, and the built-in GPT task's is not one: "
                          "use safetensors or torch, or a transformers task")
     _check_promote_to(values["promote_to"], ref, recurring=recurring)
+    _check_local_root(values, cluster=cluster)
     _check_on_a_cluster(values, cluster=cluster, local_launcher=local_launcher)
 
 
@@ -248,6 +250,7 @@ def _check_benchmark(values: Mapping[str, Any], *, cluster: bool, local_launcher
             _check_training(values, ref, {**shared, **parse_strategy(strategy)[1]}, cluster=cluster)
         except ValueError as exc:
             raise ValueError(f"strategy {name}: {exc}") from None
+    _check_local_root(values, cluster=cluster)
     _check_on_a_cluster(values, cluster=cluster, local_launcher=local_launcher)
 
 
@@ -287,6 +290,7 @@ def _storage_ref(values: Mapping[str, Any]) -> Any:
 
 def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any], *, cluster: bool) -> Any:
     """The trainer config and the cluster job the launch step would build from ``train``; returns the config."""
+    import importlib.util
     from pathlib import Path
 
     from resilient_training.launch import backends, jobshape
@@ -350,8 +354,6 @@ def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any], 
         # The task is imported where the launch step runs: here too, unless this step has a pod of
         # its own. `run --task` refused a module that does not import; the step let it through
         # to the training (a stranger trial).
-        import importlib.util
-
         if not cluster and importlib.util.find_spec("torch") is not None:
             try:
                 launch_local.check_task(config, world_size=values["procs_per_node"] or 2)
@@ -360,15 +362,20 @@ def _check_training(values: Mapping[str, Any], ref: Any, train: dict[str, Any], 
     return config
 
 
+def _check_local_root(values: Mapping[str, Any], *, cluster: bool) -> None:
+    """storage=local with every step on this machine: ``local_root`` must be able to be a directory
+    (a stranger trial's local_root=/etc/passwd passed, then provisioning raised NotADirectoryError).
+    On a cluster storage=local is refused as such (:func:`_check_on_a_cluster`).
+    """
+    from resilient_training.run.paths import check_writable
+
+    if not cluster and values["storage"] == "local":
+        check_writable(os.path.expanduser(values["local_root"]), "local_root", directory=True)
+
+
 def _check_on_a_cluster(values: Mapping[str, Any], *, cluster: bool, local_launcher: bool) -> None:
     """Last: a value the user typed is named before a default that cannot run on a cluster."""
     from resilient_training.launch import jobshape
-
-    if not cluster and values["storage"] == "local":  # every step runs here: the root must be a directory
-        from resilient_training.run.paths import check_writable
-
-        # (a stranger trial's local_root=/etc/passwd passed, then provisioning raised NotADirectoryError)
-        check_writable(os.path.expanduser(values["local_root"]), "local_root", directory=True)
 
     if cluster and values["storage"] == "local":
         raise ValueError("storage 'local' is a directory on one machine, but on a cluster every step runs in a pod "

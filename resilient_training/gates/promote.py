@@ -224,13 +224,13 @@ def check_dest_text(dest: str) -> str:
         raise PromotionUsageError("DEST is empty")
     if dest != dest.strip() or "\0" in dest:
         raise PromotionUsageError(f"DEST {dest!r} has leading or trailing whitespace or a NUL byte")
-    # A misspelt field ({runid}, {run-id}, {{run_id}}) would otherwise become a literal directory
-    # name, the same for every run: refused, as is a brace anywhere else.
     # `{run_id}/..` undoes the field: every run would promote to the same place (a stranger trial).
     parts = dest.removeprefix("s3://").split("/")
     if any(RUN_ID_FIELD in part and ".." in parts[i + 1:] for i, part in enumerate(parts)):
         raise PromotionUsageError(f"DEST {dest!r} has '..' after {RUN_ID_FIELD}, which makes every run's place the "
                                   "same: name the place without it")
+    # A misspelt field ({runid}, {run-id}, {{run_id}}) would otherwise become a literal directory
+    # name, the same for every run: refused, as is a brace anywhere else.
     rest = dest.replace(RUN_ID_FIELD, "")
     if "{" in rest or "}" in rest:
         raise PromotionUsageError(f"DEST {dest!r} has a '{{' or '}}' that is not the field {RUN_ID_FIELD} (the name "

@@ -17,6 +17,7 @@ makes a deterministic failure that recurs on each attempt (to exhaust retry limi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import random
@@ -116,8 +117,6 @@ def _make(kind: str, step: int, rank: int, count: int) -> Fault:
 
 
 def _sorted_unique(faults: Iterable[Fault]) -> list[Fault]:
-    import collections
-
     faults = sorted(faults, key=lambda f: (f.step, f.rank, f.type))
     dupes = sorted(k for k, n in collections.Counter(f.key for f in faults).items() if n > 1)
     if dupes:
