@@ -21,7 +21,12 @@ Variants (each in fresh processes, interleaved over ``--repeat``):
   step on *shadow* parameters (:func:`warm_step`: DTensors with the real ones' mesh, placements,
   shape and stride over fake local tensors, and a twin of the optimizer), so that the real step
   finds DTensor's sharding decisions cached (they are cached per thread);
-- ``warm_serial``: that warm-up before the read (its own cost).
+- ``warm_serial``: that warm-up before the read (its own cost);
+- ``buffers``: the restorer also makes the reading threads' page-locked buffers before the victim
+  is killed, as a warm spare does since the twenty-first round (``tensor_read.warm_buffers``).
+
+Each restore also reports the page-locked blocks its read newly asked CUDA for (``host_allocs``)
+and the seconds those calls took (``host_alloc_s``, PyTorch's host allocator statistics).
 
 What it showed on one H200 (docs/benchmarks.md, twentieth round): call55 measured ``base``,
 ``fused`` and the two ``reserve`` variants: the first step newly allocated 26.5 GB in 262
@@ -52,7 +57,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("base", "warm", "warm_serial", "fused", "reserve", "reserve_serial")
+VARIANTS = ("base", "warm", "warm_serial", "fused", "reserve", "reserve_serial", "buffers")
 
 
 def build(args: argparse.Namespace, device: object, fused: bool = False) -> tuple[object, object, object, object]:
@@ -196,6 +201,10 @@ def child_restore(variant: str, args: argparse.Namespace) -> dict[str, float]:
     device = init(args)
     torch.empty(1, device=device)
     warm_kernels(device)
+    if variant == "buffers":
+        from resilient_training.run.tensor_read import warm_buffers
+
+        print(warm_buffers(device, fmt.READ_THREADS), file=sys.stderr, flush=True)
     print("warm", flush=True)
     sys.stdin.readline()  # the victim is being killed now
 
@@ -227,6 +236,7 @@ def child_restore(variant: str, args: argparse.Namespace) -> dict[str, float]:
             del blocks
 
     thread = None
+    host_before = torch.cuda.host_memory_stats()
     if variant == "reserve_serial":
         reserve()
         lap("reserve")
@@ -247,6 +257,9 @@ def child_restore(variant: str, args: argparse.Namespace) -> dict[str, float]:
     if thread is not None:
         thread.join()
     lap("load")
+    host_after = torch.cuda.host_memory_stats()
+    out["host_allocs"] = host_after.get("num_host_alloc", 0) - host_before.get("num_host_alloc", 0)
+    out["host_alloc_s"] = (host_after.get("host_alloc_time.total", 0) - host_before.get("host_alloc_time.total", 0)) / 1e6
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -350,7 +363,7 @@ def main() -> None:
             print(variant, json.dumps(results[variant][-1]), flush=True)
     keys = ("build", "prepare", "reserve", "warm_up", "warm_up_wall", "load", "set_state", "first_step",
             "first_forward_backward", "first_optimizer", "to_first_step", "second_step", "steady", "mallocs",
-            "malloc_gb", "retries")
+            "malloc_gb", "retries", "host_allocs", "host_alloc_s")
     print(f"model d_model={args.d_model} layers={args.layers} batch={args.batch_size} repeat={args.repeat}")
     print("| variant | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")

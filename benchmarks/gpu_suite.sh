@@ -384,6 +384,20 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
+  call60)  # one device call: the reference schedule with spares whose read buffers are made (call57/58:
+    # killed ranks 2.43-2.68 s, load_read 1.09-1.11 s for 3.2 GB; 2.75/2.87 s lost per fault)
+    SPARE=1 RUN_TIMEOUT=${RUN_TIMEOUT:-300} "$0" goodput-product "$out"
+    grep -h "spare for local rank" /tmp/gpu-runs/goodput-product/*/logs/spare-pool-*.log 2>/dev/null | head -4 || true
+    ;;
+  call59)  # one device call: a warm spare also makes the restore's page-locked read buffers
+    # (tensor_read.warm_buffers; a fresh process's first read of 3.2 GB took 0.90 s against 0.4 s once they
+    # existed): first_step.py base vs buffers (load, host_allocs, host_alloc_s), then the 1.3B killed rank
+    # (call57: load_read 2.67 s of 4.95 s)
+    python3 benchmarks/first_step.py --variants base,buffers --repeat 2 2>&1 | tee "$out/first-step.txt" || true
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    grep -h "spare for local rank" /tmp/gpu-runs/pin-1b/*/logs/spare-pool-*.log 2>/dev/null | head -4 || true
+    ;;
   call58)  # one device call (~400 s of budget left): call57's reference schedule again (2.75 s lost per fault)
     SPARE=1 RUN_TIMEOUT=${RUN_TIMEOUT:-300} "$0" goodput-product "$out"
     ;;

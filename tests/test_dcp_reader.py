@@ -162,3 +162,12 @@ def test_a_restore_from_files_reports_where_its_time_went(tmp_path: Path) -> Non
     assert source == "storage (resharded)" and laps == ["load_prepare", "load_read"]
     trained, _, _ = train_state(TINY, seed=1234, steps=3)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in trained.state_dict().items())
+
+
+def test_a_cpu_has_no_read_buffers_to_make_ahead() -> None:
+    from resilient_training.run import tensor_read
+
+    # Page-locked buffers exist only for copies to a GPU (benchmarks/first_step.py ``buffers``
+    # measures the GPU side); a CPU read goes straight into its targets.
+    assert tensor_read.warm_buffers(torch.device("cpu"), 8) == ""
+    assert tensor_read.warm_buffers(None, 8) == ""

@@ -208,10 +208,15 @@ def preparation(config: cfg.TrainConfig | None, spec: str) -> Callable[[int], st
             return made
         import torch
 
+        from resilient_training.run.checkpoint_format import READ_THREADS
+        from resilient_training.run.tensor_read import warm_buffers
         from resilient_training.runtime.step_warmup import warm_first_step
 
-        warmed = warm_first_step(config, world_size=world_size, device=torch.device("cuda", local_rank))
-        return f"{made}, {warmed}"
+        device = torch.device("cuda", local_rank)
+        warmed = warm_first_step(config, world_size=world_size, device=device)
+        # The restore's reading threads then find their page-locked buffers made.
+        buffers = warm_buffers(device, READ_THREADS)
+        return ", ".join(part for part in (made, warmed, buffers) if part)
 
     return prepare
 
