@@ -384,6 +384,17 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
+  call61)  # one device call: call59's 1.3B killed rank and call60's reference schedule again (read buffers
+    # made by the spare: 3.65 s, and 2.12/2.20 s killed ranks, one run each), then the 1.3B a third time if
+    # the call has room
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    SPARE=1 RUN_TIMEOUT=300 "$0" goodput-product "$out"
+    if (( 575 - SECONDS >= 115 )); then
+      MODEL_SIZE=1b RUN_TIMEOUT=$(( 575 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+    fi
+    ;;
   call60)  # one device call: the reference schedule with spares whose read buffers are made (call57/58:
     # killed ranks 2.43-2.68 s, load_read 1.09-1.11 s for 3.2 GB; 2.75/2.87 s lost per fault)
     SPARE=1 RUN_TIMEOUT=${RUN_TIMEOUT:-300} "$0" goodput-product "$out"
