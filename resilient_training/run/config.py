@@ -106,9 +106,10 @@ class RestartConfig:
         False, "launcher restarts take a pre-imported spare worker process instead of starting Python cold "
         "(costs one idle torch process per node)", "warm_spare")
     spare_cuda_context: bool = _f(
-        True, "with warm_spare on a GPU node, each spare makes its local rank's CUDA context ahead (about 0.5 GB "
-        "of that GPU's memory while idle; only with worker_gpu_reclaim, since ft_launcher's own wait for GPU "
-        "memory would count it)", "spare_cuda_context")
+        True, "with warm_spare on a GPU node, each spare makes its local rank's CUDA context and the restore's "
+        "read buffers ahead (about 0.5 GB of that GPU's memory and 1 GiB of page-locked host memory while idle; "
+        "only with worker_gpu_reclaim, since ft_launcher's own wait for GPU memory would count it)",
+        "spare_cuda_context")
     gpu_reclaim_timeout: float = _f(
         10.0, "ft_launcher 0.6+: wait at most this long for a dead worker's GPU memory", "gpu_reclaim_timeout")
     gpu_reclaim_tolerance_mb: int = _f(
