@@ -12,7 +12,10 @@ not timed), as the launcher's new worker or warm spare does, page cache warm (ju
   chunk, then a copy from pageable memory);
 - ``per-file xN``: the reader before this one: DCP's ``read_data`` on N files at once;
 - ``direct xN``: ``checkpoint_format.reader``: each chunk's place from its layout, its bytes read
-  straight into the target through page-locked buffers, N threads;
+  straight into the target through page-locked buffers, N threads, each file's bytes as soon as
+  its layout is known (since 2026-12-04);
+- ``layout-first xN``: the same, every file's layout worked out before any byte is read (the
+  reader before 2026-12-04);
 - ``layout only``: ``direct x8`` with no bytes read (what finding the chunks' places costs).
 
 Every load is checked against the saved tensors' sums. Prints one table: seconds, GB/s.
@@ -76,7 +79,7 @@ def child(root: Path, way: str, threads: int, device: str) -> dict[str, Any]:
     else:
         if way == "layout":
             tensor_read.read_files = lambda jobs, **kwargs: None
-        storage = fmt.reader(root, threads)
+        storage = fmt.reader(root, threads, pipelined=way == "direct")
     start = time.perf_counter()
     dcp.load(state, storage_reader=storage, no_dist=True)
     if device == "cuda":
@@ -123,7 +126,7 @@ def main() -> None:
     parser.add_argument("--dir", default="/tmp")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--ways", default="dcp:1,per-file:8,direct:4,direct:8,direct:16,layout:8")
+    parser.add_argument("--ways", default="dcp:1,per-file:8,direct:4,direct:8,direct:16,layout-first:8,layout:8")
     parser.add_argument("--child", nargs=3, metavar=("ROOT", "WAY", "THREADS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

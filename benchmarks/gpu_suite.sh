@@ -384,6 +384,15 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
+  call62)  # one device call (~490 s of budget left): the restore reads each file's bytes as soon as its chunks
+    # are placed (pipelined), where before every file's layout came first (0.40 s of a 1.5 s read of 16 GB
+    # in call45): dcp_read.py direct vs layout-first, then the 1.3B killed rank (call59/61: 3.65-4.67 s)
+    python3 benchmarks/dcp_read.py --gb 16 --files 16 --repeat 2 --ways direct:8,layout-first:8,layout:8 2>&1 \
+      | tee "$out/dcp-read.txt" || true
+    MODEL_SIZE=1b RUN_TIMEOUT=$(( 560 - SECONDS < 200 ? 560 - SECONDS : 200 )) FAULTS=sigkill@140:0 \
+      RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    ;;
   call61)  # one device call: call59's 1.3B killed rank and call60's reference schedule again (read buffers
     # made by the spare: 3.65 s, and 2.12/2.20 s killed ranks, one run each), then the 1.3B a third time if
     # the call has room

@@ -133,17 +133,59 @@ def test_a_chunk_file_cut_after_it_was_placed_is_a_checkpoint_error(tmp_path: Pa
 
     ckpt = write_checkpoint(tmp_path, step=3, world_size=2)
     shard = ckpt / "__1_0.distcp"
-    own = tensor_read.read_files
+    own = tensor_read._read_unit
+    original = shard.read_bytes()
 
-    def cut_then_read(jobs: Any, **kwargs: Any) -> None:
-        with open(shard, "r+b") as handle:
-            handle.truncate(shard.stat().st_size // 2)
-        own(jobs, **kwargs)
+    def cut_then_read(path: Path, targets: Any, **kwargs: Any) -> None:
+        if Path(path) == shard and shard.stat().st_size == len(original):  # placed: its bytes are read next
+            with open(shard, "r+b") as handle:
+                handle.truncate(len(original) // 2)
+        own(path, targets, **kwargs)
 
-    monkeypatch.setattr(tensor_read, "read_files", cut_then_read)
+    monkeypatch.setattr(tensor_read, "_read_unit", cut_then_read)
+    for pipelined in (True, False):  # each file read as soon as it is placed, or after all are
+        shard.write_bytes(original)
+        model, optimizer, _ = train_state(TINY, seed=9, steps=1)
+        with pytest.raises(fmt.CheckpointError, match="__1_0.distcp ends at byte .*shorter than its layout"):
+            fmt.dcp_load(state_dict(model, optimizer), ckpt, pipelined=pipelined)
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "every-layout-first"])
+def test_a_files_bytes_are_read_while_another_files_layout_is_still_worked_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipelined: bool) -> None:
+    """Placing a file's chunks is Python (a ``torch.load`` of each chunk's layout); reading bytes
+    lets go of the GIL. Rank 1's file is held in its placement until rank 0's file is being read:
+    only a reader that reads each file once it is placed gets there.
+    """
+    import threading
+
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    from resilient_training.run import tensor_read
+
+    ckpt = write_checkpoint(tmp_path, step=3, world_size=2)
+    files = {index: info.relative_path for index, info in FileSystemReader(str(ckpt)).read_metadata().storage_data.items()}
+    reading_rank0 = threading.Event()
+    waited: list[bool] = []
+    own_read, own_resolve = tensor_read._read_unit, DefaultLoadPlanner.resolve_tensor
+
+    def read(path: Path, targets: Any, **kwargs: Any) -> None:
+        if Path(path).name == "__0_0.distcp":
+            reading_rank0.set()
+        own_read(path, targets, **kwargs)
+
+    def resolve(self: Any, item: Any) -> Any:
+        if files[item.storage_index] == "__1_0.distcp" and not waited:
+            waited.append(reading_rank0.wait(timeout=10 if pipelined else 1))
+        return own_resolve(self, item)
+
+    monkeypatch.setattr(tensor_read, "_read_unit", read)
+    monkeypatch.setattr(DefaultLoadPlanner, "resolve_tensor", resolve)
     model, optimizer, _ = train_state(TINY, seed=9, steps=1)
-    with pytest.raises(fmt.CheckpointError, match="__1_0.distcp ends at byte .*shorter than its layout"):
-        fmt.dcp_load(state_dict(model, optimizer), ckpt)
+    fmt.dcp_load(state_dict(model, optimizer), ckpt, threads=4, pipelined=pipelined)
+    assert waited == [pipelined]
+    trained, _, _ = train_state(TINY, seed=1234, steps=3)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in trained.state_dict().items())
 
 
 def test_a_restore_from_files_reports_where_its_time_went(tmp_path: Path) -> None:

@@ -359,7 +359,7 @@ def build_metadata(records: list[Mapping[str, Any]]) -> tuple[Any, list[Any]]:
 READ_THREADS = 8
 
 
-def reader(ckpt_dir: str | os.PathLike[str], threads: int = READ_THREADS) -> Any:
+def reader(ckpt_dir: str | os.PathLike[str], threads: int = READ_THREADS, *, pipelined: bool = True) -> Any:
     """DCP's ``FileSystemReader`` for ``ckpt_dir`` that reads chunks straight into their targets,
     on up to ``threads`` threads.
 
@@ -368,14 +368,16 @@ def reader(ckpt_dir: str | os.PathLike[str], threads: int = READ_THREADS) -> Any
     pageable memory, one at a time, on GPUs): a killed 1.3B rank restored its 16 GB at 2.5-3 GB/s
     whether the files were on disk or in ``/dev/shm``. Here each chunk's place in its file comes
     from ``torch.load(..., map_location="meta")`` (the layout, no data), and
-    :func:`tensor_read.read_files` reads the bytes into the targets, through page-locked buffers
-    on GPUs. A chunk that is not a plain byte range of the target's dtype (a transform such as
-    compression, a stored layout the request would cut across, another byte order or dtype),
-    and every non-tensor value, goes through DCP's own ``read_data`` unchanged.
+    :class:`tensor_read.Reads` reads the bytes into the targets, through page-locked buffers on
+    GPUs, each file's as soon as its layout is known (``pipelined``; else every file's layout
+    first, as before 2026-12-04: ``benchmarks/dcp_read.py`` compares them). A chunk that is
+    not a plain byte range of the target's dtype (a transform such as compression, a stored
+    layout the request would cut across, another byte order or dtype), and every non-tensor
+    value, goes through DCP's own ``read_data`` unchanged.
     """
     import dataclasses
     import sys
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     import torch
     from torch.distributed._shard._utils import narrow_tensor_by_index  # what DCP's reader uses
@@ -424,12 +426,33 @@ def reader(ckpt_dir: str | os.PathLike[str], threads: int = READ_THREADS) -> Any
             for item in plan.items:
                 per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
             with ThreadPoolExecutor(max(1, min(threads, len(per_file))), thread_name_prefix="dcp-place") as pool:
-                places = {relative: pool.submit(self._place, relative, items, planner)
+                places = {pool.submit(self._place, relative, items, planner): relative
                           for relative, items in per_file.items()}
-                placed = {relative: future.result() for relative, future in places.items()}
-                jobs = [(Path(self.path) / relative, sorted(((t, o) for t, o, _ in direct), key=lambda p: p[1]))
-                        for relative, (direct, _) in placed.items()]
-                tensor_read.read_files(jobs, threads=threads)
+                if pipelined and threads > 1:
+                    # A file's bytes are read as soon as its chunks are placed, while the other
+                    # files' layouts are still being worked out (Python, under the GIL).
+                    share = sum(self.storage_data[item.storage_index].length for item in plan.items
+                                if item.type == LoadItemType.TENSOR) / threads
+                    placed = {}
+                    failure: BaseException | None = None
+                    with tensor_read.Reads(threads, share) as reads:
+                        for future in as_completed(places):
+                            try:
+                                placed[places[future]] = future.result()
+                            except BaseException as exc:  # noqa: BLE001 - raised once the reads are done
+                                failure = failure or exc
+                                continue
+                            reads.submit(Path(self.path) / places[future], _in_file_order(placed[places[future]][0]))
+                        try:
+                            reads.wait()
+                        except BaseException as exc:  # noqa: BLE001 - a file's layout failing comes first
+                            failure = failure or exc
+                    if failure is not None:
+                        raise failure
+                else:
+                    placed = {places[future]: future.result() for future in places}
+                    tensor_read.read_files([(Path(self.path) / relative, _in_file_order(direct))
+                                            for relative, (direct, _) in placed.items()], threads=threads)
                 for direct, _ in placed.values():
                     for target, _, item in direct:
                         planner.commit_tensor(item, target)
@@ -442,10 +465,14 @@ def reader(ckpt_dir: str | os.PathLike[str], threads: int = READ_THREADS) -> Any
             done.set_result(None)
             return done
 
+    def _in_file_order(direct: list[Any]) -> list[Any]:
+        return sorted(((target, offset) for target, offset, _ in direct), key=lambda pair: pair[1])
+
     return _Reader(str(ckpt_dir))
 
 
-def dcp_load(state: dict[str, Any], ckpt_dir: str | os.PathLike[str], *, threads: int = READ_THREADS) -> None:
+def dcp_load(state: dict[str, Any], ckpt_dir: str | os.PathLike[str], *, threads: int = READ_THREADS,
+             pipelined: bool = True) -> None:
     """``torch.distributed.checkpoint.load(state)`` from ``ckpt_dir`` in this process (no
     collective: every rank plans its own reads from ``.metadata``), through :func:`reader`.
 
@@ -461,7 +488,7 @@ def dcp_load(state: dict[str, Any], ckpt_dir: str | os.PathLike[str], *, threads
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, storage_reader=reader(ckpt_dir, threads), no_dist=True)
+            dcp.load(state, storage_reader=reader(ckpt_dir, threads, pipelined=pipelined), no_dist=True)
     except CheckpointException as exc:
         causes = []
         for failure in exc.failures.values():

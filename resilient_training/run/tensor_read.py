@@ -56,27 +56,73 @@ def read_files(jobs: list[tuple[Path, Targets]], *, threads: int = 1, chunk: int
         return
     threads = max(1, threads)
     share = sum(_nbytes(t) for _, targets in jobs for t, _ in targets) / threads
-    units: list[tuple[Path, Targets]] = []
-    for path, targets in jobs:
-        units.append((path, []))
-        held = 0
-        for target, offset in targets:
-            if held >= share and units[-1][1]:
-                units.append((path, []))
-                held = 0
-            units[-1][1].append((target, offset))
-            held += _nbytes(target)
-    # The side streams' copies come after whatever the caller queued (the targets' initialization).
-    after = next((torch.cuda.current_stream(t.device) for _, targets in units for t, _ in targets if t.is_cuda), None)
+    units = [unit for path, targets in jobs for unit in _cut(path, targets, share)]
     if len(units) == 1 or threads == 1:
+        after = _after(targets for _, targets in units)
         for path, targets in units:
             _read_unit(path, targets, chunk=chunk, stage=stage, after=after)
         return
-    with ThreadPoolExecutor(min(threads, len(units)), thread_name_prefix="tensor-read") as pool:
-        futures = [pool.submit(_read_unit, path, targets, chunk=chunk, stage=stage, after=after)
-                   for path, targets in units]
-        for future in futures:
-            future.result()
+    with Reads(min(threads, len(units)), share, chunk=chunk, stage=stage) as reads:
+        for path, targets in jobs:
+            reads.submit(path, targets)
+        reads.wait()
+
+
+class Reads:
+    """:func:`read_files` for jobs that become known one by one (a restore learns where each
+    file's chunks lie file by file): each job submitted is cut into runs of about ``share``
+    bytes and read at once on up to ``threads`` threads. :meth:`wait` raises the first failure
+    once every read submitted is done; leaving the ``with`` block waits for them all.
+    """
+
+    def __init__(self, threads: int, share: float, *, chunk: int = CHUNK, stage: bool | None = None) -> None:
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="tensor-read")
+        self._share, self._chunk, self._stage = share, chunk, stage
+        self._futures: list[Any] = []
+
+    def submit(self, path: Path, targets: Targets) -> None:
+        """Read ``targets`` (in file order) from ``path``. Called on the thread whose CUDA streams
+        the copies must come after (what it queued: the targets' initialization).
+        """
+        after = _after([targets])
+        for unit_path, unit in _cut(Path(path), targets, self._share):
+            self._futures.append(self._pool.submit(_read_unit, unit_path, unit, chunk=self._chunk,
+                                                   stage=self._stage, after=after))
+
+    def wait(self) -> None:
+        failure: BaseException | None = None
+        for future in self._futures:
+            try:
+                future.result()
+            except BaseException as exc:  # noqa: BLE001 - the first is raised once all are done
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def __enter__(self) -> Reads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _cut(path: Path, targets: Targets, share: float) -> list[tuple[Path, Targets]]:
+    """``targets`` in runs of about ``share`` bytes (at least one target each), in file order."""
+    units: list[tuple[Path, Targets]] = []
+    held = share
+    for target, offset in targets:
+        if held >= share:
+            units.append((path, []))
+            held = 0
+        units[-1][1].append((target, offset))
+        held += _nbytes(target)
+    return units
+
+
+def _after(target_lists: Any) -> Any:
+    """The calling thread's current stream on the first GPU target's device (None: none)."""
+    return next((torch.cuda.current_stream(t.device) for targets in target_lists for t, _ in targets if t.is_cuda),
+                None)
 
 
 def warm_buffers(device: Any, threads: int) -> str:
