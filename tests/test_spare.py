@@ -414,3 +414,37 @@ def _events(run_dir: Path) -> list[dict]:
     for path in (run_dir / "events").glob("*.jsonl") if (run_dir / "events").is_dir() else []:
         out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return out
+
+
+def test_a_preparing_spare_sees_work_waiting_on_its_control_socket(monkeypatch):
+    # What stops an elastic job's spare between the world sizes it warms (step_warmup's ``stop``).
+    import socket
+
+    assert not spare_pool.work_waiting()  # not preparing
+    mine, pools = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with mine, pools:
+        monkeypatch.setattr(spare_pool, "_control", mine)
+        assert not spare_pool.work_waiting()
+        pools.send(b"work")
+        assert spare_pool.work_waiting()
+
+
+def test_a_spare_watches_its_own_control_socket_only_while_it_prepares():
+    import socket
+    import threading
+
+    mine, pools = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    seen: list[bool] = []
+
+    def prepare(local_rank: int) -> str:
+        seen.append(spare_pool._control is mine and not spare_pool.work_waiting())
+        return "prepared"
+
+    done: list[int] = []
+    spare = threading.Thread(target=lambda: done.append(spare_pool.wait_for_work(mine, prepare=prepare,
+                                                                                 prepare_after=0.01)))
+    spare.start()
+    assert wait_until(lambda: bool(seen), 10.0)
+    pools.close()  # the pool is gone: the spare returns
+    spare.join(timeout=10)
+    assert seen == [True] and done == [0] and spare_pool._control is None

@@ -33,7 +33,8 @@ def counted(*args, **kwargs):
     worked_out[0] += 1
     return own(*args, **kwargs)
 propagator.propagate_op_sharding_non_cached = counted
-said = step_warmup.warm_first_step(config, world_size=1, device=torch.device("cpu")) if sys.argv[1] == "warm" else ""
+worlds = [int(w) for w in sys.argv[3].split(",")] if len(sys.argv) > 3 else [1]
+said = step_warmup.warm_first_step(config, world_size=worlds, device=torch.device("cpu")) if sys.argv[1] == "warm" else ""
 left = dist.is_initialized()
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
 task = tk.task_from_config(config)
@@ -50,9 +51,9 @@ print(json.dumps({"said": said, "left_a_group": left, "decisions": worked_out[0]
 """
 
 
-def _restore(how: str, port: int) -> dict:
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT, how, str(port)], capture_output=True,
-                          text=True, timeout=300)
+def _restore(how: str, port: int, worlds: str = "1") -> dict:
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT, how, str(port), worlds],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -80,4 +81,49 @@ def test_a_warm_up_never_raises_and_leaves_no_group(monkeypatch: pytest.MonkeyPa
         pytest.skip("this process has a group (another test's)")
     monkeypatch.setattr(tk, "task_from_config", broken)
     said = step_warmup.warm_first_step(cfg.from_argv(["--run-dir", "unused"]), world_size=2, device=torch.device("cpu"))
-    assert said == "first step not warmed (RuntimeError: no such task here)" and not dist.is_initialized()
+    assert said == "first step not warmed for a world of 2 (RuntimeError: no such task here)"
+    assert not dist.is_initialized()
+
+
+def test_an_elastic_jobs_spare_warms_the_world_a_lost_node_leaves() -> None:
+    # The worker restores into a world of 1 (a node of 1 rank lost from 2): warmed for 2 only, its
+    # first step still works its sharding out; warmed for 2 and then 1, it makes no decision.
+    only_first = _restore("warm", 29663, "2")
+    assert only_first["said"].startswith("first step warmed for a world of 2 (") and only_first["decisions"] > 0
+    both = _restore("warm", 29664, "2,1")
+    assert both["said"].startswith("first step warmed for a world of 2, 1 (") and both["decisions"] == 0
+    assert not both["left_a_group"]
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, [8]),  # fixed size
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "PET_NNODES": "2"}, [8]),
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "PET_NNODES": "1:2"}, [8, 4]),  # a node lost
+    ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "PET_NNODES": "1:3"}, [4, 8, 12]),  # started at the minimum
+    ({"WORLD_SIZE": "24", "LOCAL_WORLD_SIZE": "8", "PET_NNODES": "1:8"}, [24, 16, 32, 8]),  # nearest first, 4 at most
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "PET_NNODES": "1:2\n"}, [8]),  # what does not parse: the first
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "3", "PET_NNODES": "1:4"}, [8]),  # not whole nodes
+    ({"WORLD_SIZE": "８", "LOCAL_WORLD_SIZE": "1"}, [1]),  # ASCII digits only
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "0", "PET_NNODES": "0:2"}, [8, 16]),  # no local size: one node
+    ({}, [1]),
+])
+def test_the_worlds_a_spare_warms_come_from_the_workers_environment(env: dict, expected: list) -> None:
+    from resilient_training.runtime.step_warmup import world_sizes
+
+    assert world_sizes(env) == expected
+
+
+def test_work_that_comes_stops_the_warm_up_after_the_first_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from resilient_training.run import config as cfg
+    from resilient_training.runtime import step_warmup
+
+    warmed: list[int] = []
+    monkeypatch.setattr(step_warmup, "_warm", lambda config, *, world_size, device: warmed.append(world_size))
+    config = cfg.from_argv(["--run-dir", "unused"])
+    said = step_warmup.warm_first_step(config, world_size=[8, 4], device=torch.device("cpu"), stop=lambda: True)
+    assert warmed == [8] and said.startswith("first step warmed for a world of 8 (")
+    warmed.clear()
+    step_warmup.warm_first_step(config, world_size=[8, 4], device=torch.device("cpu"), stop=lambda: False)
+    assert warmed == [8, 4]

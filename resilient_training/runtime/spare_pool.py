@@ -8,14 +8,16 @@ cost milliseconds and little memory (pages shared copy-on-write). The pool never
 (a forked CUDA context would be unusable), which is asserted before each fork.
 
 Each spare then prepares its own local rank's device: on a GPU node it makes that GPU's CUDA
-context (0.15-0.5 s of a restart's critical path on an H200 otherwise), runs one tiny training
-step there (:func:`warm_kernels`: cuBLAS handles, lazily loaded kernels) and the run's first
-optimizer step on fake tensors (:mod:`.step_warmup`: DTensor's sharding decisions, cached per
-thread), ``PREPARE_AFTER_S`` after it was forked, so that a replacement forked during a restart
-does not compete with the workers starting. A stub connects to its local rank's address and gets
-that rank's spare. A spare that made a context declines a worker whose CUDA environment differs
-from the pool's (the context was made under the pool's). Not with ``--no-worker-gpu-reclaim``:
-ft_launcher's own wait for GPU memory would count the idle spares' contexts (about 0.5 GB each).
+context (0.15-0.5 s of a restart's critical path on an H200 otherwise), runs one tiny training step
+there (:func:`warm_kernels`: cuBLAS handles, lazily loaded kernels), the run's first optimizer step
+on fake tensors (:mod:`.step_warmup`: DTensor's sharding decisions, cached per thread and world
+size; an elastic job's other world sizes too) and the restore's page-locked read buffers
+(``tensor_read.warm_buffers``), ``PREPARE_AFTER_S`` after it was forked, so that a replacement
+forked during a restart does not compete with the workers starting. A stub connects to its local
+rank's address and gets that rank's spare. A spare that made a context declines a worker whose CUDA
+environment differs from the pool's (the context was made under the pool's). Not with
+``--no-worker-gpu-reclaim``: ft_launcher's own wait for GPU memory would count the idle spares'
+contexts (about 0.5 GB each).
 
 The task's preflight (meta-device model, optimizer, one batch; as ``train`` runs before any
 worker starts) is run once too, for what a worker would otherwise import lazily while building
@@ -56,6 +58,7 @@ from typing import Any
 
 from resilient_training.run import config as cfg
 from resilient_training.runtime import spare_stub as stub
+from resilient_training.runtime.step_warmup import world_sizes
 
 DEFAULT_ENTRY = f"{stub.WORKER_MODULE}:main"
 PR_SET_PDEATHSIG = 1
@@ -200,7 +203,7 @@ def preparation(config: cfg.TrainConfig | None, spec: str) -> Callable[[int], st
         return load(spec)
     if config is None or not (config.restart.spare_cuda_context and config.restart.worker_gpu_reclaim):
         return None
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # the first worker's: a restart's is the same
+    worlds = world_sizes(os.environ)  # the first worker's, then an elastic job's other sizes
 
     def prepare(local_rank: int) -> str:
         made = make_cuda_context(local_rank)
@@ -213,7 +216,7 @@ def preparation(config: cfg.TrainConfig | None, spec: str) -> Callable[[int], st
         from resilient_training.runtime.step_warmup import warm_first_step
 
         device = torch.device("cuda", local_rank)
-        warmed = warm_first_step(config, world_size=world_size, device=device)
+        warmed = warm_first_step(config, world_size=worlds, device=device, stop=work_waiting)
         # The restore's reading threads then find their page-locked buffers made.
         buffers = warm_buffers(device, READ_THREADS)
         return ", ".join(part for part in (made, warmed, buffers) if part)
@@ -433,18 +436,30 @@ class Pool:
 # --------------------------------------------------------------------------- one spare
 
 
+_control: socket.socket | None = None  # an idle spare's control socket while it prepares its device
+
+
+def work_waiting() -> bool:
+    """Whether work has come for this spare while it prepares (a stub's connection is waiting)."""
+    return _control is not None and bool(select.select([_control], [], [], 0)[0])
+
+
 def wait_for_work(control: socket.socket, entry: str = DEFAULT_ENTRY, local_rank: int = 0,
                   prepare: Callable[[int], str] | None = None, prepare_after: float = PREPARE_AFTER_S) -> int:
     """An idle spare: prepare its device (unless work comes first), wait for a stub's connection,
     then become that stub's worker.
     """
+    global _control
     prepared = unusable = ""
     if prepare is not None and not select.select([control], [], [], prepare_after)[0]:
         started = time.monotonic()
+        _control = control
         try:
             prepared = prepare(local_rank) or ""
         except Exception as exc:  # noqa: BLE001 - a worker here would fail too: decline, start cold
             unusable = f"the spare for local rank {local_rank} could not prepare its device: {type(exc).__name__}: {exc}"
+        finally:
+            _control = None
         log(f"spare for local rank {local_rank}: {unusable or prepared or 'nothing to prepare'} "
             f"({time.monotonic() - started:.2f} s)")
     message, fds = stub.recv_message(control)
