@@ -101,6 +101,8 @@ def test_an_elastic_jobs_spare_warms_the_world_a_lost_node_leaves() -> None:
     ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "PET_NNODES": "1:2"}, [8, 4]),  # a node lost
     ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "PET_NNODES": "1:3"}, [4, 8, 12]),  # started at the minimum
     ({"WORLD_SIZE": "24", "LOCAL_WORLD_SIZE": "8", "PET_NNODES": "1:8"}, [24, 16, 32, 8]),  # nearest first, 4 at most
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8", "PET_NNODES": "1:999999"}, [8, 16, 24, 32]),  # no long loop
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "PET_NNODES": "3:1"}, [8]),
     ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "PET_NNODES": "1:2\n"}, [8]),  # what does not parse: the first
     ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "3", "PET_NNODES": "1:4"}, [8]),  # not whole nodes
     ({"WORLD_SIZE": "８", "LOCAL_WORLD_SIZE": "1"}, [1]),  # ASCII digits only

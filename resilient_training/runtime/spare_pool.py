@@ -217,8 +217,9 @@ def preparation(config: cfg.TrainConfig | None, spec: str) -> Callable[[int], st
 
         device = torch.device("cuda", local_rank)
         warmed = warm_first_step(config, world_size=worlds, device=device, stop=work_waiting)
-        # The restore's reading threads then find their page-locked buffers made.
-        buffers = warm_buffers(device, READ_THREADS)
+        # The restore's reading threads then find their page-locked buffers made (unless the
+        # restore is waiting now: it makes them itself).
+        buffers = "" if work_waiting() else warm_buffers(device, READ_THREADS)
         return ", ".join(part for part in (made, warmed, buffers) if part)
 
     return prepare

@@ -48,8 +48,8 @@ def world_sizes(environ: Mapping[str, str]) -> list[int]:
     elastic = re.fullmatch(r"([0-9]{1,6}):([0-9]{1,6})", environ.get("PET_NNODES", ""))
     if not elastic or world % local:
         return [world]
-    low, high = max(1, int(elastic[1])), int(elastic[2])
     nodes = world // local
+    low, high = max(1, int(elastic[1]), nodes - MAX_WORLDS), min(int(elastic[2]), nodes + MAX_WORLDS)
     others = sorted((n for n in range(low, high + 1) if n != nodes), key=lambda n: (abs(n - nodes), n))
     return [world, *(n * local for n in others)][:MAX_WORLDS]
 
