@@ -213,3 +213,33 @@ def test_a_cpu_has_no_read_buffers_to_make_ahead() -> None:
     # measures the GPU side); a CPU read goes straight into its targets.
     assert tensor_read.warm_buffers(torch.device("cpu"), 8) == ""
     assert tensor_read.warm_buffers(None, 8) == ""
+
+
+@pytest.mark.parametrize("damage", ["cut", "deleted"])
+def test_a_restart_into_a_damaged_checkpoint_names_the_damage_and_stops(tmp_path: Path, damage: str) -> None:
+    """A stranger trial's truncated (or deleted) chunk file ended, after 19 restarts and 65 s, in
+    "holds a different model": the restore now says the checkpoint is damaged, as a
+    CheckpointRefused (the worker stops instead of restarting into it again)."""
+    from resilient_training.run import config as cfg
+    from resilient_training.runtime.checkpointing import Checkpointer, StagingBuffers
+
+    ckpt = write_checkpoint(tmp_path, step=3, world_size=2)
+    shard = ckpt / "__1_0.distcp"
+    if damage == "cut":
+        shard.write_bytes(shard.read_bytes()[:1000])
+    else:
+        shard.unlink()
+    checkpointer = Checkpointer(cfg.from_argv(["--run-dir", str(tmp_path)]), rank=0, world_size=1, tag="t",
+                                writer=None, staging=StagingBuffers(), emit=lambda *a, **k: None)
+    model, optimizer, _ = train_state(TINY, seed=9, steps=0)
+    with pytest.raises(fmt.CheckpointRefused, match=f"{ckpt} is damaged or incomplete .*validate-checkpoint"):
+        checkpointer.load(ckpt, fmt.read_manifest(ckpt), model, optimizer)
+
+
+def test_a_worker_stops_for_good_on_a_checkpoint_it_must_not_restore() -> None:
+    from resilient_training.runtime.worker import retrying_cannot_help
+
+    assert retrying_cannot_help(fmt.CheckpointRefused("step_3 is damaged or incomplete"))
+    assert retrying_cannot_help(fmt.CheckpointError("run holds checkpoints of a different model"))
+    assert not retrying_cannot_help(fmt.CheckpointError("cannot commit step 4: rank 1 reported no shard"))
+    assert not retrying_cannot_help(RuntimeError("NCCL error"))

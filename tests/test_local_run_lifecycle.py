@@ -153,10 +153,20 @@ def test_a_failed_promotion_is_reported_as_it_happened_and_a_taken_dest_is_refus
     component's whole traceback; then the same DEST trained 30 s before promotion refused it.
     """
     dest = tmp_path / "promoted"
+    # Another run's directory in the same output, newer than anything this run writes: two `run`s
+    # sharing an output directory once printed each other's run directory, records and report.
+    decoy = tmp_path / "out" / "runs" / "decoy"
+    (decoy / "events").mkdir(parents=True)
+    (decoy / "gates").mkdir()
+    (decoy / "gates" / "validation.json").write_text('{"passed": false, "findings": ["the decoy\'s"]}')
+    later = time.time() + 3600
+    for path in (decoy / "events", decoy / "gates" / "validation.json"):
+        os.utime(path, (later, later))
     proc, _ = _start(tmp_path, scratch, *SMALL, "--task", EXAMPLE_TASK, "--export", "hf", "--promote-to", str(dest))
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, (out[-3000:], err[-3000:])
     assert "validation:         PASSED" in out and "convergence:        PASSED" in out, out
+    assert "decoy" not in out and "run directory:      " + str(tmp_path / "out" / "runs") in out, out
     assert "Traceback" not in out + err and "exported model" not in out, out
     summary = out.split("=== resilient-training: summary")[1]
     assert "promoted model:     none: the promote step failed: " in summary, summary

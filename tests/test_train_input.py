@@ -141,3 +141,76 @@ def test_a_second_training_in_the_run_directory_is_refused_and_sigterm_stops_the
 
     with claim_run_dir(cfg.from_dict(json.loads(before[run_dir / "config.json"]))):
         pass  # free again once the launcher and its workers are gone
+
+
+def test_a_step_planted_from_another_run_is_refused_before_any_worker_starts(tmp_path, capsys):
+    """Found by a stranger trial: another run's step of the same shape, copied in as `latest`,
+    was restored, trained on, validated, judged converged and promoted. Each run directory has a
+    run_uid, and each manifest records its run's."""
+    import shutil
+
+    from resilient_training.run import checkpoint_format as cf
+    from resilient_training.run import config as cfg
+    from resilient_training.runtime.checkpointing import check_compatible
+    from tests.support.gates import TINY, write_checkpoint
+
+    ours = write_checkpoint(tmp_path / "ours", step=3, world_size=1)
+    theirs = write_checkpoint(tmp_path / "theirs", step=5, world_size=1, seed=999)
+    shutil.copytree(theirs, ours.parent / theirs.name)
+    (ours.parent / "latest").write_text(theirs.name)
+    planted = train_here(tmp_path / "ours", "--nproc", "1", "--steps", "8", capsys=capsys)
+    assert planted.returncode == 2 and planted.output.count("\n") == 1, planted.output
+    assert "latest checkpoint (step 5) was saved by another run" in planted.output
+    # The worker's own check at a restore (a cluster's workers do not come through preflight).
+    config = cfg.TrainConfig(run_dir=str(tmp_path / "ours"), model=TINY)
+    with pytest.raises(cf.CheckpointRefused, match="saved by another run"):
+        check_compatible(cf.read_manifest(ours.parent / theirs.name), config)
+    check_compatible(cf.read_manifest(ours), config)  # its own
+    # A copy of the whole run directory is the same run.
+    shutil.copytree(tmp_path / "theirs", tmp_path / "copy")
+    check_compatible(cf.read_manifest(tmp_path / "copy" / "checkpoints" / theirs.name),
+                     cfg.TrainConfig(run_dir=str(tmp_path / "copy"), model=TINY))
+
+
+@pytest.mark.parametrize("damage", ["flipped", "cut", "deleted"])
+def test_a_damaged_latest_checkpoint_is_refused_before_any_worker_starts(tmp_path, capsys, damage):
+    """Found by a stranger trial: a chunk's bytes changed in place (same length) were restored and
+    trained on, and every gate passed; a cut or deleted file took 19 restarts and 65 s to end in
+    "a different model"."""
+    from tests.support.gates import TINY, write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "run", step=3, world_size=1)
+    tiny = [flag for name in TINY.__slots__ for flag in (f"--model-{name.replace('_', '-')}", str(getattr(TINY, name)))]
+    shard = ckpt / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    if damage == "flipped":
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    elif damage == "cut":
+        shard.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        shard.unlink()
+    refused = train_here(tmp_path / "run", "--nproc", "1", "--steps", "8", *tiny, capsys=capsys)
+    assert refused.returncode == 2 and refused.output.count("\n") == 1, refused.output
+    expected = {"flipped": "__0_0.distcp differs from what was committed (its checksum)",
+                "cut": f"__0_0.distcp holds {len(data) // 2} bytes, {len(data)} were committed",
+                "deleted": "__0_0.distcp is missing"}[damage]
+    assert f"{ckpt} is damaged: {expected}" in refused.output, refused.output
+
+
+def test_lr_and_batch_size_changed_on_a_resume_are_refused(tmp_path, capsys):
+    """Found by a stranger trial: `--lr 0` on a resume was recorded in config.json and the manifest,
+    while the restored optimizer trained on at the old rate. A --task-arg of the same name is
+    compared as a task argument instead."""
+    from resilient_training.launch.local import check_same_task, claim_run_dir
+    from resilient_training.run import config as cfg
+
+    run_dir = tmp_path / "run"
+    with claim_run_dir(cfg.TrainConfig(run_dir=str(run_dir))):
+        pass
+    for flags, said in ((["--lr", "0"], "--lr 0.003 (now 0.0)"), (["--batch-size", "4"], "--batch-size 8 (now 4)")):
+        refused = train_here(run_dir, "--nproc", "1", "--steps", "4", *flags, capsys=capsys)
+        assert refused.returncode == 2 and said in refused.output, refused.output
+    check_same_task(cfg.TrainConfig(run_dir=str(run_dir)), run_dir)  # the same settings resume
+    with pytest.raises(Exception, match="task arg lr: unset"):
+        check_same_task(cfg.TrainConfig(run_dir=str(run_dir), lr=0.0, task_args={"lr": "0"}), run_dir)

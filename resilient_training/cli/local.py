@@ -117,9 +117,10 @@ class Execution:
     reasons: dict[str, str]
 
 
-def _execute(pipeline: str, kwargs: dict[str, Any], *, output: Path, log_path: Path, verbose: bool,
-             overrides: dict[str, Any]) -> Execution:
-    """Run ``pipeline`` with kfp.local in a host process (see above); raises :class:`Interrupted`
+def _execute(pipeline: str, kwargs: dict[str, Any], *, output: Path, kfp_root: Path, log_path: Path,
+             verbose: bool, overrides: dict[str, Any]) -> Execution:
+    """Run ``pipeline`` with kfp.local in a host process (see above), its outputs under
+    ``kfp_root`` (this invocation's own: see :func:`_invocation`); raises :class:`Interrupted`
     after Ctrl-C or SIGTERM, once everything it started is gone.
     """
     from resilient_training.launch import cancel
@@ -128,7 +129,7 @@ def _execute(pipeline: str, kwargs: dict[str, Any], *, output: Path, log_path: P
     # kfp.local's `mktemp -d` per step (and the workers' temporary files) land here, removed at
     # the end: they piled up in /tmp, one directory per step per run (stranger trial).
     scratch = Path(tempfile.mkdtemp(prefix="rt-local-"))
-    spec = {"pipeline": pipeline, "kwargs": kwargs, "output": str(output), "log": str(log_path),
+    spec = {"pipeline": pipeline, "kwargs": kwargs, "output": str(output), "kfp_root": str(kfp_root), "log": str(log_path),
             "verbose": verbose, "overrides": overrides, "started": time.time(), "scratch": str(scratch)}
     (scratch / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, PARENT_ENV: str(os.getpid())}
@@ -223,7 +224,7 @@ def host_main(spec_path: str) -> int:
     ft_launch.die_with_parent()  # SIGTERM here when `run` dies, even by SIGKILL (as `train`'s launcher)
     from kfp import local
 
-    root = Path(spec["output"]) / "kfp"
+    root = Path(spec["kfp_root"])
     root.mkdir(parents=True, exist_ok=True)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
     from resilient_training.pipelines import LOCAL_PIPELINES as PIPELINES
@@ -292,6 +293,24 @@ def _newest(paths: list[Path]) -> Path | None:
     return max(paths, key=lambda p: p.stat().st_mtime) if paths else None
 
 
+def _invocation(output: Path, stamp: str) -> Path:
+    """The kfp.local pipeline root of one invocation, ``OUTPUT/kfp/STAMP-PID``: two ``run``s sharing
+    an output directory read back only their own steps' outputs (a stranger trial's summary named
+    the other run's run directory, records and report when both looked for the newest).
+    """
+    return output / "kfp" / f"{stamp}-{os.getpid()}"
+
+
+def _run_dir_of(kfp_root: Path) -> Path | None:
+    """The run directory this invocation's provision step made (its output parameter)."""
+    for found in kfp_root.glob("*/provision-storage/executor_output.json"):
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError, RecursionError):
+            run_dir = json.loads(found.read_text())["parameterValues"]["run_dir"]
+            if isinstance(run_dir, str) and run_dir:
+                return Path(run_dir)
+    return None
+
+
 def _task_output(kfp_root: Path, since: float, task: str, output: str) -> Path | None:
     """An output artifact of a task of the newest pipeline run under ``kfp_root``."""
     found = [p for p in kfp_root.glob(f"*/{task}/{output}") if p.stat().st_mtime >= since]
@@ -348,14 +367,15 @@ def run(args: argparse.Namespace) -> int:
         max_final_loss=-1.0 if args.max_final_loss is None else args.max_final_loss, **task)
     _check_pipeline_arguments(kwargs)
     _probe_outputs(output, promote_to)
-    kfp_root = output / "kfp"
+    kfp_root = _invocation(output, stamp)
     started = time.time()
-    runs_root = output / "runs"  # provision_storage puts each run in <local_root>/runs/<run id>
     print(f"running the resilient-training pipeline locally: outputs in {output}", flush=True)
-    log_path = _log_path(output, "resilient-training", stamp)
-    execution = _execute("resilient-training", kwargs, output=output, log_path=log_path, verbose=args.verbose,
-                         overrides=overrides)
-    run_dir = _newest([p.parent for p in runs_root.glob("**/events") if p.stat().st_mtime >= started])
+    log_path = _log_path(output, "resilient-training", kfp_root.name)
+    execution = _execute("resilient-training", kwargs, output=output, kfp_root=kfp_root, log_path=log_path,
+                         verbose=args.verbose, overrides=overrides)
+    run_dir = _run_dir_of(kfp_root)
+    if run_dir is not None and not (run_dir / "events").is_dir():
+        run_dir = None  # provisioned, never trained: no records to show
     report = _task_output(kfp_root, started, "resilience-report", "report")
     print("\n=== resilient-training: summary")
     gates: dict[str, bool] = {}
@@ -639,7 +659,7 @@ def bench(args: argparse.Namespace) -> int:
         if not names or len(set(names)) != len(names):
             raise UsageError("--strategies needs at least one strategy, with unique names")
     _probe_outputs(output, "s3://")  # bench promotes nothing
-    kfp_root = output / "kfp"
+    kfp_root = _invocation(output, time.strftime("%Y%m%d-%H%M%S"))
     started = time.time()
     print(f"running the recovery-benchmark pipeline locally: outputs in {output}", flush=True)
     kwargs: dict[str, Any] = {"steps": args.steps, "checkpoint_every": args.checkpoint_every, "faults": args.faults,
@@ -647,9 +667,9 @@ def bench(args: argparse.Namespace) -> int:
     if strategies is not None:
         kwargs["strategies"] = strategies
     kwargs.update(_task_settings(args.task, args.task_arg))
-    log_path = _log_path(output, "recovery-benchmark", time.strftime("%Y%m%d-%H%M%S"))
-    execution = _execute("recovery-benchmark", kwargs, output=output, log_path=log_path, verbose=args.verbose,
-                         overrides={})
+    log_path = _log_path(output, "recovery-benchmark", kfp_root.name)
+    execution = _execute("recovery-benchmark", kwargs, output=output, kfp_root=kfp_root, log_path=log_path,
+                         verbose=args.verbose, overrides={})
     if execution.failure is not None:
         print(f"local runner log:   {log_path}")
         print(f"\nFAILED: {_failed_line(execution, log_path)}", file=sys.stderr)

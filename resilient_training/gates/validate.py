@@ -31,18 +31,16 @@ import dataclasses
 import io
 import json
 import math
-import mmap
 import os
 import pickle
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from resilient_training.run import checkpoint_format as cf
 from resilient_training.run import layout
+from resilient_training.run.checkpoint_format import hash_files
 
-READ_BLOCK = 16 << 20
 SUPPORTED_FORMATS = (cf.FORMAT_VERSION,)
 MANIFEST_KEYS = ("format_version", "step", "world_size", "files", "tensors", "objects")
 
@@ -215,56 +213,6 @@ def _scan_root(root: Path, base: Path, report: ValidationReport, *, all_checkpoi
     if all_checkpoints:
         return [root / cf.step_dirname(s) for s in committed]
     return [latest] if latest is not None else []
-
-
-def _read_and_hash(path: Path) -> tuple[int, str, float]:
-    """(bytes, xxh3_128 hex, seconds) of one file.
-
-    Hashes a read-only memory map in 16 MiB views: no copy out of the page cache, so hashing
-    runs faster than a plain read() of the same file (measured: benchmarks/). Empty files
-    and files that cannot be mapped fall back to large reads into a reused buffer.
-    """
-    hasher = cf.new_hasher()
-    start = time.perf_counter()
-    with open(path, "rb", buffering=0) as handle:
-        size = os.fstat(handle.fileno()).st_size
-        try:
-            # MAP_POPULATE: the kernel faults the whole file in up front with large reads
-            # (page faults one by one read ahead too little when the file is not cached).
-            mapped = mmap.mmap(handle.fileno(), 0, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                               prot=mmap.PROT_READ) if size else None
-        except (OSError, ValueError):
-            mapped = None
-        if mapped is not None:
-            with mapped:
-                view = memoryview(mapped)
-                try:
-                    for offset in range(0, size, READ_BLOCK):
-                        hasher.update(view[offset:offset + READ_BLOCK])
-                finally:
-                    view.release()
-            return size, hasher.hexdigest(), time.perf_counter() - start
-        buffer = bytearray(READ_BLOCK)
-        block = memoryview(buffer)
-        size = 0
-        while n := handle.readinto(buffer):
-            hasher.update(block[:n])
-            size += n
-    return size, hasher.hexdigest(), time.perf_counter() - start
-
-
-def hash_files(paths: list[Path], threads: int | None = None) -> dict[Path, tuple[int, str, float] | OSError]:
-    """Checksum files in parallel threads; an unreadable file maps to its OSError."""
-    workers = max(1, min(len(paths), threads or os.cpu_count() or 1))
-
-    def one(path: Path) -> tuple[int, str, float] | OSError:
-        try:
-            return _read_and_hash(path)
-        except OSError as exc:
-            return exc
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(paths, pool.map(one, paths), strict=True))
 
 
 def validate_checkpoint_dir(

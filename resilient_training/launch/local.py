@@ -72,13 +72,23 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
         run_dir = paths.check_writable(config.run_dir, "run directory", directory=True)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
+    check_not_in_use(config)  # first: what follows reads what a running training writes
     check_same_task(config, run_dir)
     try:
         latest = fmt.read_latest(layout.checkpoints_dir(run_dir))
         if latest is not None:
             from resilient_training.runtime.checkpointing import check_compatible
 
-            check_compatible(fmt.read_manifest(latest), config)
+            manifest = fmt.read_manifest(latest)
+            check_compatible(manifest, config)
+            # A resume reads what it restores without checking it (a restart's seconds): the
+            # bytes are checked here, once, before any worker starts (a stranger trial's damaged
+            # chunk was restored and trained on, and every gate passed).
+            damaged = fmt.damaged_files(latest, manifest)
+            if damaged:
+                raise fmt.CheckpointRefused(
+                    f"{latest} is damaged: {'; '.join(damaged[:3])}{' …' if len(damaged) > 3 else ''}. "
+                    "Move that step aside to resume from the one before")
     except fmt.CheckpointError as exc:
         raise LaunchError(str(exc)) from None
     check_task(config, world_size=world_size)
@@ -134,8 +144,19 @@ def check_same_task(config: cfg.TrainConfig, run_dir: Path) -> None:
             if was != now:
                 differ.append(f"task arg {key}: {'unset' if was is None else repr(was)} "
                               f"(now {'unset' if now is None else repr(now)})")
+    builtin = cfg.absolute_task(config.task) == cfg.absolute_task(cfg.DEFAULT_TASK)
+    if builtin:
+        # Its --lr and --batch-size too: a restore brings back the optimizer's learning rate, so
+        # a changed --lr was recorded in config.json and the manifest but never used (stranger trial).
+        data = recorded.get("data") if isinstance(recorded.get("data"), dict) else {}
+        for name, was, now in (("lr", recorded.get("lr"), config.lr),
+                               ("batch_size", data.get("batch_size"), config.data.batch_size)):
+            # (A --task-arg of the same name wins over the flag: compared with the task args above.)
+            if isinstance(was, (int, float)) and not isinstance(was, bool) and was != now \
+                    and name not in config.task_args:
+                differ.append(f"--{name.replace('_', '-')} {was} (now {now})")
     model = recorded.get("model")
-    if cfg.absolute_task(config.task) == cfg.absolute_task(cfg.DEFAULT_TASK) and isinstance(model, dict):
+    if builtin and isinstance(model, dict):
         # The built-in model's shape flags, checked before any checkpoint exists too (the
         # checkpoint's own check finds them only once one does).
         for name in config.model.__slots__:
@@ -145,6 +166,32 @@ def check_same_task(config: cfg.TrainConfig, run_dir: Path) -> None:
     if differ:
         raise LaunchError(f"{config.run_dir} holds a run made with other task settings: {'; '.join(differ)}. "
                           "Resume it with its own settings, or use a new --run-dir")
+
+
+def check_not_in_use(config: cfg.TrainConfig) -> None:
+    """The run directory's lock is free now (:func:`claim_run_dir` takes it): another training in
+    it is named before its settings or checkpoints are compared with this one's.
+    """
+    import fcntl
+
+    try:
+        fd = os.open(layout.lock_path(config.run_dir), os.O_RDONLY)
+    except OSError:
+        return  # no lock file yet (or none that can be read): claim_run_dir decides
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise LaunchError(_in_use(config, fd)) from None
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _in_use(config: cfg.TrainConfig, fd: int) -> str:
+    holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+    return (f"run directory {config.run_dir} is in use by another training (pid {holder}): "
+            "wait for it to end, or train in another --run-dir")
 
 
 @contextlib.contextmanager
@@ -182,9 +229,7 @@ def claim_run_dir(config: cfg.TrainConfig) -> Iterator[RunDirClaim]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            raise LaunchError(f"run directory {config.run_dir} is in use by another training (pid {holder}): "
-                              "wait for it to end, or train in another --run-dir") from None
+            raise LaunchError(_in_use(config, fd)) from None
         except OSError as exc:  # a file system without flock: train on, unguarded
             print(f"warning: run directory {config.run_dir} cannot be locked ({exc.strerror or exc}); "
                   "nothing stops a second training from using it at the same time", file=sys.stderr)

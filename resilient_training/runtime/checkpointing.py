@@ -1379,6 +1379,11 @@ class Checkpointer:
         try:
             fmt.dcp_load(state, path)
         except Exception as exc:  # DCP names the key or shape that does not fit
+            if _damaged(exc):
+                raise fmt.CheckpointRefused(
+                    f"{path} is damaged or incomplete ({exc}); `validate-checkpoint` names every file that differs "
+                    "from what was committed. Move that step aside to resume from the one before"[:800]
+                ) from exc
             raise fmt.CheckpointError(
                 f"{path} holds a different model or optimizer state than this run's task builds: {exc}"[:800]
             ) from exc
@@ -1864,6 +1869,16 @@ def _flag_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
+# What a file that is missing, cut short or not a zip archive makes DCP's read raise (a stranger
+# trial's truncated and deleted files were reported as "a different model", after 19 restarts).
+_DAMAGE_SIGNS = ("FileNotFoundError", "PytorchStreamReader failed", "shorter than its layout",
+                 "No such file or directory", "failed finding central directory")
+
+
+def _damaged(exc: BaseException) -> bool:
+    return isinstance(exc, FileNotFoundError) or any(sign in str(exc) for sign in _DAMAGE_SIGNS)
+
+
 def task_identity(spec: str) -> str:
     """A task name two runs can compare: a task file by its absolute path."""
     module, _, attr = spec.rpartition(":")
@@ -1873,11 +1888,23 @@ def task_identity(spec: str) -> str:
 
 
 def check_compatible(manifest: dict[str, Any], config: TrainConfig) -> None:
-    """Refuse to resume from a checkpoint of another format, task or model shape."""
+    """Refuse to resume from a checkpoint of another format, task or model shape, or one another
+    run directory saved (its ``run_uid``: a step copied in from a run of the same shape passed
+    every gate before, trained on as this run's; a manifest without one, written before
+    2026-12-04, is not checked).
+    """
     fmt.require_format(manifest, config.run_dir)
+    saved_uid = manifest.get("run_uid")
+    if saved_uid is not None and saved_uid != fmt.run_uid(config.run_dir):
+        raise fmt.CheckpointRefused(
+            f"{config.run_dir}'s latest checkpoint (step {manifest.get('step')}) was saved by another run "
+            f"(run uid {str(saved_uid)[:40]!r}, this run's {fmt.run_uid(config.run_dir)!r}): resuming it would "
+            "train on another run's state as this one's. Move that step aside, or resume the run that saved it "
+            "(a copy of a whole run directory keeps its run_uid)."
+        )
     saved_task = manifest.get("task")
     if saved_task is not None and task_identity(saved_task) != task_identity(config.task):
-        raise fmt.CheckpointError(
+        raise fmt.CheckpointRefused(
             f"{config.run_dir} holds checkpoints of a different model (task {saved_task}); this run's task is "
             f"{config.task}. Use a new --run-dir."
         )
@@ -1886,7 +1913,7 @@ def check_compatible(manifest: dict[str, Any], config: TrainConfig) -> None:
     saved = manifest.get("model_config")
     wanted = {k: getattr(config.model, k) for k in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len")}
     if saved is not None and {k: saved.get(k) for k in wanted} != wanted:
-        raise fmt.CheckpointError(
+        raise fmt.CheckpointRefused(
             f"{config.run_dir} holds checkpoints of a different model ({saved}); this run wants {wanted}. "
             "Use a new --run-dir."
         )

@@ -434,6 +434,8 @@ class Trainer:
             "ft_state": self.heartbeats.state_dict(),
             "progress": self.guard.state_dict(),
             "run_dir": os.path.abspath(self.config.run_dir),
+            # Which run directory's history this is: a restore refuses another's (check_compatible).
+            "run_uid": fmt.run_uid(self.config.run_dir),
         }
 
     def _pad_step(self, started: float) -> None:

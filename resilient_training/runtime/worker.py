@@ -16,11 +16,22 @@ import sys
 from resilient_training.run import config as cfg
 from resilient_training.run import events as ev
 from resilient_training.run import faults as flt
-from resilient_training.run.checkpoint_format import CheckpointError
+from resilient_training.run.checkpoint_format import CheckpointError, CheckpointRefused
 from resilient_training.runtime import nvrx_adapter, spare_stub
 
 # Set by the simulated pod-restart layer (a replacement agent): restarts are reported as "pod".
 POD_RESTART_ENV = "RT_POD_RESTART"
+
+
+def retrying_cannot_help(exc: BaseException) -> bool:
+    """A failure every restart would meet again: the task cannot be loaded here, or the checkpoint
+    to restore is another model's, another run's or damaged (the worker exits with NVRx's "do
+    not restart" and the reason, instead of the launcher restarting it into the same failure).
+    """
+    from resilient_training.runtime.task import TaskError
+
+    return isinstance(exc, (TaskError, CheckpointRefused)) or (
+        isinstance(exc, CheckpointError) and "different model" in str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resilient-training worker rank {rank}: {reason}", file=sys.stderr)
             failed_for_launcher = True
             return 1
-        if isinstance(exc, TaskError) or (isinstance(exc, CheckpointError) and "different model" in str(exc)):
+        if retrying_cannot_help(exc):
             return _do_not_restart(events, heartbeats, rank, str(exc))
         events.emit("end", None, status="failed", reason=f"{trainer.last_cause or type(exc).__name__}")
         raise

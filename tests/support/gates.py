@@ -152,6 +152,7 @@ def write_checkpoint(
             "versions": {"torch": torch.__version__},
             "seed": seed,
             "run_id": run_id,
+            "run_uid": cf.run_uid(run_dir),  # as the trainer records it
         },
     )
     log_commit(run_dir, step, world_size)
