@@ -64,6 +64,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "--batch-size is a setting of the built-in task"),
     ("train-run-dir-blank", ["train", "--run-dir", "  "], "run_dir must not be empty"),
     ("train-run-dir-newline", ["train", "--run-dir", "r\n"], "control character"),
+    ("train-run-dir-trailing-space", ["train", "--run-dir", "{work}/r "], "has leading or trailing whitespace"),
+    ("run-output-dir-trailing-space", ["run", "--output-dir", "{work}/o "], "has leading or trailing whitespace"),
     ("train-run-dir-under-file", ["train", "--run-dir", "{file}/r"], "is a file, not a directory"),
     ("train-run-dir-is-file", ["train", "--run-dir", "{file}"], "exists and is not a directory"),
     ("train-run-dir-unwritable", ["train", "--run-dir", "{locked}/r"], "is not writable"),

@@ -244,8 +244,9 @@ def test_a_failure_in_the_middle_still_runs_teardown(tmp_path):
                 "--train-overrides", '{"max_inprocess_restarts": 1, "max_restarts": 0}')
     assert proc.returncode == 1
     assert "FAILED" in proc.stderr and "launch-training" in proc.stderr
-    assert list((out / "kfp").glob("*/teardown-storage/executor_output.json")), "teardown did not run"
-    assert not list((out / "kfp").glob("*/validate-checkpoint"))
+    # OUTPUT/kfp/<time>-<pid>/<pipeline run>/<step>: each invocation's own kfp.local root
+    assert list((out / "kfp").glob("*/*/teardown-storage/executor_output.json")), "teardown did not run"
+    assert not list((out / "kfp").glob("*/*/validate-checkpoint"))
 
 
 @pytest.mark.parametrize(

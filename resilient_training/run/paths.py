@@ -96,6 +96,8 @@ def check_writable(path: str | os.PathLike[str], what: str, *, directory: bool) 
         raise ValueError(f"{what} is empty")
     if has_control(text):
         raise ValueError(f"{what} {text!r} contains a control character (a newline?)")
+    if text != text.strip():  # as promote's DEST: "runs/x " made a directory whose name ends in a space
+        raise ValueError(f"{what} {text!r} has leading or trailing whitespace: remove it")
     target = Path(os.path.abspath(text))
     ancestor = target
     while not os.path.exists(ancestor):  # os.path: False (not an error) for a name too long to stat
