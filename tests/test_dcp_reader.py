@@ -237,7 +237,7 @@ def test_a_restart_into_a_damaged_checkpoint_names_the_damage_and_stops(tmp_path
 
 
 def test_a_worker_stops_for_good_on_a_checkpoint_it_must_not_restore() -> None:
-    from resilient_training.runtime.worker import retrying_cannot_help
+    from resilient_training.runtime.trainer import retrying_cannot_help
 
     assert retrying_cannot_help(fmt.CheckpointRefused("step_3 is damaged or incomplete"))
     assert retrying_cannot_help(fmt.CheckpointError("run holds checkpoints of a different model"))

@@ -643,10 +643,12 @@ class Trainer:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
-        if isinstance(exc, tk.TaskError):
-            # The task's own code broke its contract (a loss that is not a scalar...): every retry
+        if retrying_cannot_help(exc):
+            # The task's own code broke its contract (a loss that is not a scalar...), or the
+            # checkpoint to restore is another model's, another run's or damaged: every retry
             # fails the same way (a stranger trial watched 8 in-process restarts). Stop the run.
-            reason = f"{exc} (the task's code: retrying cannot help)"
+            why = "the task's code" if isinstance(exc, tk.TaskError) else "the checkpoint"
+            reason = f"{exc} ({why}: retrying cannot help)"
             self.events.emit("end", step or None, status="failed", reason=reason[:500])
             print(f"resilient-training worker rank {self.rank}: {reason}", file=sys.stderr)
             self.heartbeats.stop_workload(reason)
@@ -739,6 +741,15 @@ def half_imported(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def retrying_cannot_help(exc: BaseException) -> bool:
+    """A failure every restart would meet again: the task cannot be loaded or broke its contract,
+    or the checkpoint to restore is another model's, another run's or damaged. The worker then
+    exits with NVRx's "do not restart" and the reason, instead of restarting into it again.
+    """
+    return isinstance(exc, (tk.TaskError, fmt.CheckpointRefused)) or (
+        isinstance(exc, fmt.CheckpointError) and "different model" in str(exc))
 
 
 def shard(task: Any, model: Any, mesh: Any) -> None:

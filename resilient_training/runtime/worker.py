@@ -16,22 +16,10 @@ import sys
 from resilient_training.run import config as cfg
 from resilient_training.run import events as ev
 from resilient_training.run import faults as flt
-from resilient_training.run.checkpoint_format import CheckpointError, CheckpointRefused
 from resilient_training.runtime import nvrx_adapter, spare_stub
 
 # Set by the simulated pod-restart layer (a replacement agent): restarts are reported as "pod".
 POD_RESTART_ENV = "RT_POD_RESTART"
-
-
-def retrying_cannot_help(exc: BaseException) -> bool:
-    """A failure every restart would meet again: the task cannot be loaded here, or the checkpoint
-    to restore is another model's, another run's or damaged (the worker exits with NVRx's "do
-    not restart" and the reason, instead of the launcher restarting it into the same failure).
-    """
-    from resilient_training.runtime.task import TaskError
-
-    return isinstance(exc, (TaskError, CheckpointRefused)) or (
-        isinstance(exc, CheckpointError) and "different model" in str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,8 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch._dynamo  # noqa: F401
 
+    # (imported after argument errors surface: they import torch)
     from resilient_training.runtime.task import TaskError
-    from resilient_training.runtime.trainer import Trainer, worker_store_port  # torch import after argument errors surface
+    from resilient_training.runtime.trainer import Trainer, retrying_cannot_help, worker_store_port
 
     failed_for_launcher = False
     heartbeats = nvrx_adapter.Heartbeats(config.restart.ft_launcher)
