@@ -193,9 +193,66 @@ def test_a_damaged_latest_checkpoint_is_refused_before_any_worker_starts(tmp_pat
     refused = train_here(tmp_path / "run", "--nproc", "1", "--steps", "8", *tiny, capsys=capsys)
     assert refused.returncode == 2 and refused.output.count("\n") == 1, refused.output
     expected = {"flipped": "__0_0.distcp differs from what was committed (its checksum)",
-                "cut": f"__0_0.distcp holds {len(data) // 2} bytes, {len(data)} were committed",
+                "cut": f"__0_0.distcp holds {len(data) // 2} bytes, the manifest records {len(data)}",
                 "deleted": "__0_0.distcp is missing"}[damage]
     assert f"{ckpt} is damaged: {expected}" in refused.output, refused.output
+    assert f"No committed step before it: remove {ckpt.parent / 'latest'}" in refused.output
+
+
+@pytest.mark.parametrize("edit", ["no-files", "file-unlisted", "name-with-slash"])
+def test_a_manifest_edited_to_skip_the_resume_check_is_refused(tmp_path, capsys, edit):
+    """Found by the second stranger trial: the check hashed only what the manifest lists, so a
+    manifest with no files, or without the damaged one, resumed it; a name with a slash was a
+    traceback."""
+    from tests.support.gates import TINY, write_checkpoint
+
+    write_checkpoint(tmp_path / "run", step=2, world_size=1)
+    ckpt = write_checkpoint(tmp_path / "run", step=3, world_size=1)
+    tiny = [flag for name in TINY.__slots__ for flag in (f"--model-{name.replace('_', '-')}", str(getattr(TINY, name)))]
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    if edit == "no-files":
+        manifest["files"] = {}
+        said = "manifest.json lists no files"
+    elif edit == "file-unlisted":
+        del manifest["files"]["__0_0.distcp"]
+        said = "__0_0.distcp is not in the manifest"
+    else:
+        manifest["files"]["sub/x"] = manifest["files"].pop("data_rank_0.pt")
+        said = "the manifest names 'sub/x', which is no file of a checkpoint directory"
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    refused = train_here(tmp_path / "run", "--nproc", "1", "--steps", "8", *tiny, capsys=capsys)
+    assert refused.returncode == 2 and refused.output.count("\n") == 1, refused.output
+    assert said in refused.output and f"echo step_2 > {ckpt.parent / 'latest'}" in refused.output, refused.output
+
+
+@pytest.mark.parametrize("uid", ["missing", "empty", "directory", "dangling-link", "not-text"])
+def test_a_lost_run_uid_is_named_with_the_way_back(tmp_path, capsys, uid):
+    """Found by the second stranger trial: a deleted run_uid was replaced by a new one during the
+    check (every later resume refused as "another run"), and a directory, a dangling link or bytes
+    that are no text there were tracebacks."""
+    import os
+
+    from tests.support.gates import TINY, write_checkpoint
+
+    write_checkpoint(tmp_path / "run", step=3, world_size=1)
+    path = tmp_path / "run" / "run_uid"
+    recorded = path.read_text().strip()
+    path.unlink()
+    if uid == "empty":
+        path.write_text("")
+    elif uid == "directory":
+        path.mkdir()
+    elif uid == "dangling-link":
+        os.symlink(tmp_path / "nowhere", path)
+    elif uid == "not-text":
+        path.write_bytes(b"\xff\xfe")
+    tiny = [flag for name in TINY.__slots__ for flag in (f"--model-{name.replace('_', '-')}", str(getattr(TINY, name)))]
+    refused = train_here(tmp_path / "run", "--nproc", "1", "--steps", "8", *tiny, capsys=capsys)
+    assert refused.returncode == 2 and refused.output.count("\n") == 1, refused.output
+    assert str(path) in refused.output, refused.output
+    if uid in ("missing", "empty"):
+        assert f"record run uid {recorded!r}: if they are this run's, write that uid into it" in refused.output
+        assert (uid == "missing") == (not path.exists())  # nothing made in its place
 
 
 def test_lr_and_batch_size_changed_on_a_resume_are_refused(tmp_path, capsys):

@@ -88,7 +88,7 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
             if damaged:
                 raise fmt.CheckpointRefused(
                     f"{latest} is damaged: {'; '.join(damaged[:3])}{' …' if len(damaged) > 3 else ''}. "
-                    "Move that step aside to resume from the one before")
+                    f"{fmt.rewind_advice(latest)}")
     except fmt.CheckpointError as exc:
         raise LaunchError(str(exc)) from None
     check_task(config, world_size=world_size)

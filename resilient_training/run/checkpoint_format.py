@@ -234,30 +234,39 @@ def hash_files(paths: list[Path], threads: int | None = None) -> dict[Path, tupl
 
 
 def damaged_files(ckpt_dir: str | os.PathLike[str], manifest: Mapping[str, Any], threads: int | None = None) -> list[str]:
-    """What is wrong with the files ``manifest`` lists in ``ckpt_dir`` (missing, unreadable, another
-    size or checksum), one line each; empty when every byte is as committed. Reads every file
-    (seconds for gigabytes): for a resume at a session's start, not for a restart's critical path.
+    """What is wrong with the files of ``ckpt_dir`` against ``manifest`` (listed and missing,
+    unreadable, another size or checksum; a checkpoint file on disk the manifest does not list),
+    one line each; empty when every byte is as committed. Reads every file (seconds for
+    gigabytes): for a resume at a session's start, not for a restart's critical path.
     """
     root = Path(ckpt_dir)
     files = manifest.get("files")
-    if not isinstance(files, dict):
+    if not isinstance(files, dict) or not files:
         return [f"{root / MANIFEST_NAME} lists no files"]
     problems: list[str] = []
-    present: list[Path] = []
+    present: dict[Path, str] = {}
     for name, entry in files.items():
-        path = root / str(name)
+        if not isinstance(name, str) or not name or name != Path(name).name or name in (".", ".."):
+            problems.append(f"the manifest names {str(name)[:80]!r}, which is no file of a checkpoint directory")
+            continue
+        path = root / name
         if not isinstance(entry, dict) or not path.is_file() or path.is_symlink():
-            problems.append(f"{name} is missing")
+            problems.append(f"{name} is missing (or not a plain file)")
         else:
-            present.append(path)
-    for path, outcome in hash_files(present, threads).items():
-        entry = files[path.name]
+            present[path] = name
+    # DCP's data, its .metadata and the data-loader states: each one the manifest must vouch for.
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        if path.name not in files and (path.name == METADATA_NAME or shard_rank_index(path.name) is not None
+                                       or re.fullmatch(r"data_rank_[0-9]+\.pt", path.name)):
+            problems.append(f"{path.name} is not in the manifest")
+    for path, outcome in hash_files(list(present), threads).items():
+        name, entry = present[path], files[present[path]]
         if isinstance(outcome, OSError):
-            problems.append(f"{path.name} cannot be read: {outcome.strerror or outcome}")
+            problems.append(f"{name} cannot be read: {outcome.strerror or outcome}")
         elif outcome[0] != entry.get("bytes"):
-            problems.append(f"{path.name} holds {outcome[0]} bytes, {entry.get('bytes')} were committed")
+            problems.append(f"{name} holds {outcome[0]} bytes, the manifest records {entry.get('bytes')!r}")
         elif outcome[1] != entry.get("checksum"):
-            problems.append(f"{path.name} differs from what was committed (its checksum)")
+            problems.append(f"{name} differs from what was committed (its checksum)")
     return problems
 
 
@@ -710,7 +719,35 @@ def run_uid(run_dir: str | os.PathLike[str]) -> str:
             pass  # another rank published it first: use theirs
         finally:
             tmp.unlink(missing_ok=True)
-    return path.read_text().strip()
+    uid = read_run_uid(run_dir)
+    if not uid:
+        raise CheckpointError(f"{path} is empty: this run directory's identity is lost")
+    return uid
+
+
+def rewind_advice(ckpt_dir: str | os.PathLike[str]) -> str:
+    """How to resume from the committed step before ``ckpt_dir`` (a damaged one): what to write
+    into ``latest``, which a restore follows.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    step = parse_step_dirname(ckpt_dir.name)
+    earlier = [s for s in committed_steps(ckpt_dir.parent) if step is None or s < step]
+    latest = ckpt_dir.parent / LATEST_NAME
+    if not earlier:
+        return f"No committed step before it: remove {latest} to train from the start"
+    return f"To resume from the step before: echo {step_dirname(max(earlier))} > {latest}"
+
+
+def read_run_uid(run_dir: str | os.PathLike[str]) -> str | None:
+    """The run directory's ``run_uid`` as it is (None: no such file), never made here."""
+    path = Path(run_dir) / RUN_UID_FILENAME
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} cannot be read as this run directory's identity: "
+                              f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
 def iteration_file(run_dir: str | os.PathLike[str]) -> str:

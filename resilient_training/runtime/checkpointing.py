@@ -1381,8 +1381,8 @@ class Checkpointer:
         except Exception as exc:  # DCP names the key or shape that does not fit
             if _damaged(exc):
                 raise fmt.CheckpointRefused(
-                    f"{path} is damaged or incomplete ({exc}); `validate-checkpoint` names every file that differs "
-                    "from what was committed. Move that step aside to resume from the one before"[:800]
+                    f"{path} is damaged or incomplete ({str(exc)[:300]}); `validate-checkpoint` names every file "
+                    f"that differs from what was committed. {fmt.rewind_advice(path)}"[:800]
                 ) from exc
             raise fmt.CheckpointError(
                 f"{path} holds a different model or optimizer state than this run's task builds: {exc}"[:800]
@@ -1895,13 +1895,20 @@ def check_compatible(manifest: dict[str, Any], config: TrainConfig) -> None:
     """
     fmt.require_format(manifest, config.run_dir)
     saved_uid = manifest.get("run_uid")
-    if saved_uid is not None and saved_uid != fmt.run_uid(config.run_dir):
-        raise fmt.CheckpointRefused(
-            f"{config.run_dir}'s latest checkpoint (step {manifest.get('step')}) was saved by another run "
-            f"(run uid {str(saved_uid)[:40]!r}, this run's {fmt.run_uid(config.run_dir)!r}): resuming it would "
-            "train on another run's state as this one's. Move that step aside, or resume the run that saved it "
-            "(a copy of a whole run directory keeps its run_uid)."
-        )
+    if saved_uid is not None:
+        mine = fmt.read_run_uid(config.run_dir)  # never made here: a lost one would then never match
+        if not mine:
+            raise fmt.CheckpointRefused(
+                f"{Path(config.run_dir) / fmt.RUN_UID_FILENAME} is missing or empty, and this run directory's "
+                f"checkpoints record run uid {str(saved_uid)[:40]!r}: if they are this run's, write that uid "
+                "into it to resume")
+        if saved_uid != mine:
+            raise fmt.CheckpointRefused(
+                f"{config.run_dir}'s latest checkpoint (step {manifest.get('step')}) was saved by another run "
+                f"(run uid {str(saved_uid)[:40]!r}, this run's {mine!r}): resuming it would train on another "
+                "run's state as this one's. Point checkpoints/latest at a step of this run, or resume the run "
+                "that saved it (a copy of a whole run directory keeps its run_uid)."
+            )
     saved_task = manifest.get("task")
     if saved_task is not None and task_identity(saved_task) != task_identity(config.task):
         raise fmt.CheckpointRefused(
