@@ -66,6 +66,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train-run-dir-newline", ["train", "--run-dir", "r\n"], "control character"),
     ("train-run-dir-trailing-space", ["train", "--run-dir", "{work}/r "], "has leading or trailing whitespace"),
     ("run-output-dir-trailing-space", ["run", "--output-dir", "{work}/o "], "has leading or trailing whitespace"),
+    ("train-local-dir-trailing-space", ["train", "--run-dir", "{work}/r", "--local-checkpoint-every", "2",
+                                        "--local-checkpoint-dir", "{work}/lc "], "has leading or trailing whitespace"),
     ("train-run-dir-under-file", ["train", "--run-dir", "{file}/r"], "is a file, not a directory"),
     ("train-run-dir-is-file", ["train", "--run-dir", "{file}"], "exists and is not a directory"),
     ("train-run-dir-unwritable", ["train", "--run-dir", "{locked}/r"], "is not writable"),

@@ -271,3 +271,25 @@ def test_lr_and_batch_size_changed_on_a_resume_are_refused(tmp_path, capsys):
     check_same_task(cfg.TrainConfig(run_dir=str(run_dir)), run_dir)  # the same settings resume
     with pytest.raises(Exception, match="task arg lr: unset"):
         check_same_task(cfg.TrainConfig(run_dir=str(run_dir), lr=0.0, task_args={"lr": "0"}), run_dir)
+
+
+def test_a_changed_lr_is_refused_by_the_checkpoint_when_config_json_is_gone(tmp_path, capsys):
+    """Second stranger trial: with config.json deleted, `--lr 0.05` resumed and was never used (the
+    restored optimizer kept 0.003). The latest manifest's task settings say the same."""
+    from tests.support.gates import TINY, write_checkpoint
+
+    write_checkpoint(tmp_path / "run", step=3, world_size=1)  # lr 0.003, batch size 4
+    assert not (tmp_path / "run" / "config.json").exists()
+    tiny = [flag for name in TINY.__slots__ for flag in (f"--model-{name.replace('_', '-')}", str(getattr(TINY, name)))]
+    refused = train_here(tmp_path / "run", "--nproc", "1", "--steps", "8", "--batch-size", "4", "--lr", "0.05", *tiny,
+                         capsys=capsys)
+    assert refused.returncode == 2 and refused.output.count("\n") == 1, refused.output
+    assert "was saved with other task settings: lr '0.003' (now '0.05')" in refused.output, refused.output
+    # The same value written another way resumes: the effective settings are compared.
+    from resilient_training.launch.local import check_same_task_args
+    from resilient_training.run import checkpoint_format as cf
+    from resilient_training.run import config as cfg
+
+    manifest = cf.read_manifest(tmp_path / "run" / "checkpoints" / "step_3")
+    check_same_task_args(manifest, cfg.TrainConfig(run_dir=str(tmp_path / "run"), model=TINY, lr=3e-3,
+                                                   data=cfg.DataConfig(batch_size=4)))

@@ -89,6 +89,7 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
                 raise fmt.CheckpointRefused(
                     f"{latest} is damaged: {'; '.join(damaged[:3])}{' …' if len(damaged) > 3 else ''}. "
                     f"{fmt.rewind_advice(latest)}")
+            check_same_task_args(manifest, config)
     except fmt.CheckpointError as exc:
         raise LaunchError(str(exc)) from None
     check_task(config, world_size=world_size)
@@ -106,7 +107,10 @@ def check_local_dir(config: cfg.TrainConfig) -> None:
 
     if not config.checkpoint.local_every:
         return
-    path = Path(config.checkpoint.local_dir or "/dev/shm/resilient-training")
+    given = config.checkpoint.local_dir
+    if given and given != given.strip():  # as every other path: "/tmp/lc " made a directory ending in a space
+        raise LaunchError(f"--local-checkpoint-dir {given!r} has leading or trailing whitespace: remove it")
+    path = Path(given or "/dev/shm/resilient-training")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
@@ -166,6 +170,26 @@ def check_same_task(config: cfg.TrainConfig, run_dir: Path) -> None:
     if differ:
         raise LaunchError(f"{config.run_dir} holds a run made with other task settings: {'; '.join(differ)}. "
                           "Resume it with its own settings, or use a new --run-dir")
+
+
+def check_same_task_args(manifest: dict, config: cfg.TrainConfig) -> None:
+    """The task settings the latest checkpoint was saved with (its manifest's ``task_args``: the
+    built-in task's model, batch size and learning rate, or another task's ``--task-arg``s) are
+    this run's: config.json says so too, but a deleted one let a changed ``--lr`` resume unused
+    (second stranger trial).
+    """
+    from resilient_training.runtime import task as tk
+
+    saved = manifest.get("task_args")
+    if not isinstance(saved, dict):
+        return  # written before task_args were recorded: check_same_task's config.json still applies
+    now = tk.effective_args(config)
+    differ = [f"{key} {saved.get(key)!r} (now {now.get(key)!r})" for key in sorted(set(saved) | set(now))
+              if saved.get(key) != now.get(key)]
+    if differ:
+        raise fmt.CheckpointRefused(
+            f"{config.run_dir}'s latest checkpoint (step {manifest.get('step')}) was saved with other task "
+            f"settings: {'; '.join(differ[:4])}. Resume it with its own settings, or use a new --run-dir")
 
 
 def check_not_in_use(config: cfg.TrainConfig) -> None:
