@@ -384,6 +384,21 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
+  call64)  # one device call: call63 again with the check begun after the first step (RestoreCheck.POLLS_BEFORE;
+    # begun at the restore it held the first step back: 0.52-0.77 s against 0.38-0.58 s)
+    "$0" call63 "$out"
+    ;;
+  call63)  # one device call: each restore from storage is now hashed behind it (RestoreCheck, 4 threads a
+    # rank, commits wait for it): call61's runs again, for the check's seconds (16 GB on the 1.3B) and the
+    # steps trained meanwhile, and fault -> first step with it (call61: 3.65-4.67 s; 2.12-2.66 s)
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    SPARE=1 RUN_TIMEOUT=300 "$0" goodput-product "$out"
+    if (( 575 - SECONDS >= 115 )); then
+      MODEL_SIZE=1b RUN_TIMEOUT=$(( 575 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+    fi
+    ;;
   call62)  # one device call (~490 s of budget left): the restore reads each file's bytes as soon as its chunks
     # are placed (pipelined), where before every file's layout came first (0.40 s of a 1.5 s read of 16 GB
     # in call45): dcp_read.py direct vs layout-first, then the 1.3B killed rank (call59/61: 3.65-4.67 s)

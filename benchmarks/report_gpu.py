@@ -62,6 +62,33 @@ def print_profiles(rows: list[dict[str, object]]) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
+def print_restore_checks(runs: list[Path]) -> None:
+    """Each restore's check behind it (``restore_checked``): how long this rank's share took to
+    hash, and the steps trained meanwhile against the run's median step (what the hashing cost).
+    """
+    import statistics
+
+    rows = []
+    for run in runs:
+        log = events.read_events(run)
+        for e in (e for e in log if e.event == "restore_checked"):
+            loaded = [d for d in log if d.event == "load_done" and (d.rank, d.attempt, d.iteration)
+                      == (e.rank, e.attempt, e.iteration) and d.ts <= e.ts]
+            steps = [s for s in log if s.event == "step" and s.rank == e.rank]
+            during = [s["seconds"] for s in steps if loaded and loaded[-1].ts < s.ts <= e.ts]
+            median = statistics.median(s["seconds"] for s in steps) if steps else None
+            mean = statistics.mean(during) if during else None
+            rows.append(f"| {run.name} | {e.rank} | {e.attempt}.{e.iteration} | {e.step} | {(e['bytes'] or 0) / 1e9:.2f} "
+                        f"| {e['seconds']:.2f} | {len(during)} | {fmt(mean, '{:.3f}')} "
+                        f"| {fmt(median, '{:.3f}')} | {'; '.join(e['problems']) or 'none'} |")
+    if rows:
+        print("\nRestore checks (RestoreCheck: the restored share hashed behind the restore)\n")
+        print("| run | rank | attempt.iteration | step | GB | seconds | steps meanwhile | their mean s | median step s "
+              "| problems |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(rows))
+
+
 def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
     return "–" if value is None else pattern.format(value)
 
@@ -100,6 +127,7 @@ def main(paths: list[str]) -> None:
                   f"{fmt(ck['stall_seconds']['mean'])} | {ck['committed']}+{ck.get('committed_local_tier', 0)} local "
                   f"({ck['deferred']}) | {efficiency} | {fmt(ck['interval_steps'], '{:.0f}')} |")
         print_profiles([row for run in runs for row in restart_profiles(run)])
+        print_restore_checks(runs)
         locked = [(run.name, e) for run in runs for e in events.read_events(run)
                   if e.event == "host_memory_locked" and e.rank == 0]
         if locked:  # memory CUDA refused to page-lock makes its copies synchronous

@@ -39,7 +39,7 @@ from typing import Any
 
 from resilient_training.run import checkpoint_format as cf
 from resilient_training.run import layout
-from resilient_training.run.checkpoint_format import hash_files
+from resilient_training.run.checkpoint_format import file_mismatch, hash_files
 
 SUPPORTED_FORMATS = (cf.FORMAT_VERSION,)
 MANIFEST_KEYS = ("format_version", "step", "world_size", "files", "tensors", "objects")
@@ -503,20 +503,16 @@ class _Checker:
         self.result.read_seconds = time.perf_counter() - start
         for name, path in zip(names, paths, strict=True):
             outcome = hashed[path]
-            entry = self.manifest["files"][name]
-            if isinstance(outcome, OSError):
-                self.find("shard_unreadable", name, f"cannot be read: {outcome}")
-                continue
-            size, digest, _ = outcome
-            self.result.bytes += size
-            if size != entry.get("bytes"):
-                self.find("size_mismatch", name, f"{size} bytes, manifest records {entry.get('bytes')}")
-            elif digest != entry.get("checksum"):
-                self.find("checksum_mismatch", name,
-                          f"{self.manifest.get('checksum_algorithm', cf.CHECKSUM_ALGORITHM)} {digest}, "
-                          f"manifest records {entry.get('checksum')}")
-            else:
+            if not isinstance(outcome, OSError):
+                self.result.bytes += outcome[0]
+            found = file_mismatch(outcome, self.manifest["files"][name])
+            if found is None:
                 self.whole.add(name)
+            elif found[0] == "checksum_mismatch" and not isinstance(outcome, OSError):
+                self.find(found[0], name, f"{found[1]}: {self.manifest.get('checksum_algorithm', cf.CHECKSUM_ALGORITHM)} "
+                          f"{outcome[1]}, the manifest records {self.manifest['files'][name].get('checksum')}")
+            else:
+                self.find(found[0], name, found[1])
         if len(self.whole) == len(self.expected_files):
             self.result.checks.append(f"sizes and checksums of {self.result.bytes} bytes match the manifest")
 

@@ -95,6 +95,12 @@ def data_name(rank: int) -> str:
     return f"data_rank_{rank}.pt"
 
 
+def data_rank_index(name: str) -> int | None:
+    """The rank of a :func:`data_name`, or None for any other name."""
+    match = re.fullmatch(r"data_rank_([0-9]+)\.pt", name)
+    return int(match.group(1)) if match else None
+
+
 def sidecar_name(rank: int) -> str:
     return f"rank_{rank}.json"
 
@@ -233,19 +239,40 @@ def hash_files(paths: list[Path], threads: int | None = None) -> dict[Path, tupl
         return dict(zip(paths, pool.map(one, paths), strict=True))
 
 
-def damaged_files(ckpt_dir: str | os.PathLike[str], manifest: Mapping[str, Any], threads: int | None = None) -> list[str]:
+def file_mismatch(outcome: tuple[int, str, float] | OSError, entry: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(finding code, what) when a file hashed by :func:`hash_files` is not what ``entry`` (its
+    manifest entry) records; None when it is. The one comparison of a file's bytes with its
+    commit, for a resume's check and for ``validate-checkpoint`` alike.
+    """
+    if isinstance(outcome, OSError):
+        return "shard_unreadable", f"cannot be read: {outcome.strerror or outcome}"
+    if outcome[0] != entry.get("bytes"):
+        return "size_mismatch", f"holds {outcome[0]} bytes, the manifest records {entry.get('bytes')!r}"
+    if outcome[1] != entry.get("checksum"):
+        return "checksum_mismatch", "differs from what was committed (its checksum)"
+    return None
+
+
+def damaged_files(ckpt_dir: str | os.PathLike[str], manifest: Mapping[str, Any], threads: int | None = None,
+                  *, part: tuple[int, int] | None = None) -> list[str]:
     """What is wrong with the files of ``ckpt_dir`` against ``manifest`` (listed and missing,
     unreadable, another size or checksum; a checkpoint file on disk the manifest does not list),
     one line each; empty when every byte is as committed. Reads every file (seconds for
-    gigabytes): for a resume at a session's start, not for a restart's critical path.
+    gigabytes): for a resume at a session's start, or behind a restart (:class:`RestoreCheck`).
+
+    ``part=(i, n)``: only the listed files whose place in name order is ``i`` modulo ``n`` (each
+    of ``n`` ranks checks its share), and the unlisted ones only for ``i == 0``.
     """
     root = Path(ckpt_dir)
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         return [f"{root / MANIFEST_NAME} lists no files"]
+    index, count = part or (0, 1)
     problems: list[str] = []
     present: dict[Path, str] = {}
-    for name, entry in files.items():
+    for place, (name, entry) in enumerate(sorted(files.items(), key=lambda item: str(item[0]))):
+        if place % count != index:
+            continue
         if not isinstance(name, str) or not name or name != Path(name).name or name in (".", ".."):
             problems.append(f"the manifest names {str(name)[:80]!r}, which is no file of a checkpoint directory")
             continue
@@ -255,18 +282,14 @@ def damaged_files(ckpt_dir: str | os.PathLike[str], manifest: Mapping[str, Any],
         else:
             present[path] = name
     # DCP's data, its .metadata and the data-loader states: each one the manifest must vouch for.
-    for path in sorted(root.iterdir()) if root.is_dir() else []:
+    for path in sorted(root.iterdir()) if root.is_dir() and index == 0 else []:
         if path.name not in files and (path.name == METADATA_NAME or shard_rank_index(path.name) is not None
-                                       or re.fullmatch(r"data_rank_[0-9]+\.pt", path.name)):
+                                       or data_rank_index(path.name) is not None):
             problems.append(f"{path.name} is not in the manifest")
     for path, outcome in hash_files(list(present), threads).items():
-        name, entry = present[path], files[present[path]]
-        if isinstance(outcome, OSError):
-            problems.append(f"{name} cannot be read: {outcome.strerror or outcome}")
-        elif outcome[0] != entry.get("bytes"):
-            problems.append(f"{name} holds {outcome[0]} bytes, the manifest records {entry.get('bytes')!r}")
-        elif outcome[1] != entry.get("checksum"):
-            problems.append(f"{name} differs from what was committed (its checksum)")
+        found = file_mismatch(outcome, files[present[path]])
+        if found is not None:
+            problems.append(f"{present[path]} {found[1]}")
     return problems
 
 

@@ -78,6 +78,9 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # step: restored (0 = fresh); source: memory (snapshot) | memory (staged, not yet committed) |
     # storage | storage (resharded); phases: seconds per start-up phase.
     "load_done": ("path", "source", "seconds", "phases"),
+    # The bytes a restore read from storage, hashed behind it (this rank's share of the files):
+    # problems lists what differs from the commit (empty: whole); damage stops the run.
+    "restore_checked": ("path", "bytes", "seconds", "problems"),
     # --memory-snapshot-every was turned off for the run (reason: no memory for the second copy).
     "memory_snapshot_off": ("reason",),
     # GPUs: a background page-locking is over (what: staging | host_snapshot). failed_bytes: memory

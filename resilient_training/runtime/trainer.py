@@ -39,6 +39,7 @@ from resilient_training.runtime.checkpointing import (
     Lineage,
     MemorySnapshot,
     Remover,
+    RestoreCheck,
     StagingBuffers,
     StoreGather,
     local_tensors,
@@ -85,6 +86,7 @@ class Trainer:
         self.staging = StagingBuffers()
         self.remover = Remover()  # kept across in-process restarts: deletions still running are not repeated
         self.committer = Committer()  # likewise: a restore waits for the commit still running
+        self.restore_check = RestoreCheck()  # likewise: a restore from memory carries a check's state
         self.snapshot = MemorySnapshot()  # the state every --memory-snapshot-every steps, for in-process restarts
         # ... and in host shared memory (--host-snapshot), for a process the launcher restarts
         self.host_snapshot = HostSnapshot(local_tier_root(config, self.rank)) if config.checkpoint.host_snapshot else None
@@ -159,7 +161,7 @@ class Trainer:
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 on_wait=self.guard.progress, remover=self.remover, snapshot=self.snapshot, committer=self.committer,
-                host=self.host_snapshot, lineage=self.lineage,
+                host=self.host_snapshot, lineage=self.lineage, restore_check=self.restore_check,
                 gather=StoreGather(torch.distributed.PrefixStore("ckpt", self._iteration_store), self.rank,
                                    self.world_size, collective_timeout(self.config.timeouts, nccl=self.on_gpu),
                                    on_wait=self.guard.progress),
@@ -648,8 +650,11 @@ class Trainer:
             # checkpoint to restore is another model's, another run's or damaged: every retry
             # fails the same way (a stranger trial watched 8 in-process restarts). Stop the run.
             why = "the task's code" if isinstance(exc, tk.TaskError) else "the checkpoint"
-            reason = f"{exc} ({why}: retrying cannot help)"
-            self.events.emit("end", step or None, status="failed", reason=reason[:500])
+            # Cut the message, not the marker the launcher's summary looks for (a damaged
+            # checkpoint's message, two paths long, lost it: "gave up after 1 restart").
+            said = str(exc) if len(str(exc)) <= 1000 else str(exc)[:999] + "…"
+            reason = f"{said} ({why}: retrying cannot help)"
+            self.events.emit("end", step or None, status="failed", reason=reason)
             print(f"resilient-training worker rank {self.rank}: {reason}", file=sys.stderr)
             self.heartbeats.stop_workload(reason)
             sys.stdout.flush()

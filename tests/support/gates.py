@@ -474,3 +474,25 @@ def build_trainer_runs(root: Path) -> None:
     if any(codes.values()):
         logs = {p.name: p.read_text(errors="replace")[-1500:] for p in root.glob("*.train.log")}
         raise RuntimeError(f"trainer runs ended {codes}, expected all 0; logs: {logs}")
+
+
+def flip_tensor_byte(ckpt_dir: str | os.PathLike[str], rank: int = 0) -> str:
+    """Flip one byte inside the stored values of ``rank``'s largest chunk, nothing re-recorded
+    (bit rot after the commit): the file still loads, with one value changed. Returns the file's name.
+    """
+    import io
+
+    import torch
+
+    manifest = cf.read_manifest(ckpt_dir)
+    entry = max((c for t in manifest["tensors"].values() for c in t["chunks"] if c["rank"] == rank),
+                key=lambda c: c["length"])
+    path = Path(ckpt_dir) / entry["file"]
+    data = bytearray(path.read_bytes())
+    blob = bytes(data[entry["offset"]:entry["offset"] + entry["length"]])
+    values = torch.load(io.BytesIO(blob), weights_only=True).contiguous().view(torch.uint8).numpy().tobytes()
+    at = blob.find(values)
+    assert at >= 0 and len(values) > 1, "the chunk's values are not stored as one byte range"
+    data[entry["offset"] + at + len(values) // 2] ^= 0x40
+    save_bytes(bytes(data), path)
+    return entry["file"]
