@@ -384,6 +384,37 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
+  call67)  # one device call: call66 found the step held by making 879 shared storages (each holds the GIL),
+    # not by writing or locking pages; now one storage for all (checkpointing.shared_slab). staging_prepare.py
+    # per-buffer vs slab, then the 1.3B killed rank (its second step: 1.4-3.1 s before)
+    timeout 120 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 2 --ways none,memset,slab 2>&1 \
+      | tee "$out/staging-prepare.txt" || true
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    if (( 540 - SECONDS >= 115 )); then
+      MODEL_SIZE=1b RUN_TIMEOUT=$(( 540 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+    fi
+    ;;
+  call66)  # one device call (short): call65's staging_prepare.py found one step of 1.0-1.4 s while the 16 GB
+    # were made, with memset as with zero_: which part of the preparation it overlapped, and without page-locking
+    timeout 150 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 2 \
+      --ways none,memset,nolock,zero_ 2>&1 | tee "$out/staging-prepare.txt" || true
+    ;;
+  call65)  # one device call: the step after a restored process's first step took 2.1-3.1 s on the 1.3B
+    # (0.5-0.85 s on the 268M) while its staging buffers' pages were written (Tensor.zero_ on PyTorch's
+    # intra-op threads, eight pieces at once); now one memset a piece. staging_prepare.py both ways, then
+    # call63's runs (the 1.3B killed rank, the reference schedule, the 1.3B again if the call has room)
+    timeout 90 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 2 2>&1 \
+      | tee "$out/staging-prepare.txt" || true
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    SPARE=1 RUN_TIMEOUT=$(( 575 - SECONDS < 300 ? 575 - SECONDS : 300 )) "$0" goodput-product "$out"
+    if (( 575 - SECONDS >= 115 )); then
+      MODEL_SIZE=1b RUN_TIMEOUT=$(( 575 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+    fi
+    ;;
   call64)  # one device call: call63 again with the check begun after the first step (RestoreCheck.POLLS_BEFORE;
     # begun at the restore it held the first step back: 0.52-0.77 s against 0.38-0.58 s)
     "$0" call63 "$out"

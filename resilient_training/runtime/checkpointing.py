@@ -103,22 +103,51 @@ def shared_empty(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> tor
     return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
 
 
+_PAGE = 4096
+
+
+def shared_slab(specs: list[tuple[torch.Size | tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
+    """Uninitialized contiguous tensors of these shapes and dtypes in *one* shared-memory storage,
+    each starting on a page of its own (so each can be page-locked and unlocked alone).
+
+    One storage, not one each: making a storage holds the GIL (shm file, mmap: 2-3 ms), and 879 of
+    them for the 1.3B model's staging held a training step for 1.0-2.4 s on one H200, the step
+    after a restored process's first (benchmarks/staging_prepare.py, call66). The writer gets
+    views of it; :func:`~resilient_training.run.checkpoint_format.write_rank` writes each view's
+    own bytes (DCP would copy a view first).
+    """
+    offsets, total = [], 0
+    for shape, dtype in specs:
+        offsets.append(total)
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        total += -(-nbytes // _PAGE) * _PAGE
+    storage = torch.UntypedStorage._new_shared(max(total, _PAGE))
+    return [torch.empty(0, dtype=dtype).set_(storage, offset // torch.empty((), dtype=dtype).element_size(), tuple(shape))
+            for (shape, dtype), offset in zip(specs, offsets, strict=True)]
+
+
 def populate(buffers: list[torch.Tensor], threads: int | None = None, piece_bytes: int = 256 << 20) -> None:
-    """Write every page of ``buffers`` from several threads at once (``zero_`` lets go of the GIL).
+    """Write every page of ``buffers`` from several threads at once, each piece by one thread.
 
     Page-locking memory whose pages are not there yet faults them in under the CUDA driver's lock
     (2.8 GB/s on one H200, training's CUDA calls waiting meanwhile); written first, 16 GB lock in
     0.6 s. Written from one thread beside training, the 1.3B model's 16 GB took 9-12 s (call34).
+    Each piece is one ``memset`` (ctypes lets go of the GIL): ``Tensor.zero_`` also spread each
+    piece over PyTorch's intra-op threads (eight pieces at once, 16 threads each on one H200), and
+    steps meanwhile had a median of 0.017-0.019 s against 0.015-0.017 s (benchmarks/staging_prepare.py, call66).
     """
-    pieces = [piece for buffer in buffers if buffer.numel()
-              for piece in buffer.view(-1).split(max(1, piece_bytes // buffer.element_size()))]
+    import ctypes
+
+    pieces = [(buffer.data_ptr() + offset, min(piece_bytes, size - offset))
+              for buffer in buffers for size in [buffer.numel() * buffer.element_size()]
+              for offset in range(0, size, piece_bytes)]
     if not pieces:
         return
     from concurrent.futures import ThreadPoolExecutor
 
     count = threads or max(1, min(8, (os.cpu_count() or 2) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
     with ThreadPoolExecutor(max_workers=min(count, len(pieces)), thread_name_prefix="staging-populate") as pool:
-        list(pool.map(torch.Tensor.zero_, pieces))
+        list(pool.map(lambda piece: ctypes.memset(piece[0], 0, piece[1]), pieces))
 
 
 def page_unlock(ptr: int, *, device: torch.device | None = None) -> bool:
@@ -373,7 +402,8 @@ class StagingBuffers:
             direct = len(devices) == 1 and torch.cuda.is_available()
             if direct:
                 torch.cuda.set_device(devices.pop())
-            made = [(name, shared_empty(shape, dtype), device) for name, shape, dtype, device in specs]
+            buffers = shared_slab([(shape, dtype) for _, shape, dtype, _ in specs])
+            made = [(name, buffer, device) for (name, _, _, device), buffer in zip(specs, buffers, strict=True)]
             populate([buffer for _, buffer, device in made if device is not None])
             self.pin_report.allocate_seconds = time.perf_counter() - start
             for name, buffer, device in made:
