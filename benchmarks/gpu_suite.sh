@@ -384,9 +384,20 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
-  call67)  # one device call: call66 found the step held by making 879 shared storages (each holds the GIL),
-    # not by writing or locking pages; now one storage for all (checkpointing.shared_slab). staging_prepare.py
-    # per-buffer vs slab, then the 1.3B killed rank (its second step: 1.4-3.1 s before)
+  call69)  # the end of a session's device time (~180 s): staging_prepare.py once each way, nothing else
+    timeout 100 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 1 --ways none,memset,product 2>&1 \
+      | tee "$out/staging-prepare.txt" || true
+    ;;
+  call68)  # one device call (not yet run): call67 found the stall in allocating the storages (torch's
+    # _new_shared holds the GIL: one 16 GB storage held one step 1.5-3.2 s); shared_empty now allocates outside it
+    timeout 120 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 2 --ways none,memset,product 2>&1 \
+      | tee "$out/staging-prepare.txt" || true
+    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    ;;
+  call67)  # one device call (at 6755c53, one storage for all the buffers, since reverted): call66 found the step
+    # held while the 879 shared storages were made; was it their number? staging_prepare.py per-buffer vs one
+    # storage ("slab"; the script's ways have changed since), then the 1.3B killed rank (second step 1.4-3.1 s)
     timeout 120 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 2 --ways none,memset,slab 2>&1 \
       | tee "$out/staging-prepare.txt" || true
     MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"

@@ -8,15 +8,16 @@ step after a killed 1.3B rank's first step took 2.1-3.1 s (0.18 s otherwise) whi
 being written. This trains a training-like loop (``pin_contention.training_step``) while the
 product's ``prepare`` makes ``--gb`` GB in ``--tensors`` buffers, its pages written two ways: each
 piece by ``Tensor.zero_`` (before: PyTorch spreads each over its intra-op threads, eight pieces at
-once) and by one ``memset`` a piece; ``nolock``: written, not page-locked; ``slab``: the product,
-one shared storage for all the buffers instead of one each (``checkpointing.shared_slab``: making
-a storage holds the GIL); and no preparation at all. Prints one table (the steps taken while the buffers were
+once) and by one ``memset`` a piece, the memory allocated by torch's ``_new_shared`` (which holds
+the GIL: before); ``nolock``: as memset, not page-locked; ``product``: ``shared_empty`` now
+(allocated outside the GIL); and no preparation at all. Prints one table (the steps taken while the buffers were
 made, against the undisturbed median), then each slow step and the preparation's parts it overlapped.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -30,12 +31,15 @@ from resilient_training.runtime.checkpointing import StagingBuffers, page_unlock
 
 product_populate = checkpointing.populate
 product_shared_empty = checkpointing.shared_empty
-product_shared_slab = checkpointing.shared_slab
 
 
-def per_buffer(specs):
-    """``shared_slab`` before: one shared storage per buffer (each call holds the GIL)."""
-    return [product_shared_empty(shape, dtype) for shape, dtype in specs]
+def gil_shared_empty(shape, dtype):
+    """``shared_empty`` before: torch's ``_new_shared``, which allocates the memory holding the GIL."""
+    numel = math.prod(shape)
+    if not numel:
+        return torch.empty(shape, dtype=dtype).share_memory_()
+    storage = torch.UntypedStorage._new_shared(numel * torch.empty((), dtype=dtype).element_size())
+    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
 product_page_lock = checkpointing.page_lock
 
 
@@ -73,13 +77,13 @@ class Timeline:
 
 
 def trial(way: str, step, sources: list[tuple[str, torch.Tensor]]) -> dict:
-    """``way``: none; zero_ and memset (one storage per buffer, pages written by zero_ or memset:
-    before); nolock (as memset, no page-locking); slab (the product: one storage)."""
+    """``way``: none; zero_ and memset (memory allocated under the GIL, pages written by zero_ or
+    memset: before); nolock (as memset, no page-locking); product (allocated outside the GIL)."""
     timeline = Timeline()
     populate = zero_populate if way == "zero_" else product_populate
     checkpointing.populate = timeline.wrap("write pages", populate)
-    checkpointing.shared_empty = timeline.wrap("shared_empty", product_shared_empty)
-    checkpointing.shared_slab = timeline.wrap("storage", product_shared_slab if way == "slab" else per_buffer)
+    checkpointing.shared_empty = timeline.wrap(
+        "shared_empty", product_shared_empty if way == "product" else gil_shared_empty)
     lock = (lambda ptr, nbytes, **kwargs: True) if way == "nolock" else product_page_lock
     checkpointing.page_lock = timeline.wrap("page_lock", lock)
     staging = StagingBuffers()
@@ -107,7 +111,7 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=16.0)
     parser.add_argument("--tensors", type=int, default=879)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--ways", default="none,memset,slab")
+    parser.add_argument("--ways", default="none,memset,product")
     args = parser.parse_args()
     step = training_step()
     each = int(args.gb * 1e9) // args.tensors // 4

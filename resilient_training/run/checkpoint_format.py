@@ -328,24 +328,8 @@ class _StagedPlanner:
 
         if item.type == WriteItemType.BYTE_IO:
             return io.BytesIO(self.blobs[item.index.fqn])
-        return own_bytes(self.tensors[item.index.fqn])
+        return self.tensors[item.index.fqn]
 
-
-def own_bytes(tensor: Any) -> Any:
-    """``tensor`` (contiguous, on the CPU) as a tensor whose storage is its own bytes, the same
-    memory: a staged buffer is a view of one shared storage (``checkpointing.shared_slab``), and
-    DCP's writer copies a view before ``torch.save`` (which would write the whole storage).
-    The caller keeps ``tensor`` alive while the result is used.
-    """
-    import ctypes
-
-    import torch
-
-    nbytes = tensor.numel() * tensor.element_size()
-    if not nbytes or tensor.untyped_storage().nbytes() == nbytes or not tensor.is_contiguous():
-        return tensor
-    memory = (ctypes.c_char * nbytes).from_address(tensor.data_ptr())
-    return torch.frombuffer(memory, dtype=torch.uint8).view(tensor.dtype).view(tensor.shape)
 
 
 def write_rank(tmp_dir: str | os.PathLike[str], rank: int, job: Mapping[str, Any], *,

@@ -95,35 +95,28 @@ def shared_empty(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> tor
     Made there directly: ``torch.empty(...).share_memory_()`` makes a private tensor and copies it
     into new shared memory, which beside training took 10.6-13.2 s for the 1.3B model's 16 GB on
     one H200 (``host_memory_locked``'s ``allocate_seconds``; with :func:`populate` now 2.3-3.4 s).
+    And its memory is allocated here, outside the GIL (a memfd, ``posix_fallocate``), then mapped
+    as the storage torch's own sharing makes of a received handle: ``UntypedStorage._new_shared``
+    allocates it holding the GIL (1 s for 2 GiB on a CPU machine), and the 1.3B's 16 GB held the
+    step after a restored process's first for 1.0-3.2 s on one H200 (benchmarks/staging_prepare.py,
+    call66/67).
     """
     numel = math.prod(shape)
     if not numel:
         return torch.empty(shape, dtype=dtype).share_memory_()
-    storage = torch.UntypedStorage._new_shared(numel * torch.empty((), dtype=dtype).element_size())
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    try:
+        fd = os.memfd_create("staging", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):  # not Linux: torch's own (under the GIL)
+        storage = torch.UntypedStorage._new_shared(nbytes)
+    else:
+        try:
+            os.ftruncate(fd, nbytes)
+            os.posix_fallocate(fd, 0, nbytes)  # the pages, now: ENOSPC here, not SIGBUS at a copy
+            storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)
+        finally:
+            os.close(fd)  # the mapping keeps the memory; sharing it dups the storage's own fd
     return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
-
-
-_PAGE = 4096
-
-
-def shared_slab(specs: list[tuple[torch.Size | tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
-    """Uninitialized contiguous tensors of these shapes and dtypes in *one* shared-memory storage,
-    each starting on a page of its own (so each can be page-locked and unlocked alone).
-
-    One storage, not one each: making a storage holds the GIL (shm file, mmap: 2-3 ms), and 879 of
-    them for the 1.3B model's staging held a training step for 1.0-2.4 s on one H200, the step
-    after a restored process's first (benchmarks/staging_prepare.py, call66). The writer gets
-    views of it; :func:`~resilient_training.run.checkpoint_format.write_rank` writes each view's
-    own bytes (DCP would copy a view first).
-    """
-    offsets, total = [], 0
-    for shape, dtype in specs:
-        offsets.append(total)
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        total += -(-nbytes // _PAGE) * _PAGE
-    storage = torch.UntypedStorage._new_shared(max(total, _PAGE))
-    return [torch.empty(0, dtype=dtype).set_(storage, offset // torch.empty((), dtype=dtype).element_size(), tuple(shape))
-            for (shape, dtype), offset in zip(specs, offsets, strict=True)]
 
 
 def populate(buffers: list[torch.Tensor], threads: int | None = None, piece_bytes: int = 256 << 20) -> None:
@@ -402,8 +395,7 @@ class StagingBuffers:
             direct = len(devices) == 1 and torch.cuda.is_available()
             if direct:
                 torch.cuda.set_device(devices.pop())
-            buffers = shared_slab([(shape, dtype) for _, shape, dtype, _ in specs])
-            made = [(name, buffer, device) for (name, _, _, device), buffer in zip(specs, buffers, strict=True)]
+            made = [(name, shared_empty(shape, dtype), device) for name, shape, dtype, device in specs]
             populate([buffer for _, buffer, device in made if device is not None])
             self.pin_report.allocate_seconds = time.perf_counter() - start
             for name, buffer, device in made:
