@@ -253,6 +253,15 @@ def file_mismatch(outcome: tuple[int, str, float] | OSError, entry: Mapping[str,
     return None
 
 
+def share_of(files: Mapping[Any, Any], part: tuple[int, int] | None) -> list[tuple[Any, Any]]:
+    """The manifest's ``files`` entries that rank ``i`` of ``n`` checks (``part=(i, n)``): those
+    whose place in name order is ``i`` modulo ``n``; all of them for None.
+    """
+    index, count = part or (0, 1)
+    return [item for place, item in enumerate(sorted(files.items(), key=lambda item: str(item[0])))
+            if place % count == index]
+
+
 def damaged_files(ckpt_dir: str | os.PathLike[str], manifest: Mapping[str, Any], threads: int | None = None,
                   *, part: tuple[int, int] | None = None) -> list[str]:
     """What is wrong with the files of ``ckpt_dir`` against ``manifest`` (listed and missing,
@@ -267,12 +276,10 @@ def damaged_files(ckpt_dir: str | os.PathLike[str], manifest: Mapping[str, Any],
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         return [f"{root / MANIFEST_NAME} lists no files"]
-    index, count = part or (0, 1)
+    index = part[0] if part else 0
     problems: list[str] = []
     present: dict[Path, str] = {}
-    for place, (name, entry) in enumerate(sorted(files.items(), key=lambda item: str(item[0]))):
-        if place % count != index:
-            continue
+    for name, entry in share_of(files, part):
         if not isinstance(name, str) or not name or name != Path(name).name or name in (".", ".."):
             problems.append(f"the manifest names {str(name)[:80]!r}, which is no file of a checkpoint directory")
             continue
@@ -329,7 +336,6 @@ class _StagedPlanner:
         if item.type == WriteItemType.BYTE_IO:
             return io.BytesIO(self.blobs[item.index.fqn])
         return self.tensors[item.index.fqn]
-
 
 
 def write_rank(tmp_dir: str | os.PathLike[str], rank: int, job: Mapping[str, Any], *,

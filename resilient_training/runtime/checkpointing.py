@@ -1091,10 +1091,8 @@ class RestoreCheck:
             except Exception as exc:  # noqa: BLE001 - said as the check's finding, on the training thread
                 check.outcome["problems"] = [f"the check could not run: {type(exc).__name__}: {exc}"]
             listed = check.manifest.get("files") if isinstance(check.manifest.get("files"), dict) else {}
-            index, count = check.part or (0, 1)
-            check.outcome["bytes"] = sum(
-                entry["bytes"] for place, (_, entry) in enumerate(sorted(listed.items(), key=lambda i: str(i[0])))
-                if place % count == index and isinstance(entry, dict) and isinstance(entry.get("bytes"), int))
+            check.outcome["bytes"] = sum(entry["bytes"] for _, entry in fmt.share_of(listed, check.part)
+                                         if isinstance(entry, dict) and isinstance(entry.get("bytes"), int))
             check.outcome["seconds"] = time.perf_counter() - started
 
         check.thread = threading.Thread(target=run, name="restore-check", daemon=True)
