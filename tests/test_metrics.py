@@ -368,6 +368,41 @@ def test_a_fault_that_strikes_during_another_s_recovery_is_named_with_it(tmp_pat
     assert fault["root_cause"]["also_injected"] == ["load-hang@5:1"]
 
 
+def test_a_writer_death_that_surfaces_during_another_fault_s_recovery_is_named_with_it(tmp_path: Path) -> None:
+    """H200, 1.3B matrix (call72): a writer-kill armed at a save killed the writer ~10 s later,
+    while an exception's in-process restart was under way; it was reported as its own fault,
+    absorbed (layer none, 0 s), and the recovery that dealt with it did not name it.
+    """
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 10, checkpoint_every=5)
+    log.emit("fault_injected", 10, rank=0, fault="writer-kill@8:0", type="writer-kill")
+    log.steps(11, 12)  # training goes on: the writer is still alive
+    log.emit("fault_injected", 13, rank=0, fault="exception@13:0", type="exception")
+    log.emit("failure_detected", 13, rank=0, cause="exception", message="InjectedFault")
+    log.emit("restart_begin", 13, rank=0, layer="inprocess", cause="exception")
+    log.iteration += 1
+    log.wait(2.0)  # the writer dies now, inside the restart
+    log.emit("failure_detected", None, rank=0, cause="writer_died", message="the writer process died: killed by SIGKILL",
+             signal="SIGKILL")
+    log.emit("restart_done", layer="inprocess")
+    log.emit("load_done", 10, path="memory", seconds=0.2)
+    log.steps(11, 16)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    (fault,) = m["faults"]  # one recovery, naming both faults
+    assert fault["root_cause"]["kind"] == "exception" and fault["layer"] == "inprocess"
+    assert fault["root_cause"]["also_injected"] == ["writer-kill@8:0"]
+    surfaced = fault["root_cause"]["surfaced"]
+    assert surfaced.startswith("writer-kill@8:0: the writer process died: killed by SIGKILL, found 2.") \
+        and "after the fault was logged, during this recovery" in surfaced
+    from resilient_training.gates.report import render_html
+
+    assert "also injected meanwhile: writer-kill@8:0" in render_html(m, "run")
+
+
 @pytest.mark.parametrize("found", ["before-the-next-step", "after-the-next-step", "not-injected"])
 def test_a_writer_replaced_while_training_goes_on_is_one_fault_of_the_writer_layer(tmp_path: Path, found: str) -> None:
     log = ScriptedLog(tmp_path)

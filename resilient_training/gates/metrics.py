@@ -112,6 +112,8 @@ class Episode:
     triggers: list[str] = dataclasses.field(default_factory=list)
     root_cause: dict[str, Any] = dataclasses.field(default_factory=dict)
     symptoms: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # (cause, ts, message) of a delayed fault's failure found inside this episode (see _link_delayed)
+    surfaced: list[tuple[str, float, str]] = dataclasses.field(default_factory=list)
 
     @property
     def recovered(self) -> bool:
@@ -260,6 +262,18 @@ def _link_delayed(found: list[Episode]) -> list[Episode]:
             episode.root_cause = {**earlier.root_cause, **signal, "detail": f"{earlier.root_cause.get('detail')}: "
                                   f"{found_as.get('detail')}", "detected_seconds_after_fault": episode.start - earlier.start}
             episode.cause = str(episode.root_cause["kind"])
+        # Or its failure showed while another fault was being recovered (the writer killed during
+        # an in-process restart): that recovery dealt with both, so both are named there.
+        for cause, ts, message in episode.surfaced:
+            earlier = next((e for e in reversed(out) if e.layer == "none" and e.root_cause.get("injected")
+                            and e.root_cause.get("kind") == DELAYED[cause]), None)
+            if earlier is None:
+                continue
+            out.remove(earlier)
+            root = episode.root_cause
+            root["also_injected"] = [*root.get("also_injected", []), earlier.fault]
+            root["surfaced"] = (f"{earlier.fault}: {message}, found {ts - earlier.start:.1f} s after the fault was logged, "
+                                "during this recovery")
         out.append(episode)
     return out
 
@@ -299,6 +313,8 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
         else:
             root = {"kind": episode.cause or "unknown", "rank": None, "step": episode.fault_step, "injected": False,
                     "detail": episode.cause or "unknown"}
+    episode.surfaced = [(str(e.get("cause")), e.ts, str(e.get("message") or e.get("cause"))) for e in reports
+                        if e.get("cause") in DELAYED and DELAYED[str(e.get("cause"))] != root.get("kind")]
     if primary is not None and primary.get("signal") and root.get("rank") == primary.rank:
         root["signal"] = primary.get("signal")  # e.g. the writer process killed by SIGKILL
     episode.root_cause = root

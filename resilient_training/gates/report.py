@@ -37,6 +37,10 @@ def _root_cause(fault: dict[str, Any]) -> str:
     where = f" on rank {root['rank']}" if root.get("rank") is not None else ""
     detail = root.get("detail")
     text = f"{fault['cause']}{where}" + (f": {detail}" if detail and detail != fault["cause"] else "")
+    if root.get("also_injected"):  # faults that struck while this one was being recovered
+        text += f"; also injected meanwhile: {', '.join(map(str, root['also_injected']))}"
+    if root.get("surfaced"):
+        text += f" ({root['surfaced']})"
     symptoms = [s for s in fault.get("symptoms", []) if s.get("event") == "failure_detected"]
     return text + (f" ({len(symptoms)} symptom report(s) from other ranks)" if symptoms else "")
 
