@@ -384,16 +384,49 @@ case $suite in
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
     ;;
+  call73)  # the end of a session's device time (~200 s): the 1.3B writer-kill alone (in call72's matrix the
+    # writer died ~10 s after the save of step 400 began, inside exception@420's in-process restart)
+    MODEL_SIZE=1b RUN_TIMEOUT=150 FM_STEPS=160 FAULTS=writer-kill@100:0 RUN_NAME=writer_1b "$0" pin-1b "$out"
+    ;;
+  call72)  # one device call: every fault type once on the 1.3B again (last: call29c, fourteenth round, older code),
+    # then the reference schedule a second time on this code (call70: 2.68 s lost per fault)
+    MODEL_SIZE=1b RUN_TIMEOUT=300 "$0" matrix-1b-full "$out"
+    if (( 570 - SECONDS >= 150 )); then
+      SPARE=1 RUN_TIMEOUT=$(( 570 - SECONDS < 300 ? 570 - SECONDS : 300 )) "$0" goodput-product "$out"
+    fi
+    ;;
+  call71)  # one device call (short): call70's 268M steps overlapping the restore check took 0.16-0.18 s against
+    # 0.096 s (1.3B: 0.18-0.19 against 0.18). restore_check_cost.py: the check as the product does it, ways around
+    # it, the staging preparation alone and both at once (as after a launcher restart), at 3.2 and 16 GB
+    timeout 150 python3 benchmarks/restore_check_cost.py --gb 3.2 --files 8 --tensors 200 --repeat 2 2>&1 \
+      | tee "$out/restore-check-cost.txt" || true
+    timeout 200 python3 benchmarks/restore_check_cost.py --gb 16 --files 8 --tensors 879 --repeat 1 2>&1 \
+      | tee "$out/restore-check-cost-16.txt" || true
+    ;;
+  call70)  # one device call: call68 measured the staging allocation outside the GIL (the 1.3B's second step after
+    # a restart 0.19-0.20 s, was 1.4-3.1 s); the reference schedule with it (lost/fault 1.97-2.87 s in call64/65),
+    # then the 1.3B killed rank again if the call has room
+    SPARE=1 RUN_TIMEOUT=300 "$0" goodput-product "$out"
+    if (( 560 - SECONDS >= 115 )); then
+      MODEL_SIZE=1b RUN_TIMEOUT=$(( 560 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto3.tar.gz"
+    fi
+    ;;
   call69)  # the end of a session's device time (~180 s): staging_prepare.py once each way, nothing else
     timeout 100 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 1 --ways none,memset,product 2>&1 \
       | tee "$out/staging-prepare.txt" || true
     ;;
-  call68)  # one device call (not yet run): call67 found the stall in allocating the storages (torch's
-    # _new_shared holds the GIL: one 16 GB storage held one step 1.5-3.2 s); shared_empty now allocates outside it
+  call68)  # one device call: call67 found the stall in allocating the storages (torch's _new_shared holds
+    # the GIL: one 16 GB storage held one step 1.5-3.2 s); shared_empty now allocates outside it. staging_prepare.py
+    # before/now, then the 1.3B killed rank (second step after the restart: 1.4-3.1 s in call61-67), twice if room
     timeout 120 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 2 --ways none,memset,product 2>&1 \
       | tee "$out/staging-prepare.txt" || true
     MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    if (( 540 - SECONDS >= 115 )); then
+      MODEL_SIZE=1b RUN_TIMEOUT=$(( 540 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+    fi
     ;;
   call67)  # one device call (at 6755c53, one storage for all the buffers, since reverted): call66 found the step
     # held while the 879 shared storages were made; was it their number? staging_prepare.py per-buffer vs one

@@ -64,7 +64,9 @@ def print_profiles(rows: list[dict[str, object]]) -> None:
 
 def print_restore_checks(runs: list[Path]) -> None:
     """Each restore's check behind it (``restore_checked``): how long this rank's share took to
-    hash, and the steps trained meanwhile against the run's median step (what the hashing cost).
+    hash, and the steps that overlapped the hashing against the run's median step (what it cost).
+    The hashing ran ``seconds`` up to the event, which is logged at the first poll after it ended
+    (within a step): the window may hold one step after it, never the first step before it began.
     """
     import statistics
 
@@ -72,10 +74,11 @@ def print_restore_checks(runs: list[Path]) -> None:
     for run in runs:
         log = events.read_events(run)
         for e in (e for e in log if e.event == "restore_checked"):
-            loaded = [d for d in log if d.event == "load_done" and (d.rank, d.attempt, d.iteration)
-                      == (e.rank, e.attempt, e.iteration) and d.ts <= e.ts]
+            began = e.ts - (e["seconds"] or 0.0)
             steps = [s for s in log if s.event == "step" and s.rank == e.rank]
-            during = [s["seconds"] for s in steps if loaded and loaded[-1].ts < s.ts <= e.ts]
+            # Overlapping the hashing, not every step since the restore: the first step (slow after a
+            # launcher restart) is over before the hashing begins.
+            during = [s["seconds"] for s in steps if s.ts > began and s.ts - s["seconds"] < e.ts]
             median = statistics.median(s["seconds"] for s in steps) if steps else None
             mean = statistics.mean(during) if during else None
             rows.append(f"| {run.name} | {e.rank} | {e.attempt}.{e.iteration} | {e.step} | {(e['bytes'] or 0) / 1e9:.2f} "
