@@ -135,6 +135,23 @@ def test_a_hang_during_a_save_or_a_restore_is_recovered_in_process(tmp_path, fau
         assert not list(root.glob(f"{fmt.TMP_PREFIX}*")), sorted(p.name for p in root.iterdir())
 
 
+def test_a_save_in_flight_at_an_in_process_restart_is_committed_after_it(tmp_path):
+    """The exception at step 5 comes before any step could agree that step 4's save is durable
+    (that rides on step 5's all-reduce): the save is in flight on both ranks. Its shard was staged
+    before the fault, so the next iteration commits it instead of dropping it (dropped, a 1.3B run
+    on one H200 committed nothing between its in-process restarts; benchmarks call72).
+    """
+    run = train(tmp_path / "run", *FAST, "--faults", "exception@5:0")
+    found = check_recovered(run, "exception@5:0", layer="inprocess", cause="exception")
+    events = found["events"]
+    assert sorted(e.rank for e in events if e.event == "ckpt_carried" and e.step == 4) == [0, 1]
+    committed = [e for e in events if e.event == "ckpt_committed" and e.step == 4]
+    assert [e.iteration for e in committed] == [1], [e.fields for e in committed]
+    assert not any(e.event == "ckpt_begin" and e.step == 4 and e.iteration == 1 for e in events)  # not written twice
+    root = layout.checkpoints_dir(run.run_dir)
+    assert not list(root.glob(f"{fmt.TMP_PREFIX}*")), sorted(p.name for p in root.iterdir())
+
+
 def _step_before(events, event):
     """The last training step ``event``'s rank logged before it."""
     return max(e.step for e in events if e.event == "step" and e.rank == event.rank and e.ts < event.ts)

@@ -58,6 +58,9 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "ckpt_failed": ("reason",),
     # A save lost with a dead writer: every rank logs it at the same step; never committed.
     "ckpt_abandoned": ("reason", "tier"),
+    # A save in flight at an in-process restart, kept: committed once written (restored: the step
+    # the restart restored, at or past it). Not logged when dropped: that step is saved again.
+    "ckpt_carried": ("tier", "restored"),
     "fault_injected": ("fault",),
     # cause writer_died (the async writer process exited unasked, logged the moment it did) also
     # carries pid, exitcode and signal (e.g. SIGKILL) of that process.

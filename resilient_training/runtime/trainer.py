@@ -93,6 +93,7 @@ class Trainer:
         self.lineage = Lineage()  # which history the state belongs to (set by each restore; see Lineage)
         self._host_snapshot_off = False  # logged (see _report_pinning)
         self._owed: int | None = None  # a persistent save owed when the last iteration ended
+        self._carried: Any = None  # the save in flight when the last iteration failed (Checkpointer.carry)
         self.faults = flt.parse(config.faults)
         self.task = tk.task_from_config(config)
         self.task_args = tk.effective_args(config)
@@ -161,7 +162,7 @@ class Trainer:
                 self.config, rank=self.rank, world_size=self.world_size, tag=f"{self._round_tag()}i{iteration}",
                 writer=self.writer, staging=self.staging, emit=self.events.emit,
                 on_wait=self.guard.progress, remover=self.remover, snapshot=self.snapshot, committer=self.committer,
-                host=self.host_snapshot, lineage=self.lineage, restore_check=self.restore_check,
+                host=self.host_snapshot, lineage=self.lineage, restore_check=self.restore_check, carried=self._carried,
                 gather=StoreGather(torch.distributed.PrefixStore("ckpt", self._iteration_store), self.rank,
                                    self.world_size, collective_timeout(self.config.timeouts, nccl=self.on_gpu),
                                    on_wait=self.guard.progress),
@@ -200,6 +201,8 @@ class Trainer:
             self.guard.disarm()
             if checkpointer is not None:  # a persistent save still owed (see Checkpointer.carry_owed)
                 self._owed = checkpointer.owed
+            # The save in flight, for the next iteration (see Checkpointer.carry); one iteration only.
+            self._carried = checkpointer.carry() if checkpointer is not None and not self.completed else None
             # In `finally`: the in-process wrapper may interrupt the handler above with an
             # exception of its own, and a group left behind fails the next iteration's init.
             if self.completed:

@@ -79,9 +79,10 @@ def check_recovered(run: Run, fault: str, *, layer: str, cause: str | None, step
         assert load.step in trained, (load.step, trained)
     elif str(load.get("source")).startswith("memory (staged"):
         # An in-process restart may restore a save still in flight that every rank had staged:
-        # newer than the last commit, and the last save this rank began before the fault.
+        # newer than the last commit, and the last save this rank began before the restart (a
+        # peer may log its save a moment after the fault on another rank was logged).
         assert layer == "inprocess", load.fields
-        begun = [e.step for e in events if e.event == "ckpt_begin" and e.rank == load.rank and e.ts < fault_event.ts]
+        begun = [e.step for e in events if e.event == "ckpt_begin" and e.rank == load.rank and e.ts < restarts[0].ts]
         assert load.step == begun[-1] and load.step > max(committed, default=0), (load.step, begun, committed)
     elif load.step > max(committed, default=0):
         # The one window left: rank 0 killed between `latest` naming the step and its log line

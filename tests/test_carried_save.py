@@ -1,0 +1,136 @@
+"""A save in flight at an in-process restart is kept and committed once written (Checkpointer.carry).
+
+Its shard was staged before the fault; dropped, a 1.3B run on one H200 committed nothing between
+its in-process restarts, and its launcher restarts rolled back 109 and 201 steps (call72). Kept
+only when every rank carries the same save and the restore lands at or past it.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from resilient_training.run import checkpoint_format as fmt
+from resilient_training.run import config as cfg
+from resilient_training.runtime.checkpointing import Checkpointer, StagingBuffers, state_dict
+from tests.support.gates import TINY, train_state
+
+
+class _HeldWriter:
+    """NVRx's writer process, at its edge: writes each shard (real files) once released."""
+
+    ready = True
+    death = None
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.jobs: list = []
+
+    def submit(self, fn, job) -> None:
+        self.jobs.append((fn, job))
+
+    def poll(self) -> bool:
+        if not self.released.is_set():
+            return False
+        while self.jobs:
+            fn, job = self.jobs.pop(0)
+            fn(*job)
+        return True
+
+    def replace(self) -> None:
+        pass
+
+
+def _iteration(run_dir: Path, tag: str, writer, staging, events: list, *, carried=None, peer=None) -> Checkpointer:
+    """One in-process iteration's checkpointer; ``peer``: what a second rank answers to "the steps
+    held in memory" (None: the same as this rank)."""
+    config = cfg.from_argv(["--run-dir", str(run_dir), "--steps", "20", "--checkpoint-every", "5"])
+
+    def gather(value, what):
+        if peer is not None and what == "agreeing on the steps held in memory":
+            return [value, peer(value)]
+        return [value]
+
+    return Checkpointer(config, rank=0, world_size=1, tag=tag, writer=writer, staging=staging,
+                        emit=lambda event, step, **kw: events.append((event, step, kw)), gather=gather,
+                        carried=carried)
+
+
+def _failed_during_a_save(run_dir: Path, events: list):
+    """Iteration 0 saved step 5 and failed before the write was durable: (writer, staging, carried)."""
+    writer, staging = _HeldWriter(), StagingBuffers()
+    first = _iteration(run_dir, "r0i0", writer, staging, events)
+    model, optimizer, data = train_state(TINY, seed=1, steps=1)
+    first.save(5, state_dict(model, optimizer), data.state_dict(), {})
+    assert writer.jobs and first.local_done() == 0.0  # handed to the writer, not durable yet
+    return writer, staging, first.carry()
+
+
+def test_a_save_in_flight_at_an_in_process_restart_is_committed_once_written(tmp_path: Path) -> None:
+    events: list = []
+    writer, staging, carried = _failed_during_a_save(tmp_path / "run", events)
+    assert carried is not None and carried.step == 5
+    second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried)
+    path, manifest = second.find_restorable(in_memory=True)
+    assert (path, manifest["memory"], manifest["step"]) == (None, "staged", 5)
+    assert [(e, s, kw) for e, s, kw in events if e == "ckpt_carried"] == [("ckpt_carried", 5, {"tier": "persistent",
+                                                                                                 "restored": 5})]
+    assert second.will_defer(10)  # one save in flight at a time: the carried one
+    assert second.local_done() == 0.0
+    writer.released.set()
+    done = second.local_done()
+    assert done == 1.0 and second.will_commit(done)
+    second.maybe_commit(done)
+    second.committer.settle(30)
+    latest = fmt.read_latest(second.root)
+    assert latest is not None and fmt.read_manifest(latest)["step"] == 5
+    assert fmt.damaged_files(latest, fmt.read_manifest(latest)) == []
+    assert not list(second.root.glob(f"{fmt.TMP_PREFIX}*"))
+
+
+def test_a_save_not_carried_by_every_rank_is_dropped(tmp_path: Path) -> None:
+    events: list = []
+    writer, staging, carried = _failed_during_a_save(tmp_path / "run", events)
+    # The peer's fault struck before its save was handed over: it carries nothing.
+    second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried,
+                        peer=lambda mine: [*mine[:2], -1])
+    path, manifest = second.find_restorable(in_memory=True)
+    assert manifest["memory"] == "staged" and not second.will_defer(10)
+    assert "ckpt_carried" not in [e for e, _, _ in events]
+    writer.released.set()
+    second.maybe_commit(second.local_done())
+    second.committer.settle(30)
+    assert fmt.read_latest(second.root) is None
+
+
+class _SnapshotOfStep3:
+    """The memory snapshot (device memory), at its edge: holds step 3, every value finite."""
+
+    world = (0, 1)
+
+    def ready(self) -> int:
+        return 3
+
+    def finite(self) -> bool:
+        return True
+
+
+def test_a_save_is_not_carried_past_a_restore_that_lands_before_it(tmp_path: Path) -> None:
+    events: list = []
+    writer, staging, carried = _failed_during_a_save(tmp_path / "run", events)
+    second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried)
+    second._snapshot = _SnapshotOfStep3()
+    # After a NaN the staged step is not restored (it may hold the cause): the snapshot of step 3
+    # is, training goes on from there, and step 5 is saved again when it comes.
+    path, manifest = second.find_restorable(in_memory=True, after_nan=True)
+    assert (path, manifest["memory"], manifest["step"]) == (None, "snapshot", 3)
+    assert "ckpt_carried" not in [e for e, _, _ in events] and not second.will_defer(5)
+
+
+def test_a_save_whose_writer_died_is_not_carried(tmp_path: Path) -> None:
+    events: list = []
+    writer, staging, carried = _failed_during_a_save(tmp_path / "run", events)
+    writer.death = "killed by SIGKILL"  # found dead after the failure, before the restore
+    second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried)
+    second.find_restorable(in_memory=True)
+    assert "ckpt_carried" not in [e for e, _, _ in events]
