@@ -134,3 +134,14 @@ def test_a_save_whose_writer_died_is_not_carried(tmp_path: Path) -> None:
     second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried)
     second.find_restorable(in_memory=True)
     assert "ckpt_carried" not in [e for e, _, _ in events]
+
+
+def test_a_carried_save_not_yet_decided_is_passed_on_to_the_next_iteration(tmp_path: Path) -> None:
+    events: list = []
+    writer, staging, carried = _failed_during_a_save(tmp_path / "run", events)
+    # The next iteration failed before its restore decided (e.g. while waiting for rank 0's commit).
+    second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried)
+    assert second.carry() is carried
+    third = _iteration(tmp_path / "run", "r0i2", writer, staging, events, carried=second.carry())
+    third.find_restorable(in_memory=True)
+    assert [s for e, s, _ in events if e == "ckpt_carried"] == [5]

@@ -1647,7 +1647,7 @@ class Checkpointer:
         (benchmarks call72). None when there is none, it was abandoned (a writer died), its
         copies to host memory may be unfinished, or it is the final step's (written again).
         """
-        in_flight = self._in_flight
+        in_flight = self._in_flight or self._carried  # (one carried in, not yet decided: passed on)
         if in_flight is None or in_flight.abandoned or in_flight.step >= self.config.steps or self._lost:
             return None
         if in_flight.job is not None and not self._staging.ready():

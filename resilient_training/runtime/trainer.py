@@ -201,8 +201,12 @@ class Trainer:
             self.guard.disarm()
             if checkpointer is not None:  # a persistent save still owed (see Checkpointer.carry_owed)
                 self._owed = checkpointer.owed
-            # The save in flight, for the next iteration (see Checkpointer.carry); one iteration only.
-            self._carried = checkpointer.carry() if checkpointer is not None and not self.completed else None
+            # The save in flight, for the next iteration (see Checkpointer.carry); kept as it was
+            # when this iteration failed before its checkpointer existed.
+            if self.completed:
+                self._carried = None
+            elif checkpointer is not None:
+                self._carried = checkpointer.carry()
             # In `finally`: the in-process wrapper may interrupt the handler above with an
             # exception of its own, and a group left behind fails the next iteration's init.
             if self.completed:
