@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import config as cfg
 from resilient_training.runtime.checkpointing import Checkpointer, StagingBuffers, state_dict
@@ -26,7 +28,12 @@ class _HeldWriter:
         self.released = threading.Event()
         self.jobs: list = []
 
+    refuse = False  # the next hand-over fails (the writer went away while it was handed the job)
+
     def submit(self, fn, job) -> None:
+        if self.refuse:
+            self.refuse = False
+            raise RuntimeError("the writer went away")
         self.jobs.append((fn, job))
 
     def poll(self) -> bool:
@@ -145,3 +152,24 @@ def test_a_carried_save_not_yet_decided_is_passed_on_to_the_next_iteration(tmp_p
     third = _iteration(tmp_path / "run", "r0i2", writer, staging, events, carried=second.carry())
     third.find_restorable(in_memory=True)
     assert [s for e, s, _ in events if e == "ckpt_carried"] == [5]
+
+
+def test_a_save_whose_hand_over_failed_is_handed_over_again_not_committed_unwritten(tmp_path: Path) -> None:
+    events: list = []
+    writer, staging = _HeldWriter(), StagingBuffers()
+    first = _iteration(tmp_path / "run", "r0i0", writer, staging, events)
+    model, optimizer, data = train_state(TINY, seed=1, steps=1)
+    writer.refuse = True
+    with pytest.raises(RuntimeError, match="went away"):
+        first.save(5, state_dict(model, optimizer), data.state_dict(), {})
+    carried = first.carry()
+    assert carried is not None and carried.job is not None  # staged, never handed over
+    second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried)
+    second.find_restorable(in_memory=True)
+    writer.released.set()
+    for _ in range(3):
+        second.maybe_commit(second.local_done())
+    second.committer.settle(30)
+    latest = fmt.read_latest(second.root)
+    assert latest is not None and fmt.read_manifest(latest)["step"] == 5
+    assert fmt.damaged_files(latest, fmt.read_manifest(latest)) == []

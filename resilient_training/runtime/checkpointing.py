@@ -1724,8 +1724,8 @@ class Checkpointer:
             return True
         if not self._staging.ready() or not self._writer.ready:
             return False  # a writer still starting (or replaced): submitted at a later step
-        job, in_flight.job = in_flight.job, None
-        self._writer.submit(write_rank_job, job)
+        self._writer.submit(write_rank_job, in_flight.job)
+        in_flight.job = None  # handed over (not before: a save carried past a failed hand-over is handed over again)
         if in_flight.on_submit is not None:
             in_flight.on_submit()
         return True
