@@ -17,6 +17,11 @@ save is abandoned (never committed), stays "in flight" until every rank's writer
 (later saves defer meanwhile, on every rank alike), and its temporary directory is then removed.
 The dead writer is replaced without stopping training; a save that comes before the new one is
 ready waits for it without blocking (its shard stays staged).
+
+A save still in flight when an in-process restart begins was staged before the fault: the next
+iteration's checkpointer takes it over and commits it once written, when every rank carries the
+same one and the restore lands at or past its step (:meth:`Checkpointer.carry`); else that step
+is saved again when training reaches it.
 """
 
 from __future__ import annotations

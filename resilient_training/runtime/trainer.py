@@ -674,9 +674,10 @@ class Trainer:
             self.events.emit("restart_begin", step or None, layer="inprocess", cause=cause)
 
     def _drop_stale_write(self) -> None:
-        """A write left running by a failed iteration is never committed (its temporary directory
-        is abandoned), so recovery does not wait for it; only a dead writer is replaced (started
-        again in :meth:`run`).
+        """Recovery does not wait for a write left running by a failed iteration: the next
+        iteration commits it once written when every rank carries it (:meth:`Checkpointer.carry`),
+        else its temporary directory is abandoned. A dead writer is given up here (its save is
+        not carried) and started again in :meth:`run`.
         """
         try:
             self.writer.poll()
