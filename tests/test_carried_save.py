@@ -23,6 +23,7 @@ class _HeldWriter:
 
     ready = True
     death = None
+    pid: int | None = 4242  # the writer process
 
     def __init__(self) -> None:
         self.released = threading.Event()
@@ -141,6 +142,22 @@ def test_a_save_whose_writer_died_is_not_carried(tmp_path: Path) -> None:
     second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried)
     second.find_restorable(in_memory=True)
     assert "ckpt_carried" not in [e for e, _, _ in events]
+
+
+def test_a_save_handed_to_a_writer_since_replaced_is_not_carried(tmp_path: Path) -> None:
+    """The trainer gives a dead writer up between iterations (AsyncWriter.abandon: no writer, no
+    death) and starts another: neither holds the job, and either says "durable" when polled."""
+    events: list = []
+    writer, staging, carried = _failed_during_a_save(tmp_path / "run", events)
+    writer.jobs.clear()  # the job died with its process
+    writer.pid = 4343  # a new writer process (or None: none yet)
+    writer.released.set()
+    second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried)
+    second.find_restorable(in_memory=True)
+    assert "ckpt_carried" not in [e for e, _, _ in events]
+    second.maybe_commit(second.local_done())
+    second.committer.settle(30)
+    assert fmt.read_latest(second.root) is None  # nothing committed that was never written
 
 
 def test_a_carried_save_not_yet_decided_is_passed_on_to_the_next_iteration(tmp_path: Path) -> None:

@@ -1259,6 +1259,7 @@ class _InFlight:
     on_submit: Callable[[], None] | None = None
     retry_job: tuple[Any, ...] | None = None  # the final step's arguments, to write it again if abandoned
     abandoned: bool = False  # every rank agreed: never committed; cleared once every writer is idle
+    writer_pid: int | None = None  # the writer process it was handed to (a carried save needs that one)
     reason: str = ""  # why it was abandoned
 
 
@@ -1389,7 +1390,7 @@ class Checkpointer:
                 snapshot = None
             # Never the final step from memory: its checkpoint must then be written again, by replaying to it.
             staged, snapshot = (None if s is not None and s >= self.config.steps else s for s in (staged, snapshot))
-            carried = self._carried.step if self._carried is not None and self._writer.death is None else None
+            carried = self._carried.step if self._carried is not None and self._carried_alive() else None
             staged, snapshot, carried = self._held_on_every_rank(staged, snapshot, carried)
             base = manifest.get("step", 0)
             kind, step = max((("snapshot", snapshot), ("staged", staged)), key=lambda c: c[1] or -1)
@@ -1644,6 +1645,16 @@ class Checkpointer:
             return LOCAL
         return None
 
+    def _carried_alive(self) -> bool:
+        """The carried save can still become durable: not yet handed over, or handed to the writer
+        process that runs now. (A dead writer is given up between iterations and its successor
+        holds no job: polling it says "durable" for a write that never happened.)
+        """
+        carried = self._carried
+        if carried is None or self._writer.death is not None:
+            return False
+        return carried.job is not None or carried.writer_pid == getattr(self._writer, "pid", None)
+
     def carry(self) -> _InFlight | None:
         """The save in flight, for the next in-process iteration's checkpointer (called after a
         failure): its shard was staged before the fault, so once written it is as good a
@@ -1731,6 +1742,7 @@ class Checkpointer:
             return False  # a writer still starting (or replaced): submitted at a later step
         self._writer.submit(write_rank_job, in_flight.job)
         in_flight.job = None  # handed over (not before: a save carried past a failed hand-over is handed over again)
+        in_flight.writer_pid = getattr(self._writer, "pid", None)
         if in_flight.on_submit is not None:
             in_flight.on_submit()
         return True

@@ -685,6 +685,7 @@ class Trainer:
             pass
         if self.writer.death is not None:
             self.writer.abandon()
+            self._carried = None  # the save it was writing died with it (see Checkpointer.carry)
 
     def _writer_died(self, death: nvrx_adapter.WriterDeath) -> None:
         """Called on the writer's watch thread the moment its process exits unasked: logged now;
