@@ -242,7 +242,6 @@ def test_staging_buffers_are_made_in_shared_memory_and_populated_in_pieces() -> 
     assert all(not buffer.any() for buffer in buffers)
 
 
-
 def test_a_staging_buffer_is_made_without_holding_the_gil_and_shared_with_another_process() -> None:
     """shared_empty allocates its memory outside the GIL (torch's _new_shared held it for the whole
     allocation: another thread stalled 1 s for 2 GiB, which on GPUs held a training step for seconds);

@@ -1390,21 +1390,20 @@ class Checkpointer:
                 snapshot = None
             # Never the final step from memory: its checkpoint must then be written again, by replaying to it.
             staged, snapshot = (None if s is not None and s >= self.config.steps else s for s in (staged, snapshot))
-            carried = self._carried.step if self._carried is not None and self._carried_alive() else None
-            staged, snapshot, carried = self._held_on_every_rank(staged, snapshot, carried)
+            staged, snapshot, carried = self._held_on_every_rank(staged, snapshot, self._carried_step())
+            # Decided here (kept or dropped); a failure before this passes it on (see carry).
+            offered, self._carried = self._carried, None
             base = manifest.get("step", 0)
             kind, step = max((("snapshot", snapshot), ("staged", staged)), key=lambda c: c[1] or -1)
             if step is not None and (step > base or (kind == "snapshot" and step == base)):
                 # The same processes go on with the same history: the lineage stays as it is, and
                 # a save of that history still in flight is committed once written (not when the
-                # restore lands before it: that step comes again).
-                if carried is not None and carried > base and step >= carried:
-                    self._in_flight = self._carried
-                    self._emit("ckpt_carried", carried, tier=self._in_flight.tier, restored=step)
-                self._carried = None
+                # restore lands before it, or a rank does not carry it: that step comes again).
+                if offered is not None and carried is not None and base < carried <= step:
+                    self._in_flight = offered
+                    self._emit("ckpt_carried", carried, tier=offered.tier, restored=step)
                 return None, {"step": step, "world_size": self.world_size, "memory": kind,
                               "ft_state": manifest.get("ft_state"), "progress": manifest.get("progress")}
-            self._carried = None  # its step comes again (or a rank did not carry it): never committed
         elif self._host is not None and not after_nan:
             # A new process (launcher restart): the newest step every rank holds in host memory.
             held = self._host.held((self.rank, self.world_size), base=persistent_id)
@@ -1645,15 +1644,16 @@ class Checkpointer:
             return LOCAL
         return None
 
-    def _carried_alive(self) -> bool:
-        """The carried save can still become durable: not yet handed over, or handed to the writer
-        process that runs now. (A dead writer is given up between iterations and its successor
-        holds no job: polling it says "durable" for a write that never happened.)
+    def _carried_step(self) -> int | None:
+        """The carried save's step while it can still become durable: not yet handed over, or
+        handed to the writer process that runs now. (A dead writer is given up between iterations
+        and its successor holds no job: polling it says "durable" for a write that never happened.)
         """
         carried = self._carried
         if carried is None or self._writer.death is not None:
-            return False
-        return carried.job is not None or carried.writer_pid == getattr(self._writer, "pid", None)
+            return None
+        alive = carried.job is not None or carried.writer_pid == getattr(self._writer, "pid", None)
+        return carried.step if alive else None
 
     def carry(self) -> _InFlight | None:
         """The save in flight, for the next in-process iteration's checkpointer (called after a
