@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -80,15 +81,6 @@ def make_checkpoint(root: Path, gb: float, files: int) -> dict:
 
 def hashing(way: str):
     """The per-file hash for ``way`` (patched into the format module for the trial)."""
-    if way == "read":
-        def read(path: Path):
-            real = mmap.mmap
-            fmt.mmap.mmap = _refuse  # the product falls back to readinto when a map is refused
-            try:
-                return product_read_and_hash(path)
-            finally:
-                fmt.mmap.mmap = real
-        return read
     if way == "nice":
         def niced(path: Path):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
@@ -101,12 +93,19 @@ def _refuse(*args, **kwargs):
     raise OSError("not mapped (benchmark)")
 
 
+# ``read``: the format module's ``mmap`` for the whole trial (it falls back to readinto when a map
+# is refused); not the mmap module's own function per call, which the hashing threads raced on.
+_NO_MAP = types.SimpleNamespace(mmap=_refuse, MAP_SHARED=mmap.MAP_SHARED,
+                                MAP_POPULATE=getattr(mmap, "MAP_POPULATE", 0), PROT_READ=mmap.PROT_READ)
+
+
 def trial(way: str, step, root: Path, manifest: dict, sources: list[tuple[str, torch.Tensor]]) -> dict:
     spans: dict[str, tuple[float, float]] = {}
     start = time.perf_counter()
     threads = []
     if way in ("check", "read", "one", "nice", "both"):
         fmt._read_and_hash = hashing(way)
+        fmt.mmap = _NO_MAP if way == "read" else mmap
 
         def check() -> None:
             began = time.perf_counter()
@@ -130,7 +129,7 @@ def trial(way: str, step, root: Path, manifest: dict, sources: list[tuple[str, t
         times.append(step())
     for thread in threads:
         thread.join()
-    fmt._read_and_hash = product_read_and_hash
+    fmt._read_and_hash, fmt.mmap = product_read_and_hash, mmap
     report = staging.pin_report.take() or {}
     for ptr, device in list(staging._pinned.items()):
         page_unlock(ptr, device=device)
