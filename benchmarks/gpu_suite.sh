@@ -83,6 +83,11 @@ run() {  # run NAME ARGS...: one training run; keep its events and launcher log,
   tar czf "$out/events-$suite.tar.gz" -C /tmp/gpu-runs "$suite"  # after every run: a timeout keeps the rest
 }
 
+killed_1b() {  # killed_1b SUFFIX TIMEOUT: the 1.3B killed rank (pin-1b, sigkill@140:0), its events as events-pin-1b-SUFFIX
+  MODEL_SIZE=1b RUN_TIMEOUT=$2 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
+  mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-$1.tar.gz"
+}
+
 probe() {  # what start-up and checkpoint I/O cost on this machine: import times, write paths
   (cd /tmp && python3 -X importtime -c 'import torch, resilient_training.runtime.worker, resilient_training.runtime.trainer, torch.distributed.fsdp, nvidia_resiliency_ext.fault_tolerance, nvidia_resiliency_ext.inprocess') \
     2> "$runs/importtime.txt" || true
@@ -298,8 +303,7 @@ case $suite in
     ;;
   call40)  # one device call: call39's A/B again with the kill at step 140 (on call39's machine the write of
     # step 50 took 10-12 s and was still running at 120, so both restarts began at step 0), then node-local every 10
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 WRITE_THREADS=4 RUN_NAME=pin_1b_4 "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-4.tar.gz"
     if [ $(( 560 - SECONDS )) -gt 150 ]; then
@@ -320,15 +324,13 @@ case $suite in
     # the same run without --host-snapshot on the same machine (the restore read from disk)
     MODEL_SIZE=1b RUN_TIMEOUT=200 HOST=1 LOCAL_EVERY=25 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_host "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-host.tar.gz"
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     ;;
   call43)  # one device call: the 1.3B killed rank restored from the node-local tier (/dev/shm, every 50
     # steps; persistent saves only at the end) instead of from disk, then from disk on the same machine
     MODEL_SIZE=1b RUN_TIMEOUT=200 CKPT_EVERY=500 LOCAL_EVERY=50 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_local "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-local.tar.gz"
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     ;;
   call44)  # one device call: call42's --host-snapshot run and call43's node-local run again, after the two
     # fixes they called for (a hang reported after the last commit; one at the second step after a restart)
@@ -340,8 +342,7 @@ case $suite in
   call45)  # one device call: the 1.3B killed rank restored by the direct DCP reader (chunks read straight
     # into the GPU state through page-locked buffers; call43 read 16 GB in 5.68 s), then how fast a new
     # process reads 16 GB of DCP files each way (DCP's reader, the per-file reader before, direct x4/8/16)
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     timeout $(( 575 - SECONDS )) python3 benchmarks/dcp_read.py --gb 16 --files 16 --dir /tmp --repeat 2 \
         --ways dcp:1,per-file:8,direct:8,direct:16,direct:4,layout:8 2>&1 | tee "$out/dcp-read.txt" || true
     ;;
@@ -349,22 +350,19 @@ case $suite in
     # reader (call39: 3.41 s lost per fault), then the 1.3B killed rank again on this machine
     SPARE=1 RUN_TIMEOUT=330 "$0" goodput-product "$out"
     if [ $(( 570 - SECONDS )) -gt 170 ]; then
-      MODEL_SIZE=1b RUN_TIMEOUT=$(( 570 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+      killed_1b auto $(( 570 - SECONDS ))
     fi
     ;;
   call47)  # one device call: the 1.3B killed rank with the load split into load_prepare (DCP's state dict,
     # the optimizer's state made) / load_read / load_checkpoint (set_state_dict): call45's read 16 GB in
     # 1.5 s in dcp_read.py, yet its load took 5.68 s
-    MODEL_SIZE=1b RUN_TIMEOUT=${RUN_TIMEOUT:-160} FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto ${RUN_TIMEOUT:-160}
     ;;
   call48)  # one device call: the 1.3B killed rank after call47 (7.01 s: 1.02 s the teardown waiting for
     # the dead worker's exit, 0.98 s the first step): the teardown no longer waits for an exiting
     # process and spares warm their kernels; then the reference schedule with the defaults (call46:
     # 3.19 s lost per fault), then the 1.3B again if the call has room
-    MODEL_SIZE=1b RUN_TIMEOUT=150 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 150
     SPARE=1 RUN_TIMEOUT=$(( 560 - SECONDS )) "$0" goodput-product "$out"
     if [ $(( 570 - SECONDS )) -gt 140 ]; then
       MODEL_SIZE=1b RUN_TIMEOUT=$(( 570 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto2 "$0" pin-1b "$out"
@@ -374,8 +372,7 @@ case $suite in
   call49)  # one device call: after call48 (1.3B killed rank 6.56/6.68 s, the reference schedule 3.49 s lost
     # per fault) the ranks agree through the store before a restore and the communicator is built
     # on a thread while the checkpoint loads: the 1.3B killed rank, then the reference schedule
-    MODEL_SIZE=1b RUN_TIMEOUT=150 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 150
     SPARE=1 RUN_TIMEOUT=$(( 570 - SECONDS )) "$0" goodput-product "$out"
     ;;
   call50)  # one device call (short): call49's in-process restarts took 1.38-1.46 s (call48: 1.06-1.20),
@@ -408,8 +405,7 @@ case $suite in
     # then the 1.3B killed rank again if the call has room
     SPARE=1 RUN_TIMEOUT=300 "$0" goodput-product "$out"
     if (( 560 - SECONDS >= 115 )); then
-      MODEL_SIZE=1b RUN_TIMEOUT=$(( 560 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto3.tar.gz"
+      killed_1b auto3 $(( 560 - SECONDS ))
     fi
     ;;
   call69)  # the end of a session's device time (~180 s): staging_prepare.py once each way, nothing else
@@ -421,11 +417,9 @@ case $suite in
     # before/now, then the 1.3B killed rank (second step after the restart: 1.4-3.1 s in call61-67), twice if room
     timeout 120 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 2 --ways none,memset,product 2>&1 \
       | tee "$out/staging-prepare.txt" || true
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     if (( 540 - SECONDS >= 115 )); then
-      MODEL_SIZE=1b RUN_TIMEOUT=$(( 540 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+      killed_1b auto2 $(( 540 - SECONDS ))
     fi
     ;;
   call67)  # one device call (at 6755c53, one storage for all the buffers, since reverted): call66 found the step
@@ -433,11 +427,9 @@ case $suite in
     # storage ("slab"; the script's ways have changed since), then the 1.3B killed rank (second step 1.4-3.1 s)
     timeout 120 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 2 --ways none,memset,slab 2>&1 \
       | tee "$out/staging-prepare.txt" || true
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     if (( 540 - SECONDS >= 115 )); then
-      MODEL_SIZE=1b RUN_TIMEOUT=$(( 540 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+      killed_1b auto2 $(( 540 - SECONDS ))
     fi
     ;;
   call66)  # one device call (short): call65's staging_prepare.py found one step of 1.0-1.4 s while the 16 GB
@@ -451,12 +443,10 @@ case $suite in
     # call63's runs (the 1.3B killed rank, the reference schedule, the 1.3B again if the call has room)
     timeout 90 python3 benchmarks/staging_prepare.py --gb 16 --tensors 879 --repeat 2 2>&1 \
       | tee "$out/staging-prepare.txt" || true
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     SPARE=1 RUN_TIMEOUT=$(( 575 - SECONDS < 300 ? 575 - SECONDS : 300 )) "$0" goodput-product "$out"
     if (( 575 - SECONDS >= 115 )); then
-      MODEL_SIZE=1b RUN_TIMEOUT=$(( 575 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+      killed_1b auto2 $(( 575 - SECONDS ))
     fi
     ;;
   call64)  # one device call: call63 again with the check begun after the first step (RestoreCheck.POLLS_BEFORE;
@@ -466,12 +456,10 @@ case $suite in
   call63)  # one device call: each restore from storage is now hashed behind it (RestoreCheck, 4 threads a
     # rank, commits wait for it): call61's runs again, for the check's seconds (16 GB on the 1.3B) and the
     # steps trained meanwhile, and fault -> first step with it (call61: 3.65-4.67 s; 2.12-2.66 s)
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     SPARE=1 RUN_TIMEOUT=300 "$0" goodput-product "$out"
     if (( 575 - SECONDS >= 115 )); then
-      MODEL_SIZE=1b RUN_TIMEOUT=$(( 575 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+      killed_1b auto2 $(( 575 - SECONDS ))
     fi
     ;;
   call62)  # one device call (~490 s of budget left): the restore reads each file's bytes as soon as its chunks
@@ -486,12 +474,10 @@ case $suite in
   call61)  # one device call: call59's 1.3B killed rank and call60's reference schedule again (read buffers
     # made by the spare: 3.65 s, and 2.12/2.20 s killed ranks, one run each), then the 1.3B a third time if
     # the call has room
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     SPARE=1 RUN_TIMEOUT=300 "$0" goodput-product "$out"
     if (( 575 - SECONDS >= 115 )); then
-      MODEL_SIZE=1b RUN_TIMEOUT=$(( 575 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto2.tar.gz"
+      killed_1b auto2 $(( 575 - SECONDS ))
     fi
     ;;
   call60)  # one device call: the reference schedule with spares whose read buffers are made (call57/58:
@@ -504,8 +490,7 @@ case $suite in
     # existed): first_step.py base vs buffers (load, host_allocs, host_alloc_s), then the 1.3B killed rank
     # (call57: load_read 2.67 s of 4.95 s)
     python3 benchmarks/first_step.py --variants base,buffers --repeat 2 2>&1 | tee "$out/first-step.txt" || true
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     grep -h "spare for local rank" /tmp/gpu-runs/pin-1b/*/logs/spare-pool-*.log 2>/dev/null | head -4 || true
     ;;
   call58)  # one device call (~400 s of budget left): call57's reference schedule again (2.75 s lost per fault)
@@ -514,8 +499,7 @@ case $suite in
   call57)  # one device call: a warm spare warms the run's first optimizer step on fake tensors before it
     # has work (step_warmup; call56: that step took 0.83 s of a restored 1.3B's first step, 0.03 s once
     # warmed): the 1.3B killed rank (call52-54: 4.93-7.32 s), then the reference schedule (2.78-3.44 s/fault)
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     grep -h "spare for local rank" /tmp/gpu-runs/pin-1b/*/logs/spare-pool-*.log 2>/dev/null | head -4 || true
     SPARE=1 RUN_TIMEOUT=$(( 560 - SECONDS )) "$0" goodput-product "$out"
     grep -h "spare for local rank" /tmp/gpu-runs/goodput-product/*/logs/spare-pool-*.log 2>/dev/null | head -4 || true
@@ -524,8 +508,7 @@ case $suite in
     # trainer change measured here and reverted: 6.10 s against 4.93-5.15; first_step.py's warm_step is that
     # code; call55: the first step after a 1.3B restore took 1.06 s against 0.17 s, and it was not memory):
     # the 1.3B killed rank, then first_step.py's base, warm and warm_serial
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     python3 benchmarks/first_step.py --variants base,warm,warm_serial --repeat 2 2>&1 | tee "$out/first-step.txt" || true
     ;;
   call55)  # one device call: where a restored 1.3B rank's first step goes (1.1-1.8 s against 0.18 s steady)
@@ -534,13 +517,11 @@ case $suite in
     ;;
   call54)  # one device call with ~310 s of budget left: the 1.3B killed rank a third time (call52: 5.15 s,
     # call53: 4.93 s), capped so that the run ends inside the call
-    MODEL_SIZE=1b RUN_TIMEOUT=${RUN_TIMEOUT:-120} FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto ${RUN_TIMEOUT:-120}
     ;;
   call53)  # one device call: call52 again (the 1.3B killed rank: 5.15 s; the reference schedule: 3.05 s lost
     # per fault), then the 1.3B once more if the call has room; the device time left was ~630 s
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     SPARE=1 RUN_TIMEOUT=$(( 420 - SECONDS )) "$0" goodput-product "$out"
     if [ $(( 440 - SECONDS )) -gt 120 ]; then
       MODEL_SIZE=1b RUN_TIMEOUT=$(( 440 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_again "$0" pin-1b "$out"
@@ -551,8 +532,7 @@ case $suite in
     # in fresh processes), the 1.3B killed rank with it (call49: 6.34 s, call51: 6.75 s), then the
     # reference schedule again (call51: 2.78 s lost per fault, one run)
     python3 benchmarks/optim_init.py --repeat 2 2>&1 | tee "$out/optim-init.txt" || true
-    MODEL_SIZE=1b RUN_TIMEOUT=200 FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-    mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+    killed_1b auto 200
     if [ $(( 570 - SECONDS )) -gt 240 ]; then
       SPARE=1 RUN_TIMEOUT=$(( 570 - SECONDS )) "$0" goodput-product "$out"
     fi
@@ -562,8 +542,7 @@ case $suite in
     # killed rank (call49: 6.34 s) if the call has room
     SPARE=1 RUN_TIMEOUT=420 "$0" goodput-product "$out"
     if [ $(( 570 - SECONDS )) -gt 140 ]; then
-      MODEL_SIZE=1b RUN_TIMEOUT=$(( 570 - SECONDS )) FAULTS=sigkill@140:0 RUN_NAME=pin_1b_auto "$0" pin-1b "$out"
-      mv "$out/events-pin-1b.tar.gz" "$out/events-pin-1b-auto.tar.gz"
+      killed_1b auto $(( 570 - SECONDS ))
     fi
     ;;
   call10)  # one device call: page-locking beside training (back to back against paused), the host
