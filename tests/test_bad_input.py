@@ -110,6 +110,8 @@ CASES: list[tuple[str, list[str], str]] = [
                                   "--local-checkpoint-dir", "/proc/rt-no-such"], "cannot hold the node-local tier"),
     ("train-host-snapshot-alone", ["train", "--run-dir", "r", "--host-snapshot"],
      "host_snapshot needs memory_snapshot_every and local_checkpoint_every"),
+    ("train-spare-writer-sync", ["train", "--run-dir", "r", "--spare-writer", "--no-async-checkpoint"],
+     "spare_writer needs async checkpointing"),
     ("train-memory-limit-negative", ["train", "--run-dir", "r", "--memory-limit-mb", "-5"],
      "memory_limit_mb must be >= 0"),
     ("train-rdzv-last-call-nan", ["train", "--run-dir", "r", "--nodes", "2", "--rdzv-last-call", "nan"],

@@ -528,3 +528,36 @@ def test_where_a_recovery_went_adds_up_to_it_and_the_report_names_the_largest_pa
     assert sum(fault["phases"].values()) == pytest.approx(fault["recovery_seconds"], abs=2e-3)
     page = write_report(tmp_path, tmp_path / "report.html").read_text()
     assert "<td>nvrx_abort_nccl 0.50 s, find_checkpoint 0.20 s, first_step 0.15 s</td>" in page
+
+
+def _restored_at_the_final_step(run: Path, status: str) -> None:
+    log = ScriptedLog(run)
+    log.start()
+    log.steps(1, 8, checkpoint_every=4)
+    log.emit("fault_injected", 8, rank=1, fault="ckpt-hang@8:1")
+    log.wait(1.0)
+    log.emit("failure_detected", 8, cause="hang", message="save")
+    log.emit("restart_begin", 8, layer="inprocess", cause="hang")
+    log.iteration += 1
+    log.wait(0.5)
+    log.emit("restart_done", layer="inprocess")
+    log.wait(0.2)
+    log.emit("load_done", 8, path="memory", source="memory (snapshot)", seconds=0.1)
+    log.wait(1.5)  # the final checkpoint written again
+    log.end(status, "target step reached" if status == "completed" else "commit failed")
+    log.close()
+
+
+def test_a_restore_at_the_final_step_recovers_when_the_run_completes(tmp_path: Path) -> None:
+    _restored_at_the_final_step(tmp_path, "completed")
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert (fault["layer"], fault["recovered"], fault["rollback_steps"]) == ("inprocess", True, 0)
+    # To the restore (t = 1.7): the final save after it is one that a run without the fault makes too.
+    assert fault["recovery_seconds"] == pytest.approx(1.7)
+    assert sum(fault["phases"].values()) == pytest.approx(1.7)
+
+
+def test_a_restore_at_the_final_step_then_a_failed_end_is_not_a_recovery(tmp_path: Path) -> None:
+    _restored_at_the_final_step(tmp_path, "failed")
+    m = compute_metrics(tmp_path)
+    assert m["unrecovered_faults"] == 1 and not m["faults"][0]["recovered"]

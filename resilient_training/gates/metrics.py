@@ -10,9 +10,11 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
   ``step.seconds`` of each step's last (surviving) execution.
 - **fault episode**: opens at a ``fault_injected``, ``failure_detected`` or ``restart_begin``
   outside an open episode; closes at the first completed step after the first ``load_done``
-  that follows it (triggers inside an open episode join it). Its **recovery seconds** run
-  from the opening event to that step; its **layer** is the outermost ``restart_done`` layer
-  inside it (pod > launcher > inprocess), else inferred from the attempt/iteration change;
+  that follows it, or at that ``load_done`` when none came and the run completed (a restore at
+  the final step, whose checkpoint is then written again; triggers inside an open episode join
+  it). Its **recovery seconds** run from the opening event to that step; its **layer** is the
+  outermost ``restart_done`` layer inside it (pod > launcher > inprocess), else inferred from the
+  attempt/iteration change;
   its **rollback distance** is the last step completed before the restore minus the step
   restored. A trigger after which training went on in the same attempt and iteration with
   no restore is a fault absorbed without restart (layer ``none``, 0 s).
@@ -105,6 +107,7 @@ class Episode:
     cause: str | None = None
     layer: str = "none"
     restored_step: int | None = None
+    restored_at: float | None = None  # the reference rank's load_done
     last_step_before: int | None = None
     fault_step: int | None = None
     context: tuple[int, int] | None = None
@@ -226,8 +229,13 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
                 current.end = e.ts  # steady state again: saves can be written (see the module docstring)
                 current = None
             elif e.event == "load_done" and current.restored_step is None:
-                current.restored_step = int(e.step or 0)
+                current.restored_step, current.restored_at = int(e.step or 0), e.ts
                 current.last_step_before = last_step
+            elif e.event == "end" and current.restored_step is not None and e.get("status") == "completed":
+                # Restored at the final step (its save had failed) and the run then completed:
+                # recovered when the restore was done. What followed is the final save, which a run
+                # without the fault makes too (a failed end leaves the fault unrecovered).
+                current.end, current = current.restored_at, None
             elif e.event == "step" and e.step is not None:
                 if current.restored_step is not None:
                     current.end = e.ts

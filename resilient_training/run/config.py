@@ -75,6 +75,9 @@ class CheckpointConfig:
     host_snapshot: bool = _f(False, "also keep each memory snapshot in host shared memory, in the node-local tier's "
                                     "directory (two more copies of each rank's state), where a process that the "
                                     "launcher restarts resumes from it", "host_snapshot")
+    spare_writer: bool = _f(False, "keep a second async checkpoint writer process started and idle, which takes a "
+                                   "dead writer's place at once instead of a new process importing torch (costs one "
+                                   "idle torch process per rank)", "spare_writer")
 
     def __post_init__(self) -> None:
         if self.every <= 0:
@@ -87,6 +90,8 @@ class CheckpointConfig:
             raise ValueError(f"memory_snapshot_every must be >= 0, got {self.memory_every}")
         if self.keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {self.keep_last}")
+        if self.spare_writer and not self.async_save:
+            raise ValueError("spare_writer needs async checkpointing: synchronous saves use no writer process")
         if self.host_snapshot and not (self.memory_every and self.local_every):
             raise ValueError("host_snapshot needs memory_snapshot_every and local_checkpoint_every: it keeps "
                              "the memory snapshot in the node-local tier's directory")

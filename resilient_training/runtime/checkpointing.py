@@ -1261,6 +1261,7 @@ class _InFlight:
     abandoned: bool = False  # every rank agreed: never committed; cleared once every writer is idle
     writer_pid: int | None = None  # the writer process it was handed to (a carried save needs that one)
     reason: str = ""  # why it was abandoned
+    carried: bool = False  # logged as carried (ckpt_carried): if then not committed, logged as abandoned
 
 
 class Checkpointer:
@@ -1357,7 +1358,8 @@ class Checkpointer:
         "snapshot"`` or ``"staged"`` (path None); nothing on storage changes, so the commit rule
         still decides what exists as a checkpoint. ``after_nan``: a staged save is not used (it
         may already hold the cause), a snapshot only when every value in it is finite. The final
-        step is never restored from memory (its save is what failed, most likely).
+        step's staged copy is never restored (its save is what failed, most likely); its snapshot
+        is, until the final checkpoint is committed (the trainer then writes it again).
 
         Collective (through the store, see :class:`StoreGather`). Checks the model shape before
         anything is built. ``lap(name)`` marks the end of ``find_settle`` (rank 0's commit in
@@ -1388,20 +1390,37 @@ class Checkpointer:
             if snapshot is not None and (self._snapshot.world != (self.rank, self.world_size)
                                          or (after_nan and not self._snapshot.finite())):
                 snapshot = None
-            # Never the final step from memory: its checkpoint must then be written again, by replaying to it.
-            staged, snapshot = (None if s is not None and s >= self.config.steps else s for s in (staged, snapshot))
+            # Never the final step's staged copy (its save is what failed, most likely). Its snapshot,
+            # taken before that save, is restorable while no final checkpoint is committed: the
+            # trainer then writes it again from there (was: replayed from the last save, 50-100
+            # steps of a 1.3B run on one H200 after a hang in the final save; benchmarks call74/75).
+            final = self.config.steps
+            if staged is not None and staged >= final:
+                staged = None
+            if snapshot is not None and snapshot >= final and (persistent_id is not None and persistent_id[0] >= final
+                                                               or snapshot > final):
+                snapshot = None
             staged, snapshot, carried = self._held_on_every_rank(staged, snapshot, self._carried_step())
             # Decided here (kept or dropped); a failure before this passes it on (see carry).
             offered, self._carried = self._carried, None
             base = manifest.get("step", 0)
             kind, step = max((("snapshot", snapshot), ("staged", staged)), key=lambda c: c[1] or -1)
-            if step is not None and (step > base or (kind == "snapshot" and step == base)):
-                # The same processes go on with the same history: the lineage stays as it is, and
-                # a save of that history still in flight is committed once written (not when the
-                # restore lands before it, or a rank does not carry it: that step comes again).
-                if offered is not None and carried is not None and base < carried <= step:
-                    self._in_flight = offered
-                    self._emit("ckpt_carried", carried, tier=offered.tier, restored=step)
+            from_memory = step is not None and (step > base or (kind == "snapshot" and step == base))
+            # The same processes go on with the same history: the lineage stays as it is, and a
+            # save of that history still in flight is committed once written (not when the
+            # restore lands before it, or a rank does not carry it: that step comes again).
+            if offered is not None and from_memory and carried is not None and base < carried <= step:
+                self._in_flight, offered.carried = offered, True
+                self._emit("ckpt_carried", carried, tier=offered.tier, restored=step)
+            elif offered is not None and offered.carried:
+                # An earlier iteration said it would be committed: say that it never will be (on
+                # every rank: each decided the same from the same gather).
+                restored = step if from_memory else base
+                why = offered.reason or ("a rank no longer carries it" if carried is None
+                                         else f"this restore landed at step {restored}, before it")
+                self._emit("ckpt_abandoned", offered.step, reason=f"carried save dropped: {why}"[:300],
+                           tier=offered.tier)
+            if from_memory:
                 return None, {"step": step, "world_size": self.world_size, "memory": kind,
                               "ft_state": manifest.get("ft_state"), "progress": manifest.get("progress")}
         elif self._host is not None and not after_nan:
@@ -1650,7 +1669,7 @@ class Checkpointer:
         and its successor holds no job: polling it says "durable" for a write that never happened.)
         """
         carried = self._carried
-        if carried is None or self._writer.death is not None:
+        if carried is None or carried.abandoned or self._writer.death is not None:
             return None
         alive = carried.job is not None or carried.writer_pid == getattr(self._writer, "pid", None)
         return carried.step if alive else None
@@ -1838,9 +1857,8 @@ class Checkpointer:
             return
         self._in_flight = None
         if self.rank == 0 or in_flight.tier == LOCAL:
-            import shutil
-
-            shutil.rmtree(in_flight.tmp_dir, ignore_errors=True)
+            # Off the training thread: a 1.3B rank's torn 16 GB took 3.3 s between two steps (call73).
+            self.remover(Path(in_flight.tmp_dir))
 
     def _commit(self) -> None:
         """Commit the save every rank reported durable, on the committer's thread (one at a time:

@@ -866,7 +866,7 @@ class _WriterProcess:
     """
 
     def __init__(self, job: Callable[[], None], on_ready: Callable[[_WriterProcess], None],
-                 on_died: Callable[[WriterDeath], None] | None, *, replacement: int = 0) -> None:
+                 on_died: Callable[[_WriterProcess, WriterDeath], None] | None, *, replacement: int = 0) -> None:
         self.replacement = replacement  # n: the n-th writer started in place of a dead one; 0: a first start
         self.requested = time.monotonic()
         self.ready_seconds: float | None = None  # start requested -> warm-up job done
@@ -874,6 +874,7 @@ class _WriterProcess:
         self.process: Any = None
         self.pending = 0  # writes submitted and not yet known durable
         self.ready = threading.Event()
+        self.reported = False  # its readiness passed on to the owner (AsyncWriter._ready)
         self.death: WriterDeath | None = None
         self._retired = False  # closed or killed on purpose: its exit is no death
         self._lock = threading.Lock()
@@ -930,7 +931,7 @@ class _WriterProcess:
             exitcode = process.exitcode if process is not None else None
             self.death = WriterDeath(time.time(), getattr(process, "pid", None), exitcode, detail)
         if self._on_died is not None:
-            self._on_died(self.death)
+            self._on_died(self, self.death)
         return self.death
 
     def finalize(self) -> bool:
@@ -1002,12 +1003,21 @@ class AsyncWriter:
     keeps dying is for the restart layers. ``on_ready(seconds, pid, replacement)`` is called on
     the start-up thread once a writer takes writes (``replacement``: 0 for a first start, n for
     the n-th writer started in place of a dead one).
+
+    ``spare``: keep a second process started and warmed up, idle, once the first is ready; a
+    dead writer's place is then taken by it at once (the writer layer's recovery was the new
+    process's start, 4.9-6.6 s on one H200, most of it importing torch), and another spare is
+    started once it is ready. A spare's own death is no writer death: it is started again.
     """
 
     def __init__(self, *, on_ready: Callable[[float, int | None, int], None] | None = None,
                  on_died: Callable[[WriterDeath], None] | None = None, max_deaths: int = 3,
-                 death_window: float = 300.0) -> None:
+                 death_window: float = 300.0, spare: bool = False) -> None:
         self._writer: _WriterProcess | None = None
+        self._spare: _WriterProcess | None = None
+        self._keep_spare = spare
+        self._spare_deaths = 0
+        self._spare_lock = threading.Lock()  # the start-up threads and the owner's thread both start spares
         self._job: Callable[[], None] = _warm_up_job
         self._on_ready, self._on_died = on_ready, on_died
         self._max_deaths, self._death_window = max_deaths, death_window
@@ -1042,11 +1052,55 @@ class AsyncWriter:
         """
         if self._writer is None:
             self._job = job
-            self._writer = _WriterProcess(job, self._ready, self._on_died)
+            self._writer = self._take_spare(replacement=0) or _WriterProcess(job, self._ready, self._died)
 
     def _restart(self) -> None:
         self.replacements += 1
-        self._writer = _WriterProcess(self._job, self._ready, self._on_died, replacement=self.replacements)
+        self._writer = (self._take_spare(replacement=self.replacements)
+                        or _WriterProcess(self._job, self._ready, self._died, replacement=self.replacements))
+
+    @property
+    def spare_pid(self) -> int | None:
+        return getattr(getattr(self._spare, "process", None), "pid", None)
+
+    @property
+    def spare_ready(self) -> bool:
+        spare = self._spare
+        return spare is not None and spare.ready.is_set() and spare.death is None
+
+    def _take_spare(self, *, replacement: int) -> _WriterProcess | None:
+        """The spare, alive, as the writer now (its readiness reported as if just started)."""
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is None or spare.death is not None:
+            return None
+        spare.replacement, spare.requested = replacement, time.monotonic()
+        self._writer = spare
+        if spare.ready.is_set():  # already took its warm-up job: ready now (else reported once it is)
+            spare.ready_seconds = time.monotonic() - spare.requested
+            self._ready(spare)
+        return spare
+
+    def _start_spare(self) -> None:
+        with self._spare_lock:
+            if self._keep_spare and self._spare is None and self._writer is not None:
+                self._spare = _WriterProcess(self._job, self._ready, self._died, replacement=-1)
+
+    def _died(self, writer: _WriterProcess, death: WriterDeath) -> None:
+        if writer is self._spare or writer.replacement < 0:  # never took a write: started again
+            with self._spare_lock:
+                if writer is self._spare:
+                    self._spare = None
+                self._spare_deaths += 1
+                if self._spare_deaths >= self._max_deaths:  # spares that keep dying: none any more
+                    self._keep_spare = False
+            threading.Thread(target=writer.retire, kwargs={"kill": True}, name="ckpt-writer-retire",
+                             daemon=True).start()
+            if self._writer is not None and self._writer.ready.is_set():
+                self._start_spare()
+            return
+        if self._on_died is not None:
+            self._on_died(death)
 
     def warm_up(self, job: Callable[[], None] = _warm_up_job, timeout: float = 300.0) -> None:
         """Start the writer and wait until it is ready (raises if it dies first)."""
@@ -1060,8 +1114,13 @@ class AsyncWriter:
             time.sleep(0.01)
 
     def _ready(self, writer: _WriterProcess) -> None:
-        if self._on_ready is not None and writer is self._writer:
+        with self._spare_lock:  # once per writer: a spare taken just as it became ready is seen twice
+            if writer is not self._writer or writer.reported:
+                return  # a spare, warmed up and idle (or already reported)
+            writer.reported = True
+        if self._on_ready is not None:
             self._on_ready(writer.ready_seconds or 0.0, getattr(writer.process, "pid", None), writer.replacement)
+        self._start_spare()  # after the writer: the two never import torch at the same time
 
     def replace(self) -> WriterDeath | None:
         """Start a new writer (without waiting) in place of a dead one; returns the death.
@@ -1124,6 +1183,11 @@ class AsyncWriter:
         holds nothing, and a graceful exit tore its torch down for ~0.5 s that its worker
         waited for at the end of every run (CPU machine).
         """
+        self._keep_spare = False
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.retire(kill=True)
         writer = self._writer
         if writer is None:
             return

@@ -82,7 +82,8 @@ class Trainer:
         self.heartbeats = heartbeats
         self.on_gpu = torch.cuda.is_available()
         self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
-        self.writer = nvrx_adapter.AsyncWriter(on_ready=self._writer_ready, on_died=self._writer_died)
+        self.writer = nvrx_adapter.AsyncWriter(on_ready=self._writer_ready, on_died=self._writer_died,
+                                               spare=self.config.checkpoint.spare_writer)
         self.staging = StagingBuffers()
         self.remover = Remover()  # kept across in-process restarts: deletions still running are not repeated
         self.committer = Committer()  # likewise: a restore waits for the commit still running
@@ -189,6 +190,12 @@ class Trainer:
             self.guard.end_phase(start_phase, warm_up=True)
             self._restore(checkpointer, path, manifest, model, optimizer, scheduler, data, started, laps, warm_up)
             checkpointer.carry_owed(self._owed, self.step)
+            if self.step == self.config.steps and manifest.get("memory") == "snapshot":
+                # Restored at the final step, whose save failed (find_restorable): nothing to
+                # train; its checkpoint is written again from the restored state.
+                if not self.staging.prepared:
+                    self.staging.prepare(local_tensors(state_dict(model, optimizer, scheduler)))
+                self._save(self.step, model, optimizer, scheduler, data, checkpointer)
             self._train(model, optimizer, scheduler, data, checkpointer, call_wrapper)
             self._wind_down(checkpointer)
             self.events.emit("end", self.config.steps, status="completed", reason="target step reached")
@@ -684,8 +691,9 @@ class Trainer:
         except nvrx_adapter.CheckpointWriterDied:
             pass
         if self.writer.death is not None:
+            if self._carried is not None:  # the save it was writing died with it (see Checkpointer.carry)
+                self._carried.abandoned, self._carried.reason = True, self.writer.death.describe()
             self.writer.abandon()
-            self._carried = None  # the save it was writing died with it (see Checkpointer.carry)
 
     def _writer_died(self, death: nvrx_adapter.WriterDeath) -> None:
         """Called on the writer's watch thread the moment its process exits unasked: logged now;
