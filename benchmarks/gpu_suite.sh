@@ -267,7 +267,7 @@ case $suite in
     # WRITE_THREADS: DCP files per rank (a restore reads them in parallel)
     run "${RUN_NAME:-pin_1b}" --steps "${FM_STEPS:-200}" --checkpoint-every "${CKPT_EVERY:-50}" --keep-last 1 --warm-spare --memory-snapshot-every 5 \
         ${WRITE_THREADS:+--checkpoint-write-threads "$WRITE_THREADS"} ${HOST:+--host-snapshot} \
-        ${LOCAL_EVERY:+--local-checkpoint-every "$LOCAL_EVERY"} --faults "${FAULTS:-sigkill@120:0}"
+        ${LOCAL_EVERY:+--local-checkpoint-every "$LOCAL_EVERY"} ${SPARE_WRITER:+--spare-writer} --faults "${FAULTS:-sigkill@120:0}"
     ;;
   call32)  # one device call: pin-1b (staging buffers page-locked from one thread, no thread per call)
     MODEL_SIZE=1b RUN_TIMEOUT=500 "$0" pin-1b "$out"
@@ -380,6 +380,35 @@ case $suite in
     # find_scan. Two exceptions and a killed rank, 500 steps, the reference schedule's saves
     run product_short --steps 500 --checkpoint-every 500 --local-checkpoint-every 25 --memory-snapshot-every 5 \
         --warm-spare --faults exception@150:0,exception@300:0,sigkill@400:0
+    ;;
+  call76)  # the end of a session's device time (~300 s): the 1.3B writer-kill alone with --spare-writer
+    # (call73 without: 4.91 s death -> new writer; call75: 6.60), then a hang in the 1.3B's final save, which is
+    # now restored from its memory snapshot and written again (call74/75 replayed 50 and 100 steps)
+    # (Each run's tarball renamed: both are pin-1b's. call76 itself lost the first run's so, and
+    # call77 ran it again.)
+    SPARE_WRITER=1 MODEL_SIZE=1b RUN_TIMEOUT=150 FM_STEPS=160 FAULTS=writer-kill@100:0 RUN_NAME=writer_1b_spare \
+      "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-writer-1b-spare.tar.gz"
+    MODEL_SIZE=1b RUN_TIMEOUT=150 FM_STEPS=150 FAULTS=ckpt-hang@150:0 RUN_NAME=final_hang_1b "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-final-hang-1b.tar.gz"
+    ;;
+  call77)  # call76's first run again (its events were overwritten by the second's)
+    SPARE_WRITER=1 MODEL_SIZE=1b RUN_TIMEOUT=150 FM_STEPS=160 FAULTS=writer-kill@100:0 RUN_NAME=writer_1b_spare \
+      "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-writer-1b-spare.tar.gz"
+    ;;
+  call75)  # one device call: call71's restore_check_cost.py again (its "read" way raced in call71; fixed in f6bcf9e),
+    # then the 1.3B matrix a second time with carried saves (call74), then the reference schedule if room
+    "$0" call71 "$out"
+    MODEL_SIZE=1b RUN_TIMEOUT=240 "$0" matrix-1b-full "$out"
+    if (( 570 - SECONDS >= 150 )); then
+      SPARE=1 RUN_TIMEOUT=$(( 570 - SECONDS < 300 ? 570 - SECONDS : 300 )) "$0" goodput-product "$out"
+    fi
+    ;;
+  call74)  # one device call: call72 again (the 1.3B matrix, then the reference schedule) with saves in flight at an
+    # in-process restart carried (call72 dropped them: its launcher restarts restored 0 and 50, rolling back 109 and
+    # 201 steps); report_gpu.py's "Restores and carried saves" table shows each restore's step
+    "$0" call72 "$out"
     ;;
   call73)  # the end of a session's device time (~200 s): the 1.3B writer-kill alone (in call72's matrix the
     # writer died ~10 s after the save of step 400 began, inside exception@420's in-process restart)

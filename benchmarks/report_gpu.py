@@ -92,6 +92,30 @@ def print_restore_checks(runs: list[Path]) -> None:
         print("\n".join(rows))
 
 
+def print_restores(runs: list[Path]) -> None:
+    """Where each restart restored from (rank 0's ``load_done``) and the saves in flight at an
+    in-process restart that were kept (``ckpt_carried``) and whether each was then committed.
+    """
+    rows = []
+    for run in runs:
+        log = [e for e in events.read_events(run) if e.rank == 0]
+        for e in log:
+            if e.event == "load_done" and (e.attempt, e.iteration) != (0, 0):
+                rows.append(f"| {run.name} | {e.attempt}.{e.iteration} | restored {e.step} | {e['source'] or 'fresh'} |")
+            elif e.event == "ckpt_carried":
+                # Its fate: the first commit or abandonment of that step and tier after it.
+                fate = next((f for f in log if f.ts >= e.ts and f.step == e.step and f.get("tier") == e["tier"]
+                             and f.event in ("ckpt_committed", "ckpt_abandoned")), None)
+                done = ("not committed" if fate is None else "committed" if fate.event == "ckpt_committed"
+                        else f"abandoned ({fate['reason']})")
+                rows.append(f"| {run.name} | {e.attempt}.{e.iteration} | carried save of {e.step} ({e['tier']}) "
+                            f"| restore at {e['restored']}; {done} |")
+    if rows:
+        print("\nRestores and carried saves (rank 0)\n\n| run | attempt.iteration | what | source / outcome |")
+        print("|---|---|---|---|")
+        print("\n".join(rows))
+
+
 def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
     return "–" if value is None else pattern.format(value)
 
@@ -131,6 +155,7 @@ def main(paths: list[str]) -> None:
                   f"({ck['deferred']}) | {efficiency} | {fmt(ck['interval_steps'], '{:.0f}')} |")
         print_profiles([row for run in runs for row in restart_profiles(run)])
         print_restore_checks(runs)
+        print_restores(runs)
         locked = [(run.name, e) for run in runs for e in events.read_events(run)
                   if e.event == "host_memory_locked" and e.rank == 0]
         if locked:  # memory CUDA refused to page-lock makes its copies synchronous
