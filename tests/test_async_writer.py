@@ -326,6 +326,22 @@ def test_a_spare_writer_takes_a_dead_writer_s_place_at_once(tmp_path: Path) -> N
     wait_until(lambda: _gone(spare) and _gone(last_spare), 10.0)  # close stops the spare too
 
 
+def test_a_failing_worker_s_abandon_stops_the_spare_too(tmp_path: Path) -> None:
+    writer = AsyncWriter(spare=True)
+    writer.warm_up()
+    wait_until(lambda: writer.spare_ready)
+    first, spare = writer.pid, writer.spare_pid
+    writer.abandon()  # between in-process iterations: the spare is kept for the next start
+    assert writer.spare_pid == spare and not _gone(spare)
+    writer.start()
+    assert writer.pid == spare and writer.ready  # the spare is the writer at once
+    wait_until(lambda: writer.spare_ready)
+    last_spare = writer.spare_pid
+    writer.abandon(spare=True)  # the worker is failing
+    wait_until(lambda: _gone(first) and _gone(spare) and _gone(last_spare), 10.0)
+    assert writer.spare_pid is None
+
+
 def test_spares_that_keep_dying_are_given_up_without_touching_the_writer(tmp_path: Path) -> None:
     seen = Recorder()
     writer = AsyncWriter(on_ready=seen.on_ready, on_died=seen.on_died, spare=True, max_deaths=2)

@@ -1167,11 +1167,19 @@ class AsyncWriter:
                 raise TimeoutError(f"checkpoint write still in flight after {timeout:.0f} s")
             time.sleep(0.01)
 
-    def abandon(self) -> None:
+    def abandon(self, *, spare: bool = False) -> None:
         """Forget the writer (killing it if alive) without NVRx's close(), which blocks on a dead
-        one; reaped on a thread of its own (see :meth:`_WriterProcess._record_death`).
+        one; reaped on a thread of its own (see :meth:`_WriterProcess._record_death`). The spare
+        is kept for the next :meth:`start`, unless ``spare`` (the worker is failing: no next start).
         """
         writer, self._writer = self._writer, None
+        if spare:
+            self._keep_spare = False
+            with self._spare_lock:
+                writer_spare, self._spare = self._spare, None
+            if writer_spare is not None:
+                threading.Thread(target=writer_spare.retire, kwargs={"kill": True}, name="ckpt-writer-retire",
+                                 daemon=True).start()
         if writer is not None:
             threading.Thread(target=writer.retire, kwargs={"kill": True}, name="ckpt-writer-retire",
                              daemon=True).start()

@@ -747,7 +747,7 @@ class Trainer:
             if self.completed:
                 self.writer.close(timeout=120)
             else:
-                self.writer.abandon()
+                self.writer.abandon(spare=True)
         self.heartbeats.close()
 
 
