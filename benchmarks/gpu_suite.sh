@@ -392,6 +392,12 @@ case $suite in
     MODEL_SIZE=1b RUN_TIMEOUT=150 FM_STEPS=150 FAULTS=ckpt-hang@150:0 RUN_NAME=final_hang_1b "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-final-hang-1b.tar.gz"
     ;;
+  call78)  # the end of a session's device time (~200 s): --spare-writer's steady state during training (in call77
+    # the writer died after the last step): the same run, 260 steps
+    SPARE_WRITER=1 MODEL_SIZE=1b RUN_TIMEOUT=170 FM_STEPS=260 FAULTS=writer-kill@100:0 RUN_NAME=writer_1b_spare \
+      "$0" pin-1b "$out"
+    mv "$out/events-pin-1b.tar.gz" "$out/events-writer-1b-spare.tar.gz"
+    ;;
   call77)  # call76's first run again (its events were overwritten by the second's)
     SPARE_WRITER=1 MODEL_SIZE=1b RUN_TIMEOUT=150 FM_STEPS=160 FAULTS=writer-kill@100:0 RUN_NAME=writer_1b_spare \
       "$0" pin-1b "$out"
