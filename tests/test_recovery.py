@@ -139,13 +139,16 @@ def test_a_hang_during_a_save_or_a_restore_is_recovered_in_process(tmp_path, fau
 
 
 def test_a_save_in_flight_at_an_in_process_restart_is_committed_after_it(tmp_path):
-    """The exception at step 5 comes before any step could agree that step 4's save is durable
-    (that rides on step 5's all-reduce): the save is in flight on both ranks. Its shard was staged
-    before the fault, so the next iteration commits it instead of dropping it (dropped, a 1.3B run
-    on one H200 committed nothing between its in-process restarts; benchmarks call72).
+    """Rank 0 hangs at the start of step 5, before any step could agree that step 4's save is
+    durable (that rides on step 5's all-reduce): the save is in flight on both ranks, and each
+    staged it before going on (rank 1 waits in step 5's all-reduce). The next iteration commits it
+    instead of dropping it (dropped, a 1.3B run on one H200 committed nothing between its
+    in-process restarts; benchmarks call72). (Not an exception: its restart request interrupted a
+    slower rank 1 inside its own save of step 4 twice in twelve loaded runs, and a save a rank never
+    staged is rightly not carried.)
     """
-    run = train(tmp_path / "run", *FAST, "--faults", "exception@5:0")
-    found = check_recovered(run, "exception@5:0", layer="inprocess", cause="exception")
+    run = train(tmp_path / "run", *FAST, "--faults", "hang@5:0")
+    found = check_recovered(run, "hang@5:0", layer="inprocess", cause="hang")
     events = found["events"]
     assert sorted(e.rank for e in events if e.event == "ckpt_carried" and e.step == 4) == [0, 1], [
         (e.rank, e.attempt, e.iteration, e.event, e.step, e.get("reason"), e.get("source"))
