@@ -1395,10 +1395,10 @@ class Checkpointer:
             # trainer then writes it again from there (was: replayed from the last save, 50-100
             # steps of a 1.3B run on one H200 after a hang in the final save; benchmarks call74/75).
             final = self.config.steps
+            final_committed = persistent_id is not None and persistent_id[0] >= final
             if staged is not None and staged >= final:
                 staged = None
-            if snapshot is not None and snapshot >= final and (persistent_id is not None and persistent_id[0] >= final
-                                                               or snapshot > final):
+            if snapshot is not None and (snapshot > final or (snapshot == final and final_committed)):
                 snapshot = None
             staged, snapshot, carried = self._held_on_every_rank(staged, snapshot, self._carried_step())
             # Decided here (kept or dropped); a failure before this passes it on (see carry).

@@ -976,6 +976,11 @@ class _WriterProcess:
         _forget_calls(self.queue)
 
 
+def _retire_later(writer: _WriterProcess) -> None:
+    """Kill a writer process and reap it on a thread of its own (never on the training thread)."""
+    threading.Thread(target=writer.retire, kwargs={"kill": True}, name="ckpt-writer-retire", daemon=True).start()
+
+
 def _forget_calls(queue: Any) -> None:
     """Disarm a dropped NVRx queue. Its ``close()``, which its ``__del__`` runs on whatever thread
     collects it, finalizes the calls still listed with an all-reduce on the default process
@@ -1087,15 +1092,14 @@ class AsyncWriter:
                 self._spare = _WriterProcess(self._job, self._ready, self._died, replacement=-1)
 
     def _died(self, writer: _WriterProcess, death: WriterDeath) -> None:
-        if writer is self._spare or writer.replacement < 0:  # never took a write: started again
+        if writer.replacement < 0:  # a spare (never took a write): started again
             with self._spare_lock:
                 if writer is self._spare:
                     self._spare = None
                 self._spare_deaths += 1
                 if self._spare_deaths >= self._max_deaths:  # spares that keep dying: none any more
                     self._keep_spare = False
-            threading.Thread(target=writer.retire, kwargs={"kill": True}, name="ckpt-writer-retire",
-                             daemon=True).start()
+            _retire_later(writer)
             if self._writer is not None and self._writer.ready.is_set():
                 self._start_spare()
             return
@@ -1173,16 +1177,16 @@ class AsyncWriter:
         is kept for the next :meth:`start`, unless ``spare`` (the worker is failing: no next start).
         """
         writer, self._writer = self._writer, None
-        if spare:
-            self._keep_spare = False
-            with self._spare_lock:
-                writer_spare, self._spare = self._spare, None
-            if writer_spare is not None:
-                threading.Thread(target=writer_spare.retire, kwargs={"kill": True}, name="ckpt-writer-retire",
-                                 daemon=True).start()
-        if writer is not None:
-            threading.Thread(target=writer.retire, kwargs={"kill": True}, name="ckpt-writer-retire",
-                             daemon=True).start()
+        for process in (writer, self._drop_spare() if spare else None):
+            if process is not None:
+                _retire_later(process)
+
+    def _drop_spare(self) -> _WriterProcess | None:
+        """No spare from now on; the one there was, to be stopped by the caller."""
+        self._keep_spare = False
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        return spare
 
     def close(self, timeout: float = 120.0) -> None:
         """Wait for the writes in flight, then stop the writer.
@@ -1191,9 +1195,7 @@ class AsyncWriter:
         holds nothing, and a graceful exit tore its torch down for ~0.5 s that its worker
         waited for at the end of every run (CPU machine).
         """
-        self._keep_spare = False
-        with self._spare_lock:
-            spare, self._spare = self._spare, None
+        spare = self._drop_spare()
         if spare is not None:
             spare.retire(kill=True)
         writer = self._writer

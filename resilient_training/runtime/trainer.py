@@ -193,8 +193,6 @@ class Trainer:
             if self.step == self.config.steps and manifest.get("memory") == "snapshot":
                 # Restored at the final step, whose save failed (find_restorable): nothing to
                 # train; its checkpoint is written again from the restored state.
-                if not self.staging.prepared:
-                    self.staging.prepare(local_tensors(state_dict(model, optimizer, scheduler)))
                 self._save(self.step, model, optimizer, scheduler, data, checkpointer)
             self._train(model, optimizer, scheduler, data, checkpointer, call_wrapper)
             self._wind_down(checkpointer)
