@@ -183,7 +183,7 @@ def test_a_hang_in_the_final_save_restores_the_final_step_and_writes_it_again(tm
     report = validate(run.run_dir, load=True)
     assert report.valid, report.to_dict()
     assert fmt.read_manifest(fmt.read_latest(layout.checkpoints_dir(run.run_dir)))["step"] == 16
-    # One fault, recovered in-process with nothing rolled back, its recovery ending with the run.
+    # One fault, recovered in-process with nothing rolled back, its recovery ending at the restore.
     (fault,) = compute_metrics(run.run_dir)["faults"]
     assert (fault["layer"], fault["recovered"], fault["rollback_steps"]) == ("inprocess", True, 0), fault
     load = min(e.ts for e in loads if e.rank == 0)
