@@ -299,3 +299,32 @@ def test_an_abandoned_save_s_files_are_removed_off_the_training_thread(tmp_path:
     ckpt.maybe_commit(1.0)  # every writer idle again: dropped
     assert handed == [tmp_dir] and tmp_dir.is_dir()  # handed over, not deleted here
     assert not ckpt.will_defer(10)
+
+
+class _SnapshotOfTheFinalStep(_SnapshotOfStep3):
+    def ready(self) -> int:
+        return 20  # the run's --steps
+
+
+def test_the_final_step_is_restored_from_its_snapshot_only_while_its_checkpoint_is_not_committed(
+        tmp_path: Path) -> None:
+    """A hang in the final save: its snapshot is restored and the checkpoint written again. Once
+    the final checkpoint is committed (a failure after it, in the wind-down), storage is restored:
+    restoring the snapshot would write the final step a second time."""
+    events: list = []
+    writer, staging = _HeldWriter(), StagingBuffers()
+    first = _iteration(tmp_path / "run", "r0i0", writer, staging, events)
+    first._snapshot = _SnapshotOfTheFinalStep()
+    path, manifest = first.find_restorable(in_memory=True)
+    assert (path, manifest["memory"], manifest["step"]) == (None, "snapshot", 20)
+    first._snapshot = None  # (the save reads the live state here, not the fake snapshot)
+    model, optimizer, data = train_state(TINY, seed=1, steps=1)
+    first.save(20, state_dict(model, optimizer), data.state_dict(), {})
+    writer.released.set()
+    first.maybe_commit(first.local_done())
+    first.committer.settle(30)
+    assert fmt.read_manifest(fmt.read_latest(first.root))["step"] == 20
+    second = _iteration(tmp_path / "run", "r0i1", writer, staging, events)
+    second._snapshot = _SnapshotOfTheFinalStep()
+    path, manifest = second.find_restorable(in_memory=True)
+    assert path is not None and manifest["step"] == 20 and "memory" not in manifest
