@@ -907,7 +907,7 @@ class _WriterProcess:
         from multiprocessing.connection import wait
 
         wait([self.process.sentinel])
-        self._record_death(reap=0.5)  # the exit code (the signal) if it is reaped soon
+        self._record_death(reap=0.5)  # without /proc: the exit code (the signal) if it is reaped soon
 
     def exited(self) -> bool:
         """The process is gone (never reaps it: :meth:`_record_death` does, once)."""
@@ -917,18 +917,20 @@ class _WriterProcess:
         return process is not None and bool(wait([process.sentinel], timeout=0))
 
     def _record_death(self, detail: str = "", *, reap: float = 0.0) -> WriterDeath | None:
-        """Record the death once (whoever sees it first). ``reap``: seconds to wait for the exit
-        code first, never under the lock and never on the training thread: a killed writer's pipe
-        closes at once but the kernel can take seconds to tear down its mappings before it can be
-        reaped (on 2 H200s the training thread waited here, past the hang allowance).
+        """Record the death once (whoever sees it first), with its exit code (:func:`_exit_code`).
+        ``reap``: where that is not known, seconds to wait to reap it, never under the lock and
+        never on the training thread: a killed writer's pipe closes at once but the kernel can
+        take seconds to tear down its mappings before it can be reaped (on 2 H200s the training
+        thread waited here, past the hang allowance).
         """
         process = self.process
-        if reap and process is not None:
+        exitcode = _exit_code(process) if process is not None else None
+        if exitcode is None and reap and process is not None:
             process.join(timeout=reap)
+            exitcode = process.exitcode
         with self._lock:
             if self._retired or self.death is not None:
                 return self.death
-            exitcode = process.exitcode if process is not None else None
             self.death = WriterDeath(time.time(), getattr(process, "pid", None), exitcode, detail)
         if self._on_died is not None:
             self._on_died(self, self.death)
@@ -974,6 +976,25 @@ class _WriterProcess:
         process.join(timeout=5)
         caller.process = None  # its __del__ would otherwise wait on queue.join() forever
         _forget_calls(self.queue)
+
+
+def _exit_code(process: Any) -> int | None:
+    """The exit code (negative: the killing signal) of a process whose exit was seen, as
+    ``multiprocessing`` gives it, also while it cannot be reaped yet: its pipe closes before the
+    kernel has made it a zombie (a writer killed on a loaded CPU machine: its death was logged
+    "exit code unknown"; on GPUs that takes seconds), but the kernel sets the wait status that
+    ``/proc/<pid>/stat`` ends with at the start of the exit. ``None`` where neither says.
+    """
+    if process.exitcode is not None or process.pid is None:
+        return process.exitcode
+    try:
+        with open(f"/proc/{process.pid}/stat", "rb") as stat:
+            status = int(stat.read().rsplit(b")", 1)[1].split()[-1])  # the name in () may hold spaces
+        code = os.waitstatus_to_exitcode(status)
+    except (OSError, ValueError, IndexError):  # reaped meanwhile, or no /proc
+        return process.exitcode
+    # Reaped (and its pid perhaps taken) while the file was read: what the reaping said.
+    return process.exitcode if process.exitcode is not None else code
 
 
 def _retire_later(writer: _WriterProcess) -> None:
