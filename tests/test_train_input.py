@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -77,6 +78,32 @@ def test_run_dir_made_with_other_task_args_is_refused(tmp_path):
     assert "task arg d_model: '64' (now '32')" in second.output and "use a new --run-dir" in second.output
     assert {p.name: p.read_bytes() for p in (run_dir / "events").iterdir()} == events_before
     assert (run_dir / "config.json").read_bytes() == config_before
+
+
+def test_task_args_are_compared_as_the_task_receives_them(tmp_path):
+    """``lr=0.10`` resumes a run made with ``lr=0.1`` when the factory's ``lr`` is a float (the raw
+    strings were compared: a needless refusal); a string parameter's spelling still counts, and so
+    does a value of another kind. The latest manifest's settings are compared the same way."""
+    from resilient_training.launch.local import LaunchError, check_same_task, check_same_task_args, claim_run_dir
+    from resilient_training.run import checkpoint_format as cf
+    from resilient_training.run import config as cfg
+    from tests.test_task import USER_TASK
+
+    def config(**args: str) -> cfg.TrainConfig:
+        return cfg.TrainConfig(run_dir=str(tmp_path / "run"), task=f"{USER_TASK}:make_typed", task_args=args)
+
+    made = {"width": "4", "lr": "0.1", "momentum": "true", "name": "7"}
+    with claim_run_dir(config(**made)):
+        pass
+    same = {"width": "4", "lr": "0.10", "momentum": "true", "name": "7"}
+    check_same_task(config(**same), tmp_path / "run")
+    check_same_task_args({"task_args": made}, config(**same))
+    for changed, said in [({"lr": "0.2"}, "task arg lr: '0.1' (now '0.2')"), ({"name": "07"}, "task arg name: '7'"),
+                          ({"width": "4.0"}, "task arg width: '4' (now '4.0')"), ({"momentum": "1"}, "momentum")]:
+        with pytest.raises(LaunchError, match=re.escape(said)):
+            check_same_task(config(**{**same, **changed}), tmp_path / "run")
+        with pytest.raises(cf.CheckpointRefused, match="other task settings"):
+            check_same_task_args({"task_args": made}, config(**{**same, **changed}))
 
 
 def test_model_flags_changed_before_any_checkpoint_are_refused(tmp_path, capsys):

@@ -143,9 +143,12 @@ def check_same_task(config: cfg.TrainConfig, run_dir: Path) -> None:
         differ.append(f"task {task!r} (now {config.task!r})")
     args = recorded.get("task_args") or {}
     if isinstance(args, dict):
+        from resilient_training.runtime import task as tk
+
+        same_was, same_now = tk.comparable_args(config.task, args), tk.comparable_args(config.task, config.task_args)
         for key in sorted(set(args) | set(config.task_args)):
             was, now = args.get(key), config.task_args.get(key)
-            if was != now:
+            if same_was.get(key) != same_now.get(key):
                 differ.append(f"task arg {key}: {'unset' if was is None else repr(was)} "
                               f"(now {'unset' if now is None else repr(now)})")
     builtin = cfg.absolute_task(config.task) == cfg.absolute_task(cfg.DEFAULT_TASK)
@@ -184,8 +187,9 @@ def check_same_task_args(manifest: dict, config: cfg.TrainConfig) -> None:
     if not isinstance(saved, dict):
         return  # written before task_args were recorded: check_same_task's config.json still applies
     now = tk.effective_args(config)
+    same_saved, same_now = tk.comparable_args(config.task, saved), tk.comparable_args(config.task, now)
     differ = [f"{key} {saved.get(key)!r} (now {now.get(key)!r})" for key in sorted(set(saved) | set(now))
-              if saved.get(key) != now.get(key)]
+              if same_saved.get(key) != same_now.get(key)]
     if differ:
         raise fmt.CheckpointRefused(
             f"{config.run_dir}'s latest checkpoint (step {manifest.get('step')}) was saved with other task "

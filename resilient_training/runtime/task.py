@@ -347,5 +347,27 @@ def effective_args(config: Any) -> dict[str, str]:
     return {**base, **config.task_args}
 
 
+def comparable_args(spec: str, task_args: dict[str, Any]) -> dict[str, Any]:
+    """``task_args`` as the task's factory receives them, for comparing two runs' settings: a
+    parameter annotated int, float or bool gets the converted value (``lr=0.10`` and ``lr=0.1``
+    are one learning rate; a resume with the other spelling was refused). Anything else, or a
+    task that cannot be imported here, stays as given (a string parameter's spelling may matter).
+    """
+    try:
+        target = _import_target(spec)
+        signature = inspect.signature(target)
+    except Exception:  # noqa: BLE001 - named where the task is loaded; here the strings are compared
+        return dict(task_args)
+    if _is_task(target):
+        return dict(task_args)
+    out: dict[str, Any] = {}
+    for name, value in task_args.items():
+        try:
+            out.update(_typed(spec, target, signature, {name: value}))
+        except TaskError:  # not a value of its kind: compared as given
+            out[name] = value
+    return out
+
+
 def task_from_config(config: Any) -> Any:
     return load_task(config.task, effective_args(config))
