@@ -197,6 +197,7 @@ case $suite in
     # with warm spares and memory snapshots; as matrix-1b, one checkpoint kept and, on one GPU, no node-local tier
     local=(--keep-last 1); [ "$nproc" -gt 1 ] && local=(--local-checkpoint-every 25)
     run matrix_1b_full --steps "${FM_STEPS:-450}" --checkpoint-every 50 "${local[@]}" --warm-spare --memory-snapshot-every 5 \
+        ${SPARE_WRITER:+--spare-writer} \
         --faults "exception@60:0,sigkill@110:$r1,oom@160:$r1,nan@210:0,ckpt-kill@250:$r1,hang@300:$r1,writer-kill@350:0,ckpt-hang@400:$r1,exception@420:0,load-hang@401:$r1"
     ;;
   call29)  # one device call: matrix-1b-full (each run ended by 540 s so that its events are kept)
@@ -230,7 +231,7 @@ case $suite in
       # LOCAL_EVERY / WRITE_THREADS: the node-local interval and write threads (what a launcher restart rolls back to)
       run "${RUN_NAME:-product}" --steps 2000 --checkpoint-every 500 --local-checkpoint-every "${LOCAL_EVERY:-25}" \
           --memory-snapshot-every "${MEM_EVERY:-5}" ${WRITE_THREADS:+--checkpoint-write-threads "$WRITE_THREADS"} \
-          ${SPARE:+--warm-spare} ${HOST:+--host-snapshot} --faults "$faults"
+          ${SPARE:+--warm-spare} ${HOST:+--host-snapshot} ${SPARE_WRITER:+--spare-writer} --faults "$faults"
     fi
     ;;
   call8)  # one device call: the reference goodput schedule with spares and --host-snapshot (a killed
@@ -391,6 +392,14 @@ case $suite in
     mv "$out/events-pin-1b.tar.gz" "$out/events-writer-1b-spare.tar.gz"
     MODEL_SIZE=1b RUN_TIMEOUT=150 FM_STEPS=150 FAULTS=ckpt-hang@150:0 RUN_NAME=final_hang_1b "$0" pin-1b "$out"
     mv "$out/events-pin-1b.tar.gz" "$out/events-final-hang-1b.tar.gz"
+    ;;
+  call79)  # one device call (not run yet): what --spare-writer costs where there is no writer death, to decide its
+    # default on GPUs: the reference schedule with it (call70/72/75 without: 89.2-89.9 % training, 2.44-2.68 s per
+    # fault), then the 1.3B matrix with it (call74/75 without: the writer row 4.91-6.60 s)
+    SPARE=1 SPARE_WRITER=1 RUN_NAME=product_spare_writer RUN_TIMEOUT=300 "$0" goodput-product "$out"
+    if (( 570 - SECONDS >= 200 )); then
+      SPARE_WRITER=1 MODEL_SIZE=1b RUN_TIMEOUT=$(( 570 - SECONDS )) "$0" matrix-1b-full "$out"
+    fi
     ;;
   call78)  # the end of a session's device time (~200 s): --spare-writer's steady state during training (in call77
     # the writer died after the last step): the same run, 260 steps
