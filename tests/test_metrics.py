@@ -231,6 +231,43 @@ def test_the_failing_rank_s_own_report_beats_the_peer_s(tmp_path: Path) -> None:
     assert [s["rank"] for s in fault["symptoms"] if s["event"] == "failure_detected"] == [0]
 
 
+@pytest.mark.parametrize("waiting_first", [True, False])
+def test_of_two_ranks_reporting_a_hang_the_one_stalled_outside_a_collective_is_named(tmp_path: Path,
+                                                                                      waiting_first: bool) -> None:
+    """A hang nobody injected: both ranks' guards ran out, rank 0 waiting in a collective for
+    rank 1, stalled in its step. Rank 1 is the root cause whichever reported first (on 2 H200s
+    the waiting rank was first in 2 of 5 such hangs); with both waiting, the first report is."""
+    def run(path: Path, where: tuple[str, str]) -> dict:
+        log = ScriptedLog(path)
+        log.start()
+        log.emit("load_done", 0, path="", seconds=0.0)
+        log.steps(1, 12, checkpoint_every=5)
+        log.wait(3.0)
+        order = [0, 1] if waiting_first else [1, 0]
+        for rank in order:
+            log.emit("hang_detected", 13, rank=rank, reason=f"no progress for 3.0 s in {where[rank]}", where=where[rank])
+            log.wait(0.01)
+        for rank in order:
+            log.emit("failure_detected", 13, rank=rank, cause="hang", message="soft timeout")
+            log.emit("restart_begin", 13, rank=rank, layer="inprocess", cause="hang")
+            log.wait(0.01)
+        log.iteration += 1
+        log.wait(1.0)
+        log.emit("restart_done", layer="inprocess")
+        log.emit("load_done", 10, path="checkpoints/step_10", seconds=0.2)
+        log.steps(11, 15)
+        log.end()
+        log.close()
+        (fault,) = compute_metrics(path)["faults"]
+        return fault
+
+    fault = run(tmp_path / "a", ("collective", "step"))
+    assert (fault["root_cause"]["kind"], fault["root_cause"]["rank"], fault["layer"]) == ("hang", 1, "inprocess")
+    assert [s["rank"] for s in fault["symptoms"] if s["event"] == "failure_detected"] == [0]
+    fault = run(tmp_path / "b", ("collective", "collective"))
+    assert fault["root_cause"]["rank"] == (0 if waiting_first else 1)
+
+
 def test_a_writer_death_found_at_the_next_save_is_the_injected_fault_not_a_second_one(tmp_path: Path) -> None:
     log = ScriptedLog(tmp_path)
     log.start()

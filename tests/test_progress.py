@@ -49,6 +49,30 @@ def _steps(guard: ProgressGuard, count: int, seconds: float) -> float:
     return last
 
 
+def test_a_rank_waiting_in_a_collective_reports_after_the_rank_stalled_outside_one():
+    """Two ranks with the same allowance and the same last progress: the one stalled in its own
+    step reports first, the one waiting for it in a collective a grace later (on 2 H200s the
+    waiting rank had reported first, and was named, in 2 of 5 such hangs)."""
+    from resilient_training.runtime.progress import COLLECTIVE_GRACE
+
+    stalled, waiting = Recorder(), Recorder()
+    guards = [ProgressGuard(initial=0.6, phase_default=1.5, floor=0.3, margin=5.0, tick=0.02) for _ in range(2)]
+    try:
+        started = time.monotonic()
+        guards[0].arm(ping=stalled.ping, on_expire=stalled.expire)
+        guards[1].arm(ping=waiting.ping, on_expire=waiting.expire)
+        guards[1].in_collective = True
+        assert stalled.event.wait(3) and waiting.event.wait(3)
+        (first, reason), (second, waited_reason) = stalled.expired[0], waiting.expired[0]
+        assert 0.6 <= first - started < 1.0 and "in step" in reason, (first - started, reason)
+        assert second - first >= COLLECTIVE_GRACE - 0.05, second - first
+        assert f"in collective; allowance 0.6 s (soft_timeout; not calibrated yet) + {COLLECTIVE_GRACE:g} s waiting" \
+            in waited_reason, waited_reason
+    finally:
+        for guard in guards:
+            guard.close()
+
+
 def test_before_calibration_the_allowance_is_the_soft_timeout(guard_and_recorder):
     guard, recorder = guard_and_recorder
     started = time.monotonic()  # before arming: the deadline counts from no earlier

@@ -27,7 +27,8 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
 - **root cause** of an episode (what happened, not what the other ranks saw): the injected
   fault (type, rank, step), else the first ``failure_detected`` whose cause is not a symptom of
   another rank's failure (``peer_failure``, ``restart_requested``: exception type and message,
-  ``nan``, timeouts), else a pod/node restart cause, else — when every reporting rank only saw a
+  ``nan``, timeouts; of ranks reporting a hang, the one stalled outside a collective), else a
+  pod/node restart cause, else — when every reporting rank only saw a
   peer fail — the training rank that reported nothing (it died without a word: a signal or a
   crash). A peer's failed collective (``DistBackendError``) is the root cause only when no rank says
   more. The other ranks' reports are the episode's **symptoms**, linked to it and never counted
@@ -293,6 +294,8 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
     injected = next((e for e in inside if e.event == "fault_injected"), None)
     reports = [e for e in inside if e.event == "failure_detected" and e.get("cause") not in SYMPTOMS]
     primary = next((e for e in reports if e.get("cause") not in COMM_ERRORS), reports[0] if reports else None)
+    if primary is not None and primary.get("cause") == "hang":
+        primary = _stalled_outside_a_collective(reports, events) or primary
     pod = next((e for e in inside if e.event == "restart_begin" and e.get("layer") == "pod"), None)
     root: dict[str, Any]
     if injected is not None:
@@ -334,6 +337,22 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
         if e.event in ("failure_detected", "restart_begin") and e is not primary
         and not (e.rank == root.get("rank") and e.event == "restart_begin")
     ]
+
+
+def _stalled_outside_a_collective(reports: list[ev.Event], events: list[ev.Event]) -> ev.Event | None:
+    """Of several ranks reporting a hang, the one whose progress guard found it stalled outside a
+    collective (its ``hang_detected`` before the report), when exactly one did: the others were
+    waiting in a collective for it, whichever reported first.
+    """
+    hangs = [r for r in reports if r.get("cause") == "hang"]
+    where: dict[int, Any] = {}
+    for report in hangs:
+        found = [e for e in events if e.event == "hang_detected" and e.rank == report.rank and e.ts <= report.ts
+                 and (e.attempt, e.iteration) == (report.attempt, report.iteration)]
+        if found:
+            where[id(report)] = found[-1].get("where")
+    outside = [r for r in hangs if id(r) in where and where[id(r)] != "collective"]
+    return outside[0] if len(outside) == 1 and len(where) > 1 else None
 
 
 def _absorbed(episode: Episode, step_event: ev.Event) -> bool:

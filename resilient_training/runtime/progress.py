@@ -31,6 +31,12 @@ from typing import Any
 # lazy initialisation (NCCL communicators, kernels, allocator growth).
 WARM_UP_STEPS = 3
 
+# A rank waiting in a collective is most likely waiting for the hung one: its allowance runs this
+# much longer, so that a rank stalled outside collectives reports first and is the one named. Both
+# ran out together before (same calibration, same last progress): on 2 H200s the waiting rank
+# reported first in 2 of 5 such hangs, by 5-88 ms (benchmarks/results/h200x2-*).
+COLLECTIVE_GRACE = 0.5
+
 
 class ProgressGuard:
     """The allowance, its calibration and the keeper thread (one per worker process)."""
@@ -240,11 +246,14 @@ class ProgressGuard:
                 if not self._armed or self._expired:
                     continue
                 allowance = self._allowance()
+                grace = COLLECTIVE_GRACE if self._phase is None and self.in_collective else 0.0
+                allowance += grace
                 silent = self._clock() - self._last
                 if silent > allowance:
                     self._expired = True
                     on_expire = self._on_expire
-                    reason = self.expiry = f"no progress for {silent:.1f} s in {self.where()}; {self._describe()}"
+                    reason = self.expiry = (f"no progress for {silent:.1f} s in {self.where()}; {self._describe()}"
+                                            + (f" + {grace:g} s waiting in a collective" if grace else ""))
                 else:
                     on_expire = None
             if on_expire is not None:
