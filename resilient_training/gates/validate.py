@@ -524,13 +524,20 @@ class _Checker:
         run, or rewritten since with every checksum re-recorded, is otherwise self-consistent;
         so is a manifest rewritten for fewer ranks (one rank's files deleted).
         """
-        if self.manifest.get("ranks") is not None:
-            return  # a node-local tier checkpoint: its tier is never validated through a run
         from resilient_training.run import gate_records
 
         run_dir = gate_records.run_dir_of(self.dir)
         if run_dir is None and self._promoted_extras():
             self.check_promotion()
+            return
+        if self.manifest.get("ranks") is not None:
+            if run_dir is None:
+                return  # a node-local tier checkpoint: its tier is never validated through a run
+            # A run commits only full checkpoints under checkpoints/: this key had switched the
+            # event-log check off, and another run's step with it added was promoted (stranger trial).
+            self.find("not_committed_by_run", cf.MANIFEST_NAME,
+                      f"the manifest lists ranks {self.manifest['ranks']!r} (a node-local tier checkpoint's), "
+                      f"but a run commits only checkpoints of every rank under {layout.CHECKPOINTS_DIRNAME}/")
             return
         if run_dir is None:
             self.find("world_size_unverified", cf.MANIFEST_NAME, "the checkpoint lies outside a run directory: "

@@ -75,8 +75,10 @@ def test_a_foreign_file_is_still_unexpected(promoted: Path) -> None:
     assert _codes(promoted) == ["unexpected_file"]
 
 
-def test_a_manifest_rewritten_after_promotion_is_caught(promoted: Path) -> None:
-    rewrite_manifest(promoted, lambda m: m.update(run_id="someone-else"))  # every checksum still holds
+@pytest.mark.parametrize("edit", [{"run_id": "someone-else"}, {"ranks": [0, 1]}])
+def test_a_manifest_rewritten_after_promotion_is_caught(promoted: Path, edit: dict) -> None:
+    # ranks: a node-local tier checkpoint's key, which had switched the check of the record off
+    rewrite_manifest(promoted, lambda m: m.update(edit))  # every checksum still holds
     assert _codes(promoted) == ["not_the_promoted_checkpoint"]
 
 

@@ -363,6 +363,27 @@ def test_a_checkpoint_swapped_in_from_another_run_is_not_the_one_this_run_commit
     assert "this is not the checkpoint the run saved" in report.all_findings[0].message
 
 
+def test_a_swapped_in_checkpoint_marked_node_local_is_still_not_this_runs(synthetic_run: Path, tmp_path: Path) -> None:
+    """Found by a stranger trial: ``"ranks"`` added to the swapped-in manifest (what a node-local
+    tier checkpoint has) switched the event-log check off; the step was VALID, passed convergence
+    and was promoted. A run commits only full checkpoints under checkpoints/."""
+    from tests.support.gates import TINY, rewrite_manifest, write_checkpoint
+
+    other = tmp_path / "other"
+    write_checkpoint(other, cfg=TINY, step=4, seed=999, world_size=2)
+    run = copy_run(synthetic_run, tmp_path / "run")
+    shutil.rmtree(run / STEP4)
+    shutil.copytree(other / STEP4, run / STEP4)
+    rewrite_manifest(run / STEP4, lambda m: m.update(ranks=[0, 1]))
+    report = validate(run)
+    assert [(f.code, f.file) for f in report.all_findings] == [("not_committed_by_run", "checkpoints/step_4/manifest.json")]
+    assert "lists ranks [0, 1]" in report.all_findings[0].message
+    # Outside a run, as the node-local tier keeps it: checked on its own, as before.
+    rewrite_manifest(other / STEP4, lambda m: m.update(ranks=[0, 1]))
+    shutil.copytree(other / STEP4, tmp_path / "local" / "step_4")
+    assert validate(tmp_path / "local" / "step_4").valid
+
+
 @pytest.mark.parametrize("link", ["step", "checkpoints"])
 def test_a_link_to_another_runs_checkpoint_is_not_this_runs(synthetic_run: Path, tmp_path: Path, link: str) -> None:
     """Found by a stranger trial: ``step_N`` replaced by a symbolic link to another run's was VALID,
