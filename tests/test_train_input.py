@@ -199,6 +199,37 @@ def test_a_step_planted_from_another_run_is_refused_before_any_worker_starts(tmp
                      cfg.TrainConfig(run_dir=str(tmp_path / "copy"), model=TINY))
 
 
+@pytest.mark.parametrize("how", ["run_uid-deleted", "run_uid-copied", "unlogged-step"])
+def test_a_planted_step_that_claims_to_be_this_runs_is_refused_by_its_event_log(tmp_path, capsys, how):
+    """Found by a third stranger trial: another run's step planted with ``run_uid`` deleted from its
+    manifest (an older manifest's form, which is not checked) was resumed, trained on, validated,
+    judged converged (its loss curve continued within tolerance) and promoted. The run's event
+    log records the digest of every manifest it committed; a step it records no commit of is
+    refused too."""
+    import shutil
+
+    from resilient_training.launch.local import check_committed_by_run
+    from resilient_training.run import checkpoint_format as cf
+    from tests.support.gates import TINY, rewrite_manifest, write_checkpoint
+
+    ours = write_checkpoint(tmp_path / "ours", step=3, world_size=1)
+    check_committed_by_run(tmp_path / "ours", ours, cf.read_manifest(ours))  # its own: resumed
+    theirs = write_checkpoint(tmp_path / "theirs", step=5 if how == "unlogged-step" else 3, world_size=1, seed=999)
+    planted = ours.parent / theirs.name
+    shutil.rmtree(planted, ignore_errors=True)
+    shutil.copytree(theirs, planted)
+    uid = cf.read_run_uid(tmp_path / "ours")
+    rewrite_manifest(planted, lambda m: m.pop("run_uid") if how == "run_uid-deleted" else m.update(run_uid=uid))
+    (ours.parent / "latest").write_text(planted.name)
+    tiny = [flag for name in TINY.__slots__ for flag in (f"--model-{name.replace('_', '-')}", str(getattr(TINY, name)))]
+    refused = train_here(tmp_path / "ours", "--nproc", "1", "--steps", "8", "--batch-size", "4", *tiny, capsys=capsys)
+    assert refused.returncode == 2 and refused.output.count("\n") == 1, refused.output
+    said = ("is not known to be this run's: the run's event log records no commit of step 5" if how == "unlogged-step"
+            else "is not the checkpoint this run committed at step 3: its manifest's digest is not the one")
+    assert said in refused.output, refused.output
+    assert ("echo step_3 > " if how == "unlogged-step" else "No committed step before it") in refused.output
+
+
 @pytest.mark.parametrize("damage", ["flipped", "cut", "deleted"])
 def test_a_damaged_latest_checkpoint_is_refused_before_any_worker_starts(tmp_path, capsys, damage):
     """Found by a stranger trial: a chunk's bytes changed in place (same length) were restored and

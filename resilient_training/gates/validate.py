@@ -272,32 +272,6 @@ def read_dcp_metadata(path: Path) -> Any:
     return metadata
 
 
-def recorded_commit(run_dir: Path, step: int) -> tuple[Any, int | None, str]:
-    """Rank 0's last ``ckpt_committed`` of ``step`` (persistent tier) in the run's event log, the
-    world size it records, and where that world size comes from (or why there is none).
-
-    The world size is the event's; failing that (an older log), the last ``start`` of rank 0
-    before that commit.
-    """
-    from resilient_training.run import events as ev
-
-    try:
-        events = ev.read_events(run_dir)
-    except ev.EventLogError as exc:  # a forged or damaged log witnesses nothing
-        return None, None, f"the run's event log cannot be read ({exc})"
-    commits = [e for e in events if e.event == "ckpt_committed" and e.step == step and e.rank == 0
-               and e.get("tier", "persistent") == "persistent"]
-    if not commits:
-        return None, None, f"the run's event log records no commit of step {step}"
-    commit = commits[-1]
-    if isinstance(commit.get("world_size"), int):
-        return commit, commit["world_size"], "its ckpt_committed event"
-    starts = [e for e in events if e.event == "start" and e.rank == 0 and e.ts <= commit.ts]
-    if starts and isinstance(starts[-1].get("world_size"), int):
-        return commit, starts[-1]["world_size"], "the start event of the workers that committed it"
-    return commit, None, f"the run's event log records no world size for the commit of step {step}"
-
-
 class _Checker:
     def __init__(self, ckpt_dir: Path, base: Path, result: CheckpointResult, *, load: bool, threads: int | None):
         self.dir = ckpt_dir
@@ -544,7 +518,7 @@ class _Checker:
                       "no event log to prove it holds every rank the run trained with")
             return
         step = self.manifest["step"]
-        commit, recorded, source = recorded_commit(run_dir, step)
+        commit, recorded, source = gate_records.recorded_commit(run_dir, step)
         if recorded is None:
             self.find("world_size_unverified", cf.MANIFEST_NAME,
                       f"{source}: cannot prove the checkpoint holds every rank the run trained with")

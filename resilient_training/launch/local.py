@@ -90,11 +90,36 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
                     f"{latest} is damaged: {'; '.join(damaged[:3])}{' …' if len(damaged) > 3 else ''}. "
                     f"{fmt.rewind_advice(latest)}")
             check_same_task_args(manifest, config)
+            check_committed_by_run(run_dir, latest, manifest)
     except fmt.CheckpointError as exc:
         raise LaunchError(str(exc)) from None
     check_task(config, world_size=world_size)
     check_local_dir(config)
     return schedule
+
+
+def check_committed_by_run(run_dir: Path, latest: Path, manifest: dict) -> None:
+    """The latest checkpoint is one this run committed: rank 0 logged its commit with the digest
+    of this very manifest (what validation checks of the checkpoint a run ends with). The
+    manifest's ``run_uid`` alone proves nothing: a stranger trial deleted it from another run's
+    step planted here, which was then resumed, trained on, validated, judged converged and
+    promoted. A step whose commit rank 0 did not live to log is refused too (it cannot be told
+    from a planted one); the refusal says how to resume from the step before.
+    """
+    from resilient_training.run import gate_records
+
+    step = manifest.get("step")
+    commit, _, why = gate_records.recorded_commit(run_dir, step) if isinstance(step, int) else (None, None, "")
+    if commit is None:
+        raise fmt.CheckpointRefused(
+            f"{latest} is not known to be this run's: {why or 'its manifest has no step'} (put there from "
+            f"elsewhere, or rank 0 stopped between its commit and the log line). {fmt.rewind_advice(latest)}")
+    logged = commit.get("manifest_checksum")
+    if isinstance(logged, str) and logged != gate_records.manifest_digest(latest):
+        raise fmt.CheckpointRefused(
+            f"{latest} is not the checkpoint this run committed at step {step}: its manifest's digest is not "
+            f"the one the run's event log records (copied from another run, or rewritten after its commit). "
+            f"{fmt.rewind_advice(latest)}")
 
 
 def check_local_dir(config: cfg.TrainConfig) -> None:

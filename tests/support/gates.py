@@ -166,7 +166,7 @@ def forge_commit_record(ckpt_dir: str | os.PathLike[str]) -> None:
     validation must hold on its own against such an attacker. Nothing is logged while the
     manifest does not parse.
     """
-    from resilient_training.gates.validate import recorded_commit
+    from resilient_training.run.gate_records import recorded_commit
 
     ckpt_dir = Path(ckpt_dir)
     run_dir = ckpt_dir.parent.parent
