@@ -272,6 +272,31 @@ def read_dcp_metadata(path: Path) -> Any:
     return metadata
 
 
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _entry_problem(kind: str, entry: Any) -> str | None:
+    """What is wrong with the shape of a manifest's tensor or value entry (None: nothing)."""
+    def stored(item: Any) -> bool:
+        return isinstance(item.get("file"), str) and _int(item.get("offset")) and _int(item.get("length"))
+
+    def ints(value: Any) -> bool:
+        return isinstance(value, list) and all(map(_int, value))
+
+    if not isinstance(entry, dict):
+        return f"is a {type(entry).__name__}, not an object"
+    if kind == "objects":
+        return None if stored(entry) else "lacks its file, offset or length (a string and two integers)"
+    if not ints(entry.get("size")) or not isinstance(entry.get("dtype"), str):
+        return "lacks its size (a list of integers) or its dtype"
+    chunks = entry.get("chunks")
+    if not isinstance(chunks, list) or not all(isinstance(c, dict) and ints(c.get("offsets")) and ints(c.get("sizes"))
+                                               and stored(c) for c in chunks):
+        return "has chunks that are not a list of objects with offsets, sizes, file, offset and length"
+    return None
+
+
 class _Checker:
     def __init__(self, ckpt_dir: Path, base: Path, result: CheckpointResult, *, load: bool, threads: int | None):
         self.dir = ckpt_dir
@@ -356,6 +381,19 @@ class _Checker:
         if ranks is not None and (not isinstance(ranks, list) or not ranks
                                   or not all(isinstance(r, int) and 0 <= r < manifest["world_size"] for r in ranks)):
             self.find("manifest_invalid", name, f"ranks {ranks!r} are not ranks of world size {manifest['world_size']}")
+            return False
+        # Every rank it holds has a file of its own (its data state): a world size past the files
+        # listed is no checkpoint's (a stranger trial's 10**12 ranks was a MemoryError, 10**6 ranks
+        # two million findings).
+        if len(ranks or range(manifest["world_size"])) > len(manifest["files"]):
+            self.find("manifest_invalid", name, f"world_size {manifest['world_size']} but it lists "
+                      f"{len(manifest['files'])} files: every rank holds at least its data state")
+            return False
+        malformed = [(f"{kind} entry {key}", problem) for kind in ("tensors", "objects")
+                     for key, entry in manifest[kind].items() if (problem := _entry_problem(kind, entry))]
+        if malformed:  # read field by field below (a string in their place was a traceback)
+            (first, problem), more = malformed[0], len(malformed) - 1
+            self.find("manifest_invalid", name, f"{first} {problem}" + (f" (and {more} more)" if more else ""))
             return False
         # The trainer steps the optimizer and the data loader once per step: a checkpoint of
         # step N holds optimizer step N and data position N, or its parts are from different steps.

@@ -363,6 +363,31 @@ def test_a_checkpoint_swapped_in_from_another_run_is_not_the_one_this_run_commit
     assert "this is not the checkpoint the run saved" in report.all_findings[0].message
 
 
+def _first(entries: dict) -> str:
+    return sorted(entries)[0]
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda m: m["tensors"].update({_first(m["tensors"]): "x"}), "is a str, not an object"),
+    (lambda m: m["tensors"][_first(m["tensors"])].update(chunks=["x"]), "has chunks that are not a list of objects"),
+    (lambda m: m["tensors"][_first(m["tensors"])].update(chunks=5), "has chunks that are not a list of objects"),
+    (lambda m: m["tensors"][_first(m["tensors"])]["chunks"][0].update(offsets="0"), "has chunks that are not"),
+    (lambda m: m["tensors"][_first(m["tensors"])].update(size=None), "lacks its size"),
+    (lambda m: m["objects"].update({_first(m["objects"]): "x"}), "objects entry"),
+    (lambda m: m["objects"][_first(m["objects"])].update(length=True), "lacks its file, offset or length"),
+    (lambda m: m.update(world_size=10**12), "world_size 1000000000000 but it lists"),
+    (lambda m: m.update(world_size=10**6), "every rank holds at least its data state"),
+], ids=["tensor-str", "chunk-str", "chunks-int", "offsets-str", "size-none", "object-str", "length-bool",
+        "world-1e12", "world-1e6"])
+def test_a_manifest_of_the_wrong_shape_is_one_finding_not_a_traceback(run_copy: Path, edit, said: str) -> None:
+    """Found by a stranger trial: a string in place of a tensor's entry or chunk was an
+    AttributeError or TypeError, a world size of 10**12 a MemoryError, 10**6 two million findings."""
+    rewrite_manifest(run_copy / STEP4, edit)
+    report = validate(run_copy)
+    assert [(f.code, f.file) for f in report.all_findings] == [("manifest_invalid", "checkpoints/step_4/manifest.json")]
+    assert said in report.all_findings[0].message, report.all_findings[0].message
+
+
 def test_a_swapped_in_checkpoint_marked_node_local_is_still_not_this_runs(synthetic_run: Path, tmp_path: Path) -> None:
     """Found by a stranger trial: ``"ranks"`` added to the swapped-in manifest (what a node-local
     tier checkpoint has) switched the event-log check off; the step was VALID, passed convergence
