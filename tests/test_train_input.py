@@ -230,6 +230,19 @@ def test_a_planted_step_that_claims_to_be_this_runs_is_refused_by_its_event_log(
     assert ("echo step_3 > " if how == "unlogged-step" else "No committed step before it") in refused.output
 
 
+@pytest.mark.parametrize(("key", "value"), [("task", 5), ("model_config", [1]), ("task", ["a:b"])])
+def test_a_manifest_with_a_task_or_model_of_the_wrong_type_is_one_line(tmp_path, capsys, key, value):
+    """Found by a third stranger trial: ``task`` 5 and ``model_config`` [1] were tracebacks (exit 1)."""
+    from tests.support.gates import TINY, rewrite_manifest, write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "run", step=3, world_size=1)
+    rewrite_manifest(ckpt, lambda m: m.update({key: value}))
+    tiny = [flag for name in TINY.__slots__ for flag in (f"--model-{name.replace('_', '-')}", str(getattr(TINY, name)))]
+    refused = train_here(tmp_path / "run", "--nproc", "1", "--steps", "8", "--batch-size", "4", *tiny, capsys=capsys)
+    assert refused.returncode == 2 and refused.output.count("\n") == 1, refused.output
+    assert "(step 3) has a damaged manifest" in refused.output and repr(value) in refused.output, refused.output
+
+
 @pytest.mark.parametrize("damage", ["flipped", "cut", "deleted"])
 def test_a_damaged_latest_checkpoint_is_refused_before_any_worker_starts(tmp_path, capsys, damage):
     """Found by a stranger trial: a chunk's bytes changed in place (same length) were restored and

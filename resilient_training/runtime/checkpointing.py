@@ -2093,7 +2093,13 @@ def check_compatible(manifest: dict[str, Any], config: TrainConfig) -> None:
                 "run's state as this one's. Point checkpoints/latest at a step of this run, or resume the run "
                 "that saved it (a copy of a whole run directory keeps its run_uid)."
             )
-    saved_task = manifest.get("task")
+    saved_task, saved = manifest.get("task"), manifest.get("model_config")
+    if (saved_task is not None and not isinstance(saved_task, str)) or (saved is not None and not isinstance(saved, dict)):
+        # (A stranger trial's task 5 and model_config [1] were tracebacks.)
+        raise fmt.CheckpointRefused(
+            f"{config.run_dir}'s latest checkpoint (step {manifest.get('step')}) has a damaged manifest: its task "
+            f"{saved_task!r} or model_config {saved!r} is not what a checkpoint records. Point checkpoints/latest at "
+            "an earlier step, or use a new --run-dir")
     if saved_task is not None and task_identity(saved_task) != task_identity(config.task):
         raise fmt.CheckpointRefused(
             f"{config.run_dir} holds checkpoints of a different model (task {saved_task}); this run's task is "
@@ -2101,7 +2107,6 @@ def check_compatible(manifest: dict[str, Any], config: TrainConfig) -> None:
         )
     if config.task != DEFAULT_TASK:
         return
-    saved = manifest.get("model_config")
     wanted = {k: getattr(config.model, k) for k in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len")}
     if saved is not None and {k: saved.get(k) for k in wanted} != wanted:
         raise fmt.CheckpointRefused(
