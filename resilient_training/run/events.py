@@ -21,7 +21,9 @@ corrupt earlier ones. Readers merge all files and order by ``ts``.
 Reading is strict: every complete line must be a JSON object with ``ts`` a finite number,
 ``rank``/``attempt``/``iteration`` integers, ``event`` a string and ``step`` an integer or
 null; a ``step`` event carries an integer ``step`` and a JSON number ``loss`` (NaN and
-Infinity included: the gates report them as not finite). Anything else raises
+Infinity included: the gates report them as not finite); in any event, the fields the metrics
+compute with (:data:`NUMBER_FIELDS`, :data:`INT_FIELDS`, :data:`STRING_FIELDS`) are null or of
+their kind. Anything else raises
 :class:`EventLogError` naming the file and line; only a torn final line (no newline: its
 writer was killed mid-write) is skipped.
 """
@@ -122,6 +124,24 @@ def _is_number(value: Any) -> bool:
     return True
 
 
+# Fields the gates and metrics compute with, whatever the event: null or of this kind. (A list
+# in a commit's bytes, a cause or a layer was a traceback in the report: stranger trial.)
+NUMBER_FIELDS = ("seconds", "bytes", "failed_bytes")
+INT_FIELDS = ("world_size", "pid", "exitcode", "restarts", "restored")
+STRING_FIELDS = ("cause", "message", "layer", "tier", "fault", "type", "where", "reason", "signal", "path", "source",
+                 "status", "manifest_checksum", "what", "phase")
+
+
+def _field_problem(fields: dict[str, Any]) -> str | None:
+    for kinds, check, name in ((NUMBER_FIELDS, _is_number, "a JSON number"), (INT_FIELDS, _is_int, "an integer"),
+                               (STRING_FIELDS, lambda v: isinstance(v, str), "a string")):
+        for key in kinds:
+            value = fields.get(key)
+            if value is not None and not check(value):
+                return f"{key} must be {name} or null, got {_shown(value)}"
+    return None
+
+
 def _shown(value: Any) -> str:
     text = repr(value)  # repr: a newline in a value stays on the message's one line
     return text if len(text) <= 60 else text[:57] + "..."
@@ -192,6 +212,9 @@ class Event:
             if record.get("seconds") is not None and not _is_number(record["seconds"]):
                 raise EventLogError(f"a step event's seconds must be a JSON number, got {_shown(record['seconds'])}")
         base = {k: record.pop(k) for k in ("ts", "rank", "attempt", "iteration", "event", "step")}
+        problem = _field_problem(record)
+        if problem:
+            raise EventLogError(f"a {base['event']} event's {problem}")
         return cls(fields=record, **base)
 
 
