@@ -192,13 +192,28 @@ def _already_exported(out: Path, fmt: str, record: dict[str, Any], ckpt_dir: Pat
     raise ExportUsageError(f"{out} already exists (and is not this export of this checkpoint): refusing to overwrite it")
 
 
-def _same_as_fresh_export(out: Path, fmt: str, record: dict[str, Any], ckpt_dir: Path) -> bool:
+def promoted_export_differs(dest: Path, fmt: str, source: dict[str, Any], manifest: dict[str, Any],
+                            scratch: Path) -> bool:
+    """True when the export ``promote_model`` wrote inside a promoted ``dest`` is not byte for byte
+    what exporting ``dest``'s checkpoint makes now (made in ``scratch``, which validation owns:
+    ``dest`` is not written). ``source`` is the export's own record of it, whose manifest digest
+    the caller checked. ExportUsageError when it cannot be made here (e.g. no transformers).
+    """
+    record = {"format": fmt, "source": source, "task": manifest.get("task"), "task_args": manifest.get("task_args"),
+              "files": manifest["files"]}
+    return not _same_as_fresh_export(dest / PROMOTED_NAMES[fmt], fmt, record, dest, scratch=scratch)
+
+
+def _same_as_fresh_export(out: Path, fmt: str, record: dict[str, Any], ckpt_dir: Path,
+                          scratch: Path | None = None) -> bool:
     """``out`` has the bytes an export of ``ckpt_dir`` made now has (the record file aside: it
-    holds the time it was made). Exports are deterministic; the cost is one more export.
+    holds the time it was made). Exports are deterministic; the cost is one more export, made
+    beside ``out`` or in ``scratch``.
     """
     import filecmp
 
-    fresh = out.parent / f"{STAGING_PREFIX}{out.name}-verify{os.getpid()}"  # a crash's leftover: export cleans it
+    # a crash's leftover beside out: export cleans it
+    fresh = (scratch or out.parent) / f"{STAGING_PREFIX}{out.name}-verify{os.getpid()}"
     shutil.rmtree(fresh, ignore_errors=True) if fresh.is_dir() else fresh.unlink(missing_ok=True)
     try:
         _verify_files(ckpt_dir, record)

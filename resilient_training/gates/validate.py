@@ -272,6 +272,15 @@ def read_dcp_metadata(path: Path) -> Any:
     return metadata
 
 
+def _names_remote_code(path: Path) -> bool:
+    """A JSON file of an hf folder with an ``auto_map`` (the classes transformers loads as code)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return False
+    return isinstance(data, dict) and "auto_map" in data
+
+
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -333,6 +342,10 @@ class _Checker:
         # A checkpoint with findings is not loaded: they already say why it is invalid.
         if self.load and covered and not self.result.findings:
             self.check_load()
+            from resilient_training.run.gate_records import run_dir_of
+
+            if not self.result.findings and run_dir_of(self.dir) is None and self._promoted_extras():
+                self.check_exports_bytes()
         elif not self.load:
             self.result.skipped.append("load into a freshly built model (--no-load)")
 
@@ -464,6 +477,49 @@ class _Checker:
             self.result.checks.append(f"the files of all {len(self.expected_ranks)} ranks, DCP's .metadata and the "
                                       f"manifest present, nothing else{exports}")
 
+    def check_exports_bytes(self) -> None:
+        """promote_model's safetensors and hf exports inside a promoted directory hold this
+        checkpoint's weights, byte for byte: each is made again (in a temporary directory) and
+        compared, as promote does on a repeat (a stranger trial's flipped weight in
+        model.safetensors was VALID here while promote refused it). Their records were checked
+        in the layout stage.
+        """
+        import tempfile
+
+        from resilient_training.gates.export import (
+            PROMOTED_NAMES,
+            RECORD_NAME,
+            ExportRefused,
+            ExportUsageError,
+            promoted_export_differs,
+            safetensors_record,
+        )
+
+        compared = []
+        for fmt in ("safetensors", "hf"):
+            name = PROMOTED_NAMES[fmt]
+            path = self.dir / name
+            if not path.exists():
+                continue
+            record = safetensors_record(path) if fmt == "safetensors" else json.loads((path / RECORD_NAME).read_text())
+            try:
+                with tempfile.TemporaryDirectory(prefix="rt-validate-export-") as scratch:
+                    differs = promoted_export_differs(self.dir, fmt, record["source"], self.manifest, Path(scratch))
+            except ExportUsageError as exc:
+                self.result.skipped.append(f"{name} compared byte for byte with a fresh export ({exc})")
+                continue
+            except (ExportRefused, OSError) as exc:
+                self.find("export_invalid", name, f"promote_model's {fmt} export could not be made again to compare "
+                          f"with it: {exc}"[:600])
+                continue
+            if differs:
+                self.find("export_invalid", name, f"promote_model's {fmt} export is not byte for byte what exporting "
+                          "this checkpoint makes (changed since it was written)")
+            else:
+                compared.append(name)
+        if compared:
+            self.result.checks.append(f"{' and '.join(compared)} byte for byte what exporting this checkpoint makes")
+
     def _check_promoted_exports(self) -> str:
         """promote_model's exports inside a promoted directory must be this checkpoint's: a
         safetensors file's or an hf folder's own record names this manifest's digest, and an hf
@@ -488,6 +544,14 @@ class _Checker:
                 if code:
                     self.find("export_invalid", name, f"holds Python code ({', '.join(code[:3])}), which no export "
                               "writes: transformers would run it with trust_remote_code")
+                links = sorted(str(p.relative_to(self.dir)) for p in path.rglob("*") if p.is_symlink())
+                if links:  # its bytes live elsewhere (a stranger trial's hf/model.safetensors -> /etc/passwd)
+                    self.find("export_invalid", name, f"holds symbolic links ({', '.join(links[:3])}), which no "
+                              "export writes")
+                remote = sorted(str(p.relative_to(self.dir)) for p in path.glob("*.json") if _names_remote_code(p))
+                if remote:  # no export writes one: it makes transformers fetch a model's code from the Hub
+                    self.find("export_invalid", name, f"{', '.join(remote)} names code to run (auto_map), which no "
+                              "export writes: transformers would fetch and run it with trust_remote_code")
                 try:
                     record = json.loads((path / RECORD_NAME).read_text())
                 except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):

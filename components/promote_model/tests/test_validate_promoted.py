@@ -45,6 +45,49 @@ def test_a_promoted_model_validates_with_its_exports_beside_it(gated_run: Path, 
          PROMOTION_NAME, "model.safetensors", "model.pt"])  # validation wrote nothing into it
 
 
+def test_a_changed_weight_in_a_promoted_export_is_a_finding(gated_run: Path, promoted: Path) -> None:
+    """Found by a third stranger trial: one byte of model.safetensors' tensor data flipped (its
+    record still names this manifest) was VALID, while promote refused the same directory. The
+    full check makes the export again and compares."""
+    from resilient_training.gates.export import export_promoted
+
+    export_promoted(str(gated_run / CKPT), str(promoted), "safetensors")
+    data = bytearray((promoted / "model.safetensors").read_bytes())
+    data[-3] ^= 0x01
+    (promoted / "model.safetensors").write_bytes(bytes(data))
+    assert _codes(promoted) == []  # the layout stage reads its record only
+    findings = validate(promoted).all_findings
+    assert [(f.code, f.file) for f in findings] == [("export_invalid", "gpt/model.safetensors")]
+    assert "not byte for byte what exporting this checkpoint makes" in findings[0].message
+    assert not [p for p in promoted.parent.iterdir() if p != promoted]  # nothing written beside it
+
+
+@pytest.mark.parametrize("plant", ["auto-map", "link-out", "link-loop"])
+def test_an_hf_folder_that_would_run_or_read_other_code_is_a_finding(promoted: Path, plant: str) -> None:
+    """Third stranger trial: an hf/ whose record names this manifest, with config.json's auto_map
+    naming a Hub repository's class (trust_remote_code fetches and runs it), or symbolic links
+    inside (to /etc/passwd, to ..), was VALID."""
+    from resilient_training.gates.validate import validate as full
+
+    digest = json.loads((promoted / PROMOTION_NAME).read_text())["source"]["manifest_checksum"]
+    hf = promoted / "hf"
+    hf.mkdir()
+    (hf / "export.json").write_text(json.dumps({"format": "hf", "source": {"manifest_checksum": digest}}))
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    if plant == "auto-map":
+        (hf / "config.json").write_text(json.dumps({"auto_map": {"AutoModelForCausalLM": "attacker/repo--m.Evil"}}))
+        said = "hf/config.json names code to run (auto_map)"
+    elif plant == "link-out":
+        (hf / "model.safetensors").symlink_to("/etc/passwd")
+        said = "holds symbolic links (hf/model.safetensors)"
+    else:
+        (hf / "loop").symlink_to("..", target_is_directory=True)
+        said = "holds symbolic links (hf/loop)"
+    findings = full(promoted, load=False).all_findings
+    assert [(f.code, f.file) for f in findings] == [("export_invalid", "gpt/hf")], [f.message for f in findings]
+    assert said in findings[0].message, findings[0].message
+
+
 @pytest.mark.parametrize("plant", ["safetensors", "hf-code", "hf-empty", "other-export"])
 def test_an_export_planted_in_a_promoted_model_is_a_finding(promoted: Path, plant: str) -> None:
     """Stranger trial: `evil` as model.safetensors and an hf/ holding modeling_evil.py read VALID,
