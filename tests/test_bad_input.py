@@ -437,6 +437,25 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(
     assert snapshot(tmp_path, shared_run) == before  # nothing created, nothing changed
 
 
+@pytest.mark.parametrize(("fmt", "inside"), [("safetensors", "events/zz.jsonl"), ("dcp", "checkpoints/step_25"),
+                                           ("torch", "gates/m.pt"), ("torch", "config.json")])
+def test_an_export_into_another_runs_records_is_refused(fmt: str, inside: str, tmp_path: Path, shared_run: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by a third stranger trial: `export` refused only its own run's records; one into another
+    run's events/ made that run's convergence gate fail (and delete its record), one into its
+    checkpoints/ a committed-looking step_25 holding the first run's manifest."""
+    from tests.support.gates import copy_run
+
+    other = copy_run(shared_run, tmp_path / "other")
+    (other / "config.json").unlink(missing_ok=True)  # a run is its events/ and checkpoints/ too
+    before = snapshot(other)
+    code = main(["export", str(shared_run), "--format", fmt, "-o", str(other / inside)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"lies inside the run {other}'s {inside.split('/')[0]}" in err, err
+    assert snapshot(other) == before
+
+
 @pytest.mark.parametrize("command", ["report", "export"])
 def test_the_runs_evidence_behind_a_symlink_takes_no_output(command: str, tmp_path: Path, shared_run: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:

@@ -142,9 +142,14 @@ def _probe(out: Path) -> None:
 
 
 def _refuse_inside_run(out: Path, run_dir: Path) -> None:
-    """The run's records are the gates' evidence: no export lands there."""
-    if inside := layout.evidence_holding(run_dir, out):
-        raise ExportUsageError(f"{out} lies inside the run's {inside} (the gates' evidence): export elsewhere")
+    """A run's records are the gates' evidence: no export lands there, this run's or another's (a
+    stranger trial's export into another run's events/ made its convergence gate fail and
+    delete its record, and one into its checkpoints/ a committed-looking step there).
+    """
+    for run in dict.fromkeys(r for r in (run_dir, layout.run_dir_around(out)) if r is not None):
+        if inside := layout.evidence_holding(run, out):
+            whose = "the run's" if run == run_dir else f"the run {run}'s"
+            raise ExportUsageError(f"{out} lies inside {whose} {inside} (the gates' evidence): export elsewhere")
 
 
 def _refuse_inside_promoted(out: Path, fmt: str) -> None:
