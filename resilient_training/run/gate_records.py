@@ -59,6 +59,53 @@ def recorded_commit(run_dir: str | os.PathLike[str], step: int) -> tuple[Any, in
     return commit, None, f"the run's event log records no world size for the commit of step {step}"
 
 
+def logged_commit_digest(run_dir: str | os.PathLike[str], step: int) -> str | None:
+    """The manifest digest rank 0 logged at its last commit of ``step`` (persistent tier): ``""``
+    for a commit logged without one (an older version), None for no commit logged. Reads rank
+    0's own log only and parses only its commit lines (a worker calls this behind training).
+    """
+    from resilient_training.run import events as ev
+
+    found: str | None = None
+    try:
+        with open(layout.events_dir(run_dir) / "rank0.jsonl", "rb") as log:
+            for line in log:
+                if b'"ckpt_committed"' not in line or not line.endswith(b"\n"):
+                    continue
+                try:
+                    event = ev.Event.from_json(line.decode())
+                except (ev.EventLogError, UnicodeDecodeError):
+                    continue  # not a commit this log vouches for
+                if event.event == "ckpt_committed" and event.rank == 0 and event.step == step \
+                        and event.get("tier", "persistent") == "persistent":
+                    digest = event.get("manifest_checksum")
+                    found = digest if isinstance(digest, str) else ""
+    except OSError:
+        return None
+    return found
+
+
+def commit_problem(run_dir: str | os.PathLike[str], ckpt_dir: str | os.PathLike[str],
+                   manifest: dict[str, Any]) -> str | None:
+    """Why the checkpoint a worker restored is not known to be this run's, or None: rank 0 logged
+    its commit with another manifest's digest, or logged no commit of it and its manifest names
+    no ``run_uid`` (one it names is compared with the run's by the resume check). A planted step
+    with its ``run_uid`` deleted was resumed, validated and promoted (stranger trial); ``train``'s
+    pre-flight refuses it, and this is the same for a cluster's workers, which no pre-flight sees.
+    """
+    step = manifest.get("step")
+    logged = logged_commit_digest(run_dir, step) if isinstance(step, int) else None
+    if logged is None:
+        if manifest.get("run_uid") is not None:
+            return None  # this run's (compared at the restore), its commit's log line lost with rank 0
+        return (f"the run's event log records no commit of step {step} and its manifest names no run_uid: "
+                "not known to be this run's (put there from elsewhere)")
+    if logged and logged != manifest_digest(ckpt_dir):
+        return (f"its manifest is not the one the run committed at step {step} (the event log records another "
+                "digest): copied from another run, or rewritten after its commit")
+    return None
+
+
 def checkpoint_identity(run_dir: str | os.PathLike[str], ckpt_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """What a record says about the checkpoint it judged."""
     ckpt_dir = Path(ckpt_dir)

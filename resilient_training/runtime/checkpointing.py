@@ -1077,6 +1077,7 @@ class RestoreCheck:
         manifest: dict[str, Any]
         step: int
         part: tuple[int, int] | None
+        run_dir: Path | None = None  # also check the run's event log recorded this commit (rank 0)
         polls: int = 0
         thread: threading.Thread | None = None
         outcome: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -1084,9 +1085,13 @@ class RestoreCheck:
     def __init__(self) -> None:
         self._checks: list[RestoreCheck._Check] = []
 
-    def start(self, path: Path, manifest: dict[str, Any], step: int, part: tuple[int, int] | None) -> None:
-        """Check ``part`` (this rank's share, see :func:`fmt.damaged_files`) of ``path``, behind training."""
-        self._checks.append(self._Check(path, manifest, step, part))
+    def start(self, path: Path, manifest: dict[str, Any], step: int, part: tuple[int, int] | None,
+              run_dir: Path | None = None) -> None:
+        """Check ``part`` (this rank's share, see :func:`fmt.damaged_files`) of ``path``, behind
+        training; with ``run_dir``, also that the run's event log records committing it
+        (:func:`~resilient_training.run.gate_records.commit_problem`).
+        """
+        self._checks.append(self._Check(path, manifest, step, part, run_dir))
 
     def _begin(self, check: RestoreCheck._Check) -> None:
         def run() -> None:
@@ -1095,6 +1100,13 @@ class RestoreCheck:
                 check.outcome["problems"] = fmt.damaged_files(check.path, check.manifest, self.THREADS, part=check.part)
             except Exception as exc:  # noqa: BLE001 - said as the check's finding, on the training thread
                 check.outcome["problems"] = [f"the check could not run: {type(exc).__name__}: {exc}"]
+            if check.run_dir is not None:
+                from resilient_training.run.gate_records import commit_problem
+
+                try:
+                    check.outcome["foreign"] = commit_problem(check.run_dir, check.path, check.manifest)
+                except OSError as exc:  # the manifest unreadable now: the damage check says more
+                    check.outcome["foreign"] = f"its manifest cannot be read: {exc.strerror or exc}"
             listed = check.manifest.get("files") if isinstance(check.manifest.get("files"), dict) else {}
             check.outcome["bytes"] = sum(entry["bytes"] for _, entry in fmt.share_of(listed, check.part)
                                          if isinstance(entry, dict) and isinstance(entry.get("bytes"), int))
@@ -1122,8 +1134,13 @@ class RestoreCheck:
                 continue
             self._checks.remove(check)
             problems = check.outcome.get("problems", ["the check ended without a result"])
+            foreign = check.outcome.get("foreign")
             emit("restore_checked", check.step, path=str(check.path), bytes=check.outcome.get("bytes"),
-                 seconds=round(check.outcome.get("seconds", 0.0), 3), problems=problems[:3])
+                 seconds=round(check.outcome.get("seconds", 0.0), 3), problems=([foreign] if foreign else problems)[:3])
+            if foreign:
+                raise fmt.CheckpointRefused(
+                    f"{check.path}, restored at step {check.step}, is not this run's: {foreign}. Nothing was "
+                    f"committed since. {fmt.rewind_advice(check.path)}"[:1000])
             if problems:
                 raise fmt.CheckpointRefused(
                     f"{check.path}, restored at step {check.step}, is damaged (changed since it was committed): "
@@ -1543,8 +1560,10 @@ class Checkpointer:
         source = "storage" if same_world else "storage (resharded)"
         data_state = fmt.load_data_state(path, self.rank if same_world else min(manifest.get("ranks") or [0]))
         # A node-local checkpoint lists this rank's files only; the persistent one is shared out.
-        self.restore_check.start(path, manifest, manifest["step"],
-                                 None if manifest.get("ranks") is not None else (self.rank, self.world_size))
+        persistent = manifest.get("ranks") is None
+        # Rank 0 also reads the run's event log for this commit (see RestoreCheck): one reader.
+        self.restore_check.start(path, manifest, manifest["step"], (self.rank, self.world_size) if persistent else None,
+                                 Path(self.config.run_dir) if persistent and self.rank == 0 else None)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if scheduler is not None:
             scheduler.load_state_dict(state["lr_scheduler"])
