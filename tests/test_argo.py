@@ -445,6 +445,9 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--schedule", "@every 0s"], "@every needs a duration of at least 1m (a run at most once a minute), got '0s'"),
     (["--schedule", "@every 1s"], "@every needs a duration of at least 1m"),  # accepted before (stranger trial)
     (["--schedule", "@every 59s"], "@every needs a duration of at least 1m"),
+    # Go parses these, the CronWorkflow CRD's pattern does not: written before (stranger trial)
+    (["--schedule", "@every 0.5h"], "@every takes whole numbers of each unit (the CronWorkflow CRD refuses '0.5h')"),
+    (["--schedule", "@every 1m0.5s"], "write 30m for 0.5h"),
     (["--schedule", "0 2 * * *", "--schedule", "0  2 * * *"], "--schedule '0 2 * * *' is given twice"),
     (["--schedule", "0 2 31 2 *"], "never fires"),
     (["--schedule", "0 ² * * *"], "hour field: '²' is not a number"),  # a traceback before (stranger trial)

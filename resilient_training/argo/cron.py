@@ -15,8 +15,9 @@ import zoneinfo
 from resilient_training.kfp.cron import DESCRIPTORS, FIELDS, CronError, check_days, check_field
 
 CONCURRENCY_POLICIES: tuple[str, ...] = ("Allow", "Forbid", "Replace")
-# Go durations as `@every` takes them: 90m, 1h30m, 2h (no sign, at least one unit).
-_GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+# Go durations as the CronWorkflow CRD's pattern takes them: 90m, 1h30m, 2h (whole numbers, no
+# sign, at least one unit). Go parses 0.5h too, but the CRD refuses it (stranger trial: written).
+_GO_DURATION = re.compile(r"^([0-9]+(ns|us|µs|ms|s|m|h))+$")
 
 
 def validate_schedule(expression: str) -> str:
@@ -36,6 +37,10 @@ def validate_schedule(expression: str) -> str:
                         f"and the schedule alone, {' '.join(parts[1:])!r}")
     if parts and parts[0].startswith("@"):
         if parts[0].lower() == "@every":
+            if len(parts) == 2 and re.fullmatch(r"([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+", parts[1]) \
+                    and not _GO_DURATION.match(parts[1]):
+                raise CronError(f"@every takes whole numbers of each unit (the CronWorkflow CRD refuses "
+                                f"{parts[1]!r}): write 30m for 0.5h, 90s for 1.5m")
             if len(parts) != 2 or not _GO_DURATION.match(parts[1]):
                 raise CronError(f"@every needs one duration such as 6h or 90m, got {expression!r}")
             if _seconds(parts[1]) < MIN_INTERVAL_SECONDS:
@@ -73,7 +78,7 @@ _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m":
 def _seconds(duration: str) -> float:
     """A Go duration (already matched by _GO_DURATION) in seconds."""
     return sum(float(number) * _UNIT_SECONDS[unit]
-               for number, unit in re.findall(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)", duration))
+               for number, unit in re.findall(r"([0-9]+)(ns|us|µs|ms|s|m|h)", duration))
 
 
 def validate_timezone(name: str) -> str:
