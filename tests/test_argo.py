@@ -558,6 +558,17 @@ def test_compile_argo_prints_what_it_wrote(tmp_path, capsys):
         "resilient-training.cronworkflow.yaml", "resilient-training.workflowtemplate.yaml"]
 
 
+@pytest.mark.parametrize("blocked", ["workflowtemplate", "cronworkflow"])
+def test_compile_argo_writes_both_files_or_neither(blocked, tmp_path, capsys):
+    """A stranger trial's CronWorkflow path was a directory: the template was written, then exit 2."""
+    out = tmp_path / "argo"
+    (out / f"resilient-training.{blocked}.yaml").mkdir(parents=True)
+    assert cli(["compile", "--format", "argo", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {out}/resilient-training.{blocked}.yaml: Is a directory" in err and err.count("\n") == 1
+    assert [p.name for p in out.iterdir()] == [f"resilient-training.{blocked}.yaml"]  # nothing else, no temporary
+
+
 # --- the cluster side ---------------------------------------------------------------------------
 
 

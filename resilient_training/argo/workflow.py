@@ -368,11 +368,29 @@ def output_paths(directory: Path) -> ArgoFiles:
 
 
 def write(directory: Path, schedule: Schedule) -> ArgoFiles:
-    """Write both objects as YAML under ``directory`` (created)."""
+    """Write both objects as YAML under ``directory`` (created), both or neither: a target that
+    is a directory is refused before either is written, and each is written under a temporary
+    name, then renamed (a stranger trial's blocked CronWorkflow left the template written).
+    """
+    import errno
+    import os
+
     paths = output_paths(directory)
     documents = {paths.workflow_template: workflow_template().to_yaml(),
                  paths.cron_workflow: cron_workflow(schedule).to_yaml()}
     directory.mkdir(parents=True, exist_ok=True)
-    for path, text in documents.items():
-        path.write_text(text)
+    for path in documents:
+        if path.is_dir() or (path.exists() and not path.is_file()):
+            raise OSError(errno.EISDIR if path.is_dir() else errno.EEXIST,
+                          "Is a directory" if path.is_dir() else "not a regular file", str(path))
+    staged: dict[Path, Path] = {}
+    try:
+        for path, text in documents.items():
+            staged[path] = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            staged[path].write_text(text)
+        for path, tmp in staged.items():
+            tmp.replace(path)
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
     return paths
