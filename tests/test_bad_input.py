@@ -191,6 +191,11 @@ CASES: list[tuple[str, list[str], str]] = [
      "task argument lr is given twice"),
     ("bench-task-arg-repeated", ["bench", "--task-arg", "lr=1", "--task-arg", "lr=2"], "task argument lr is given twice"),
     ("bench-strategies-not-json", ["bench", "--strategies", "sync"], "--strategies is not valid JSON"),
+    # stranger trial: json.loads kept the last, and the run trained at lr 2 without a word
+    ("run-overrides-key-repeated", ["run", "--train-overrides", '{"lr": 1, "lr": 2}'],
+     "--train-overrides: key 'lr' is given twice (JSON would keep only the last): give it once"),
+    ("bench-strategies-key-repeated", ["bench", "--strategies", '[{"name": "a", "name": "b"}]'],
+     "--strategies: key 'name' is given twice"),
     # stranger trial: nested past the parser's stack, a RecursionError traceback
     ("run-overrides-nested-too-deeply", ["run", "--train-overrides", "[" * 5000 + "]" * 5000],
      "--train-overrides is JSON nested too deeply"),

@@ -484,12 +484,19 @@ def _promotion_summary(execution: Execution, kfp_root: Path, started: float, des
 
 
 def _json_flag(text: str, flag: str) -> Any:
+    """A JSON flag, a key given twice refused as ``submit --param`` does (json.loads kept the last:
+    a stranger trial's ``{"lr": 1, "lr": 2}`` trained at 2 without a word).
+    """
+    from resilient_training.kfp.params import parse_json
+
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{flag} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise UsageError(f"{flag} is JSON nested too deeply") from None
+    except ValueError as exc:
+        if "nested too deeply" in str(exc):
+            raise UsageError(f"{flag} is JSON nested too deeply") from None
+        raise UsageError(f"{flag}: {exc} (JSON would keep only the last): give it once") from None
 
 
 def _output_dir(given: str) -> Path:
