@@ -558,6 +558,19 @@ def test_compile_argo_prints_what_it_wrote(tmp_path, capsys):
         "resilient-training.cronworkflow.yaml", "resilient-training.workflowtemplate.yaml"]
 
 
+@pytest.mark.parametrize("faults", [None, "", "exception@5:0"])
+def test_a_schedule_inheriting_the_demonstration_faults_is_said_to(faults, tmp_path, capsys):
+    """A stranger trial's nightly schedule (docs/argo.md's) injected the demo's three faults into
+    every production run, unsaid."""
+    given = [] if faults is None else ["--cron-param", f"faults={faults}"]
+    flags = ["--cron-param", "storage=pvc", "--cron-param", "pvc_name=data", "--cron-param",
+             "promote_to=s3://models/m/{run_id}", *given]
+    assert cli(["compile", "--format", "argo", "-o", str(tmp_path / "argo"), *flags]) == 0
+    err = capsys.readouterr().err
+    said = "note: the CronWorkflow's runs inherit the template's demonstration faults (sigkill@12:1,exception@22:0"
+    assert (said in err) == (faults is None), err
+
+
 @pytest.mark.parametrize("blocked", ["workflowtemplate", "cronworkflow"])
 def test_compile_argo_writes_both_files_or_neither(blocked, tmp_path, capsys):
     """A stranger trial's CronWorkflow path was a directory: the template was written, then exit 2."""

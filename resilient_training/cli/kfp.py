@@ -286,6 +286,7 @@ def _compile_argo(args: argparse.Namespace) -> int:
               f"starting deadline {deadline}; parameters: {overrides})")
         if not schedule.arguments:
             _note_default_schedule()
+        _note_demo_faults(dict(schedule.arguments))
         return 0
 
     return _run(body)
@@ -319,6 +320,17 @@ def _cron_arguments(items: list[str]) -> tuple[tuple[str, str], ...]:
         return argo_workflow.cron_arguments(items)
     except StepError as exc:
         raise _InputError(f"--cron-param: {exc}") from None
+
+
+def _note_demo_faults(given: dict[str, str]) -> None:
+    """A schedule's runs that inherit the template's fault schedule (the demonstration's: every run
+    made to fail and recover) are said to (stranger trial: the documented nightly schedule did).
+    """
+    faults = next((p.value for p in argo_workflow.workflow_parameters() if p.name == "faults"), "")
+    if "faults" not in given and faults:
+        print(f"note: the CronWorkflow's runs inherit the template's demonstration faults ({faults}): each "
+              "run is made to fail and recover; give --cron-param faults= for none, or your own schedule",
+              file=sys.stderr)
 
 
 def _note_default_schedule() -> None:
