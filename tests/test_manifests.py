@@ -173,6 +173,29 @@ def test_iam_policy_allows_every_fsx_call_the_code_makes():
     assert actions <= allowed, actions - allowed
 
 
+S3_ACTIONS = {"get_object": {"s3:GetObject"}, "head_object": {"s3:GetObject"}, "put_object": {"s3:PutObject"},
+              "head_bucket": {"s3:ListBucket"}, "delete_object": {"s3:DeleteObject"},
+              "upload_file": {"s3:PutObject", "s3:AbortMultipartUpload"}}  # multipart, aborted on a failure
+
+
+def test_the_promotion_policy_allows_every_s3_call_promotion_makes_on_its_bucket_only():
+    """A stranger trial: the role the Argo steps run as had no s3:PutObject, so the documented
+    promote_to=s3://... failed at the last step, after the whole training."""
+    source = "".join((ROOT / "resilient_training" / "gates" / name).read_text() for name in ("promote.py", "export.py"))
+    calls = set(re.findall(r"client\.([a-z_]+)\(", source)) & (set(S3_ACTIONS) | {"list_objects_v2", "copy_object"})
+    assert calls == set(S3_ACTIONS), calls  # a new call: add what it needs here and to the policy
+    policy = json.loads((MANIFESTS / "iam" / "promotion-policy.json").read_text())
+    allowed: dict[str, set[str]] = {}
+    for statement in policy["Statement"]:
+        assert statement["Effect"] == "Allow" and "*" not in statement["Resource"].split(":::")[1].split("/")[0]
+        for action in statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]:
+            allowed.setdefault(action, set()).add(statement["Resource"])
+    assert set().union(*(S3_ACTIONS[c] for c in calls)) == set(allowed)
+    assert allowed["s3:ListBucket"] == {"arn:aws:s3:::example-models"}
+    assert all(resources == {"arn:aws:s3:::example-models/*"} for action, resources in allowed.items()
+               if action != "s3:ListBucket")
+
+
 def test_iam_policy_is_tag_scoped_and_files_hold_no_credentials():
     policy = json.loads((MANIFESTS / "iam" / "fsx-provisioner-policy.json").read_text())
     by_action = {}
