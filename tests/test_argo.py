@@ -413,6 +413,7 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--timezone", "Mars/Olympus"], "unknown time zone 'Mars/Olympus'"),
     (["--timezone", "../../etc/passwd"], "unknown time zone"),
     (["--concurrency-policy", "forbid"], "concurrency policy must be one of Allow, Forbid, Replace"),
+    (["--concurrency-policy", ""], "concurrency policy must be one of Allow, Forbid, Replace, got ''"),  # was Forbid
     (["--starting-deadline", "-5"], "--starting-deadline must be a positive number of seconds"),
     (["--starting-deadline", "0"], "--starting-deadline must be a positive number of seconds, got 0"),
     (["--pipeline", "recovery-benchmark"], "writes the 'resilient-training' pipeline only"),

@@ -426,6 +426,11 @@ def test_schedule_sends_cron_concurrency_catchup_and_params(cli, server):
         (["--cron", "0 0 2 * * *"], "missing required parameter(s): run_id"),
         (["--cron", "0 0 2 * * *", "--auth", "in-cluster"], "--auth in-cluster: no token file at"),
         (["--cron", "0 0 2 * * *", "--auth", "token"], "--auth token needs --token or $KF_PIPELINES_TOKEN"),
+        # stranger trial: the token was dropped without a word
+        (["--cron", "0 0 2 * * *", "--auth", "none", "--token", "abc"], "--token is not sent with --auth none"),
+        (["--cron", "0 0 2 * * *", "--auth", "in-cluster", "--token", "abc"], "--token is not sent with --auth in-cluster"),
+        (["--cron", "0 0 2 * * *", "--auth", "kubeconfig", "--token", "abc"], "--token is not sent with --auth kubeconfig"),
+        (["--cron", "0 0 2 * * *", "--auth", "none", "--context", "c"], "--kubeconfig/--context are not read with"),
     ],
 )
 def test_bad_schedule_input_fails_before_any_request(cli, server, args, message):

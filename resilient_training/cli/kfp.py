@@ -270,7 +270,8 @@ def _compile_argo(args: argparse.Namespace) -> int:
         schedule = argo_workflow.Schedule(
             schedules=tuple(schedules),
             timezone=argo_cron.validate_timezone(args.timezone if args.timezone is not None else default.timezone),
-            concurrency_policy=argo_cron.validate_concurrency_policy(args.concurrency_policy or default.concurrency_policy),
+            concurrency_policy=argo_cron.validate_concurrency_policy(
+                default.concurrency_policy if args.concurrency_policy is None else args.concurrency_policy),
             starting_deadline_seconds=args.starting_deadline,
             arguments=_cron_arguments(args.cron_param or []),
         )

@@ -119,6 +119,10 @@ def resolve_auth(
     env = os.environ if env is None else env
     if mode not in AUTH_MODES:
         raise AuthError(f"unknown auth mode {mode!r}; choose one of {', '.join(AUTH_MODES)}")
+    if token and mode not in ("auto", "token"):  # it was dropped without a word (stranger trial)
+        raise AuthError(f"--token is not sent with --auth {mode}: drop one of them")
+    if (kubeconfig or context) and mode not in ("auto", "kubeconfig"):
+        raise AuthError(f"--kubeconfig/--context are not read with --auth {mode}: drop one of them")
     if mode == "none":
         return Auth(None, "none")
     if mode in ("auto", "token"):
