@@ -366,6 +366,11 @@ CASES: list[tuple[str, list[str], str]] = [
      "longer than the file system allows"),
     ("report-run-name-max", ["report", f"{{work}}/{LONG}", "-o", "r.html"], "longer than the file system allows"),
     ("report-link-loop", ["report", "{work}/loop-a", "-o", "r.html"], "too many levels of symbolic links"),
+    # stranger trial: "cannot write ...: File exists" for an output through a dangling link
+    ("compile-argo-out-dangling-link", ["compile", "--format", "argo", "-o", "{work}/loop-a/"],
+     "loop-a is a symbolic link to"),
+    ("render-job-out-dangling-link", [*RENDER, "-o", "{work}/loop-a/x.yaml"],
+     "which leads nowhere (a dangling link or a loop)"),
     ("validate-link-loop", ["validate-checkpoint", "{work}/loop-a"], "too many levels of symbolic links"),
     ("validate-empty", ["validate-checkpoint", ""], "RUN_OR_CHECKPOINT is empty"),
     ("convergence-reference-empty", ["check-convergence", "{run}", "--no-record", "--reference", ""],
