@@ -251,6 +251,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("render-mount-dev", [*RENDER, "--mount-path", "/dev"], "collides with /dev/shm"),
     ("render-mount-dotdot", [*RENDER, "--mount-path", "/mnt/../dev/shm"], "without '.', '..'"),
     ("render-missing-required", ["render-job", "--nodes", "1"], "the following arguments are required"),
+    # stranger trial: a relative fault file was written into the job, to be read from the pod's directory
+    ("render-faults-relative-file", [*RENDER, "--faults", "faults.yml", "-o", "{work}/job.yaml"],
+     "faults: 'faults.yml' is a fault file read inside the pods: give its absolute path there"),
     # found by a stranger trial: accepted (a sizeLimit the CRDs reject; tolerate every taint; past int32) or a traceback
     ("render-shm-empty", [*RENDER, "--shm-size", ""], "not a Kubernetes quantity"),
     ("render-toleration-empty", [*RENDER, "--toleration", ""], "names no KEY"),

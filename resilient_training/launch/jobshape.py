@@ -297,6 +297,10 @@ def _check_faults(spec: JobSpec) -> None:
     from resilient_training.run import faults
 
     text = spec.train.faults.strip()
+    if text and (text.endswith((".yaml", ".yml")) or "/" in text) and not text.startswith("/"):
+        # Read by the pods from their own working directory, not this one's (stranger trial: written unread).
+        raise ValueError(f"faults: {text!r} is a fault file read inside the pods: give its absolute path there "
+                         "(e.g. on the mounted volume)")
     if not text or text.endswith((".yaml", ".yml")) or "/" in text:
         return  # a file inside the pods (the compact form never holds '/'), not one on this machine
     try:
