@@ -185,6 +185,41 @@ def test_a_user_task_trains_through_faults_validates_and_resumes_at_another_worl
     assert report.valid, [str(f) for f in report.all_findings]
 
 
+STRANGER_TASK = str(Path(__file__).parent / "support" / "stranger_task.py")
+
+
+def _losses(run) -> dict[int, float]:
+    return {e.step: e["loss"] for e in run.events if e.event == "step" and e.rank == 0}  # the last of each step
+
+
+@pytest.mark.slow
+def test_a_task_drawing_from_the_global_generators_replays_exactly_through_faults(tmp_path):
+    """A third stranger trial's dropout differed after every restart (and between two clean runs),
+    and the convergence gate failed the run: the global generators are seeded at every step from
+    (--seed, rank, step). A killed rank restarts its process; an exception restarts in-process."""
+    from resilient_training.gates.convergence import check_convergence
+
+    args = ["--nproc", "2", "--steps", "12", "--checkpoint-every", "4", "--task", f"{STRANGER_TASK}:task",
+            "--task-arg", "dropout=0.3"]
+    clean = train(tmp_path / "clean", *args)
+    faulted = train(tmp_path / "faulted", *args, "--faults", "sigkill@6:1,exception@10:0")
+    assert clean.returncode == 0 and faulted.returncode == 0, (clean.output[-2000:], faulted.output[-2000:])
+    assert _losses(faulted) == _losses(clean)  # every step, bit for bit
+    assert [e for e in faulted.events if e.event == "restart_done"]  # both faults did restart
+    report = check_convergence(tmp_path / "faulted")
+    assert report.passed, report.format()
+
+
+@pytest.mark.parametrize(("task_arg", "why"), [("share=true", "a block listed twice was sharded twice"),
+                                               ("sched=plateau", "ReduceLROnPlateau.step() needs the loss")])
+def test_shared_blocks_and_a_plateau_scheduler_train(tmp_path, task_arg, why):
+    """Third stranger trial: both failed every step, and were retried 8 times ({why})."""
+    run = train(tmp_path / "run", "--nproc", "2", "--steps", "6", "--checkpoint-every", "3", "--task",
+                f"{STRANGER_TASK}:task", "--task-arg", task_arg, "--no-inprocess", "--max-restarts", "0")
+    assert run.returncode == 0, run.output[-3000:]
+    assert max(_losses(run)) == 6
+
+
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory):
     """8 steps on 2 ranks (read-only; each test resumes a copy): (run directory, rank 0's losses)."""

@@ -336,7 +336,8 @@ def test_lr_and_batch_size_changed_on_a_resume_are_refused(tmp_path, capsys):
     run_dir = tmp_path / "run"
     with claim_run_dir(cfg.TrainConfig(run_dir=str(run_dir))):
         pass
-    for flags, said in ((["--lr", "0"], "--lr 0.003 (now 0.0)"), (["--batch-size", "4"], "--batch-size 8 (now 4)")):
+    for flags, said in ((["--lr", "0"], "--lr 0.003 (now 0.0)"), (["--batch-size", "4"], "--batch-size 8 (now 4)"),
+                        (["--seed", "7"], "--seed 1234 (now 7)")):  # third stranger trial: resumed silently
         refused = train_here(run_dir, "--nproc", "1", "--steps", "4", *flags, capsys=capsys)
         assert refused.returncode == 2 and said in refused.output, refused.output
     check_same_task(cfg.TrainConfig(run_dir=str(run_dir)), run_dir)  # the same settings resume
@@ -364,3 +365,6 @@ def test_a_changed_lr_is_refused_by_the_checkpoint_when_config_json_is_gone(tmp_
     manifest = cf.read_manifest(tmp_path / "run" / "checkpoints" / "step_3")
     check_same_task_args(manifest, cfg.TrainConfig(run_dir=str(tmp_path / "run"), model=TINY, lr=3e-3,
                                                    data=cfg.DataConfig(batch_size=4)))
+    with pytest.raises(cf.CheckpointRefused, match="--seed 1234 \\(now 7\\)"):  # config.json gone: the manifest says
+        check_same_task_args(manifest, cfg.TrainConfig(run_dir=str(tmp_path / "run"), model=TINY, lr=3e-3, seed=7,
+                                                       data=cfg.DataConfig(batch_size=4)))

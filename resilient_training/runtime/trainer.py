@@ -183,6 +183,7 @@ class Trainer:
             # Weights that a checkpoint will overwrite need no initialisation (launcher restarts).
             model, optimizer, scheduler = self._build(from_storage=path is not None or manifest.get("memory") == "host")
             laps.lap("build_model")
+            reseed(self.config.seed, self.rank, 0)  # a loader that shuffles with the global generator
             data = tk.build_data(self.task, self.rank, self.world_size, self.config.seed)
             # No collective before this (agreements went through the store): the communicator is
             # built while the checkpoint loads; _restore joins it before its first collective.
@@ -248,6 +249,7 @@ class Trainer:
         while step < self.config.steps:
             step = self.step = step + 1
             started = time.perf_counter()
+            reseed(self.config.seed, self.rank, step)
             poison = self.injector.maybe_inject_in_step(step)
             total: torch.Tensor | None = None
             # Forward, backward and the loss all-reduce hold FSDP's collectives: a rank stalled in
@@ -284,7 +286,9 @@ class Trainer:
             self.snapshot.fence()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
+            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step(global_loss)  # the one scheduler that needs a metric: the step's loss
+            elif scheduler is not None:
                 scheduler.step()
             if not self.staging.prepared:
                 self.staging.prepare(local_tensors(state_dict(model, optimizer, scheduler)))
@@ -780,6 +784,23 @@ def shard(task: Any, model: Any, mesh: Any) -> None:
         default_shard(model, mesh)
 
 
+def reseed(seed: int, rank: int, step: int) -> None:
+    """Seed the global generators (torch's on every device, Python's, NumPy's when imported) from
+    (``--seed``, rank, step), at every step: what a task draws from them (dropout, a loader's
+    unseeded shuffle) is then the same whenever that step runs, so a restore replays it exactly
+    (a stranger trial's dropout differed after every restart, and even between two clean runs,
+    and the convergence gate failed the run). Microseconds a step.
+    """
+    import random
+
+    value = (((seed * 1_000_003) + rank) * 1_000_003 + step) % (2**63)
+    torch.manual_seed(value)
+    random.seed(value)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(value % (2**32))
+
+
 def default_shard(model: Any, mesh: Any) -> None:
     """FSDP2 as the trainer applies it unless the task shards itself: ``fully_shard`` on each
     block of every ``nn.ModuleList`` (its unit of all-gather), then on the whole model.
@@ -787,10 +808,13 @@ def default_shard(model: Any, mesh: Any) -> None:
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
+    sharded: set[int] = set()
     for module in model.modules():
         if isinstance(module, nn.ModuleList):
             for block in module:
-                fully_shard(block, mesh=mesh)
+                if id(block) not in sharded:  # one block listed several times (shared layers) is one unit
+                    sharded.add(id(block))
+                    fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
 
 
