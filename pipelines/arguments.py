@@ -199,6 +199,11 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool, local_l
     if export == "hf" and config.task == DEFAULT_TASK:
         raise ValueError("export 'hf' writes a transformers model, and the built-in GPT task's is not one: "
                          "use safetensors or torch, or a transformers task")
+    if export == "hf" and not cluster:  # (on a cluster the task is the trainer image's, not importable here)
+        from resilient_training.gates.export import hf_export_problem
+
+        if problem := hf_export_problem(config.task, config.task_args):
+            raise ValueError(f"export 'hf': {problem}")
     _check_promote_to(values["promote_to"], ref, recurring=recurring)
     _check_local_root(values, cluster=cluster)
     _check_on_a_cluster(values, cluster=cluster, local_launcher=local_launcher)

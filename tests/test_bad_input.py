@@ -133,6 +133,9 @@ CASES: list[tuple[str, list[str], str]] = [
                               '{"faults": "sigkill@3:1"}'], "train_overrides sets 'faults'"),
     # found by a stranger trial: each trained, then failed at promotion
     ("run-export-hf-builtin-task", ["run", "--export", "hf"], "the built-in GPT task's is not one"),
+    # third stranger trial: a user's task that is no transformers model trained and promoted first
+    ("run-export-hf-user-task", ["run", "--task", f"{Path(__file__).parent / 'support' / 'stranger_task.py'}:task",
+                                 "--export", "hf"], "builds a TiedMLP, not a transformers model"),
     ("run-promote-to-non-empty", ["run", "--promote-to", "{run}"], "exists and is not an empty directory"),
     ("run-output-proc", ["run", "--output-dir", "/proc/rt-x"], "/proc"),  # root: access() says yes there
     ("run-overrides-lr-nan", ["run", "--train-overrides", '{"lr": NaN}'], "lr must be a finite number"),

@@ -414,6 +414,31 @@ def build_task_model(record: dict[str, Any]) -> tuple[Any, Any]:
         torch.random.set_rng_state(generator_state)
 
 
+def hf_export_problem(task: str, task_args: dict[str, Any]) -> str | None:
+    """Why ``--format hf`` cannot export this task's model, found before any training (its model
+    built on the meta device), or None (also when the task itself cannot be built: its own
+    pre-flight says so). A third stranger trial's `run --export hf` trained and promoted first.
+    """
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return "--format hf needs transformers (pip install 'resilient-training[llama]')"
+    import torch
+
+    from resilient_training.runtime import task as tk
+
+    try:
+        loaded = tk.load_task(task, {str(k): str(v) for k, v in task_args.items()})
+        with torch.device("meta"):
+            model = tk.build_model(loaded)
+    except tk.TaskError:
+        return None
+    if not isinstance(model, PreTrainedModel):
+        return (f"the run's task ({task}) builds a {type(model).__name__}, not a transformers model: export it "
+                "with safetensors or torch")
+    return None
+
+
 def _write_hf(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
     try:
         from transformers import PreTrainedModel
