@@ -789,7 +789,8 @@ def reseed(seed: int, rank: int, step: int) -> None:
     (``--seed``, rank, step), at every step: what a task draws from them (dropout, a loader's
     unseeded shuffle) is then the same whenever that step runs, so a restore replays it exactly
     (a stranger trial's dropout differed after every restart, and even between two clean runs,
-    and the convergence gate failed the run). Microseconds a step.
+    and the convergence gate failed the run). About 0.1 ms a step (CPU machine, while a test suite
+    ran; not measured on a GPU).
     """
     import random
 
