@@ -148,10 +148,25 @@ def test_sigkill_of_run_takes_its_training_down_too(tmp_path: Path, scratch: Pat
 
 def test_a_failed_promotion_is_reported_as_it_happened_and_a_taken_dest_is_refused_before_training(
         tmp_path: Path, scratch: Path) -> None:
-    """A task that is no transformers model, exported as hf: promotion copies the checkpoint, then
-    the export fails. The summary said "exported model: DEST/hf" (no such directory) and printed the
-    component's whole traceback; then the same DEST trained 30 s before promotion refused it.
+    """A transformers task whose tokenizer cannot be saved, exported as hf: promotion copies the
+    checkpoint, then the export fails. The summary said "exported model: DEST/hf" (no such
+    directory) and printed the component's whole traceback; then the same DEST trained 30 s before
+    promotion refused it. (A task that is no transformers model is refused before training now.)
     """
+    task_file = tmp_path / "broken_tokenizer.py"
+    task_file.write_text(
+        "from resilient_training.tasks.llama import task as llama\n\n\n"
+        "class Task:\n"
+        "    def __init__(self, inner):\n"
+        "        self._inner = inner\n\n"
+        "    def __getattr__(self, name):\n"
+        "        return getattr(self._inner, name)\n\n"
+        "    def tokenizer(self):\n"
+        "        raise RuntimeError('the tokenizer files are not here')\n\n\n"
+        "def task(**settings):\n"
+        "    return Task(llama(**settings))\n")
+    llama = ["--task", f"{task_file}:task", "--task-arg", "preset=tiny", "--task-arg", "seq_len=32",
+             "--task-arg", "batch_size=4"]
     dest = tmp_path / "promoted"
     # Another run's directory in the same output, newer than anything this run writes: two `run`s
     # sharing an output directory once printed each other's run directory, records and report.
@@ -162,7 +177,7 @@ def test_a_failed_promotion_is_reported_as_it_happened_and_a_taken_dest_is_refus
     later = time.time() + 3600
     for path in (decoy / "events", decoy / "gates" / "validation.json"):
         os.utime(path, (later, later))
-    proc, _ = _start(tmp_path, scratch, *SMALL, "--task", EXAMPLE_TASK, "--export", "hf", "--promote-to", str(dest))
+    proc, _ = _start(tmp_path, scratch, *SMALL, *llama, "--export", "hf", "--promote-to", str(dest))
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, (out[-3000:], err[-3000:])
     assert "validation:         PASSED" in out and "convergence:        PASSED" in out, out

@@ -220,6 +220,7 @@ def test_a_planted_step_that_claims_to_be_this_runs_is_refused_by_its_event_log(
     shutil.copytree(theirs, planted)
     uid = cf.read_run_uid(tmp_path / "ours")
     rewrite_manifest(planted, lambda m: m.pop("run_uid") if how == "run_uid-deleted" else m.update(run_uid=uid))
+    rewrite_manifest(planted, lambda m: m.update(seed=1234))  # ours: the changed seed is refused on its own
     (ours.parent / "latest").write_text(planted.name)
     tiny = [flag for name in TINY.__slots__ for flag in (f"--model-{name.replace('_', '-')}", str(getattr(TINY, name)))]
     refused = train_here(tmp_path / "ours", "--nproc", "1", "--steps", "8", "--batch-size", "4", *tiny, capsys=capsys)

@@ -101,7 +101,7 @@ def check_writable(path: str | os.PathLike[str], what: str, *, directory: bool) 
     target = Path(os.path.abspath(text))
     ancestor = target
     while not os.path.exists(ancestor):  # os.path: False (not an error) for a name too long to stat
-        if os.path.islink(ancestor):  # creating it fails "File exists" (stranger trial's message)
+        if os.path.islink(ancestor) and (directory or ancestor != target):  # creating it fails "File exists"
             raise ValueError(f"{what} {text}: {ancestor} is a symbolic link to {os.readlink(ancestor)}, "
                              "which leads nowhere (a dangling link or a loop)")
         ancestor = ancestor.parent
