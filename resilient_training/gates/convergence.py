@@ -349,12 +349,8 @@ def _recent_pace(before: list[Any], restored: int) -> float:
     """
     last = {e.step: e.get("loss") for e in before if e.step is not None and restored - PACE_STEPS <= e.step <= restored}
     changes = [abs(last[s] - last[s - 1]) / abs(last[s - 1]) for s in sorted(last)
-               if s - 1 in last and _a_number(last[s]) and _a_number(last[s - 1]) and last[s - 1]]
-    return max(changes, default=0.0)
-
-
-def _a_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+               if s - 1 in last and math.isfinite(last[s]) and math.isfinite(last[s - 1]) and last[s - 1]]
+    return max(changes, default=0.0)  # (a step event's loss is a JSON number: the event log says so)
 
 
 def _continuity(events: list[Any], config: ConvergenceConfig) -> tuple[Check, list[dict[str, Any]]]:

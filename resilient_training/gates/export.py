@@ -425,18 +425,18 @@ def hf_export_problem(task: str, task_args: dict[str, Any]) -> str | None:
         return "--format hf needs transformers (pip install 'resilient-training[llama]')"
     import torch
 
-    from resilient_training.runtime import task as tk
-
     try:
-        loaded = tk.load_task(task, {str(k): str(v) for k, v in task_args.items()})
         with torch.device("meta"):
-            model = tk.build_model(loaded)
-    except tk.TaskError:
+            _, model = build_task_model({"task": task, "task_args": task_args})
+    except (ExportRefused, ExportUsageError):
         return None
-    if not isinstance(model, PreTrainedModel):
-        return (f"the run's task ({task}) builds a {type(model).__name__}, not a transformers model: export it "
-                "with safetensors or torch")
-    return None
+    problem = _not_transformers(task, model, PreTrainedModel)
+    return f"{problem}: export it with safetensors or torch" if problem else None
+
+
+def _not_transformers(task: str, model: Any, pretrained: type) -> str | None:
+    return None if isinstance(model, pretrained) else (
+        f"the run's task ({task}) builds a {type(model).__name__}, not a transformers model")
 
 
 def _write_hf(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
@@ -455,9 +455,8 @@ def _write_hf(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
 
 def _write_hf_model(ckpt_dir: Path, staging: Path, record: dict[str, Any], pretrained: type) -> None:
     task, model = build_task_model(record)
-    if not isinstance(model, pretrained):
-        raise ExportUsageError(f"the run's task ({record['task']}) builds a {type(model).__name__}, not a transformers "
-                               "model: export it with --format safetensors (or torch, dcp)")
+    if problem := _not_transformers(record["task"], model, pretrained):
+        raise ExportUsageError(f"{problem}: export it with --format safetensors (or torch, dcp)")
     from transformers.utils import logging as hf_logging
 
     model.load_state_dict(model_state(ckpt_dir), strict=True)

@@ -187,11 +187,7 @@ def check_same_task(config: cfg.TrainConfig, run_dir: Path) -> None:
             if isinstance(was, (int, float)) and not isinstance(was, bool) and was != now \
                     and name not in config.task_args:
                 differ.append(f"--{name.replace('_', '-')} {was} (now {now})")
-    seed = recorded.get("seed")
-    if isinstance(seed, int) and not isinstance(seed, bool) and seed != config.seed:
-        # It makes the data and the per-step generators: a changed one resumed silently, the record
-        # rewritten to it (stranger trial).
-        differ.append(f"--seed {seed} (now {config.seed})")
+    differ += _changed_seed(recorded, config)
     model = recorded.get("model")
     if builtin and isinstance(model, dict):
         # The built-in model's shape flags, checked before any checkpoint exists too (the
@@ -203,6 +199,16 @@ def check_same_task(config: cfg.TrainConfig, run_dir: Path) -> None:
     if differ:
         raise LaunchError(f"{config.run_dir} holds a run made with other task settings: {'; '.join(differ)}. "
                           "Resume it with its own settings, or use a new --run-dir")
+
+
+def _changed_seed(recorded: dict, config: cfg.TrainConfig) -> list[str]:
+    """The ``--seed`` a run was made with (config.json's or a manifest's), when this one differs: it
+    makes the data and the per-step generators (a changed one resumed silently, the record rewritten
+    to it: stranger trial).
+    """
+    seed = recorded.get("seed")
+    changed = isinstance(seed, int) and not isinstance(seed, bool) and seed != config.seed
+    return [f"--seed {seed} (now {config.seed})"] if changed else []
 
 
 def check_same_task_args(manifest: dict, config: cfg.TrainConfig) -> None:
@@ -220,9 +226,7 @@ def check_same_task_args(manifest: dict, config: cfg.TrainConfig) -> None:
     same_saved, same_now = tk.comparable_args(config.task, saved), tk.comparable_args(config.task, now)
     differ = [f"{key} {saved.get(key)!r} (now {now.get(key)!r})" for key in sorted(set(saved) | set(now))
               if same_saved.get(key) != same_now.get(key)]
-    seed = manifest.get("seed")
-    if isinstance(seed, int) and not isinstance(seed, bool) and seed != config.seed:
-        differ.append(f"--seed {seed} (now {config.seed})")
+    differ += _changed_seed(manifest, config)
     if differ:
         raise fmt.CheckpointRefused(
             f"{config.run_dir}'s latest checkpoint (step {manifest.get('step')}) was saved with other task "

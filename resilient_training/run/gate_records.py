@@ -46,8 +46,7 @@ def recorded_commit(run_dir: str | os.PathLike[str], step: int) -> tuple[Any, in
         events = ev.read_events(run_dir)
     except ev.EventLogError as exc:  # a forged or damaged log witnesses nothing
         return None, None, f"the run's event log cannot be read ({exc})"
-    commits = [e for e in events if e.event == "ckpt_committed" and e.step == step and e.rank == 0
-               and e.get("tier", "persistent") == "persistent"]
+    commits = [e for e in events if _commit_of(e, step)]
     if not commits:
         return None, None, f"the run's event log records no commit of step {step}"
     commit = commits[-1]
@@ -57,6 +56,12 @@ def recorded_commit(run_dir: str | os.PathLike[str], step: int) -> tuple[Any, in
     if starts and isinstance(starts[-1].get("world_size"), int):
         return commit, starts[-1]["world_size"], "the start event of the workers that committed it"
     return commit, None, f"the run's event log records no world size for the commit of step {step}"
+
+
+def _commit_of(event: Any, step: int) -> bool:
+    """Rank 0's commit of ``step`` to the persistent tier (not a node-local one)."""
+    return (event.event == "ckpt_committed" and event.step == step and event.rank == 0
+            and event.get("tier", "persistent") == "persistent")
 
 
 def logged_commit_digest(run_dir: str | os.PathLike[str], step: int) -> str | None:
@@ -76,8 +81,7 @@ def logged_commit_digest(run_dir: str | os.PathLike[str], step: int) -> str | No
                     event = ev.Event.from_json(line.decode())
                 except (ev.EventLogError, UnicodeDecodeError):
                     continue  # not a commit this log vouches for
-                if event.event == "ckpt_committed" and event.rank == 0 and event.step == step \
-                        and event.get("tier", "persistent") == "persistent":
+                if _commit_of(event, step):
                     digest = event.get("manifest_checksum")
                     found = digest if isinstance(digest, str) else ""
     except OSError:
