@@ -96,14 +96,18 @@ def test_bytes_changed_after_the_commit_load_silently_and_the_check_stops_the_ru
     assert len(checked) == 1 and checked[0]["problems"][0].startswith(f"{name} differs from what was committed")
 
 
-@pytest.mark.parametrize("how", ["run_uid-deleted", "unlogged-run_uid-deleted", "unlogged-own-run_uid"])
+@pytest.mark.parametrize("how", ["run_uid-deleted", "unlogged-run_uid-deleted", "unlogged-own-run_uid",
+                                 "unlogged-own-run_uid-abandoned", "unlogged-own-run_uid-begun"])
 def test_a_restored_step_the_runs_event_log_does_not_vouch_for_stops_the_run(tmp_path: Path, how: str) -> None:
     """A third stranger trial planted another run's step with ``run_uid`` deleted from its manifest:
     `train`'s pre-flight now refuses it, and a cluster's workers (no pre-flight) must too: rank 0's
     check behind the restore reads the run's event log for that commit. A step whose commit line
-    rank 0 did not live to write still restores when its manifest names this run."""
+    rank 0 did not live to write still restores when its manifest names this run and rank 0 logged
+    beginning its save; this run's ``run_uid`` copied into a step it never began saving, or whose
+    save it logged abandoned (a writer death), does not."""
     import shutil
 
+    from resilient_training.run.events import EventLog
     from tests.support.gates import rewrite_manifest
 
     ckpt = write_checkpoint(tmp_path / "run", step=4, world_size=1)
@@ -112,22 +116,30 @@ def test_a_restored_step_the_runs_event_log_does_not_vouch_for_stops_the_run(tmp
     shutil.rmtree(planted, ignore_errors=True)
     shutil.copytree(theirs, planted)
     uid = fmt.read_run_uid(tmp_path / "run")
-    rewrite_manifest(planted, lambda m: m.update(run_uid=uid) if how == "unlogged-own-run_uid" else m.pop("run_uid"))
+    rewrite_manifest(planted, lambda m: m.update(run_uid=uid) if "own-run_uid" in how else m.pop("run_uid"))
     (ckpt.parent / "latest").write_text(planted.name)
+    log = EventLog(tmp_path / "run", rank=0, attempt=0)
+    log.emit("ckpt_begin", 6 if how.endswith(("-begun", "-abandoned")) else 5, mode="async", tier="persistent")
+    if how.endswith("-abandoned"):
+        log.emit("ckpt_abandoned", 6, reason="a peer's checkpoint writer died", tier="persistent")
+    log.close()
     events: list = []
     checkpointer, path, manifest, (model, optimizer, data) = _restarted(tmp_path / "run", events)
     assert path == planted
     checkpointer.load(path, manifest, model, optimizer)
     checkpointer.restore_check.wait(30)
-    if how == "unlogged-own-run_uid":
+    if how == "unlogged-own-run_uid-begun":
         assert checkpointer.local_done() == 1.0
         return
     with pytest.raises(fmt.CheckpointRefused) as refused:
         checkpointer.local_done()
     said = str(refused.value)
     assert f"{planted}, restored at step {manifest['step']}, is not this run's: " in said, said
-    assert ("the event log records another digest" if how == "run_uid-deleted"
-            else "records no commit of step 6 and its manifest names no run_uid") in said, said
+    assert {"run_uid-deleted": "the event log records another digest",
+            "unlogged-run_uid-deleted": "records no commit of step 6 and its manifest names no run_uid",
+            "unlogged-own-run_uid": "no commit of step 6, nor a save of it begun and not abandoned",
+            "unlogged-own-run_uid-abandoned": "no commit of step 6, nor a save of it begun and not abandoned",
+            }[how] in said, said
     (checked,) = [kw for event, _, kw in events if event == "restore_checked"]
     assert len(checked["problems"]) == 1 and checked["problems"][0] in said
 

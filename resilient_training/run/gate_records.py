@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,41 +70,68 @@ def logged_commit_digest(run_dir: str | os.PathLike[str], step: int) -> str | No
     for a commit logged without one (an older version), None for no commit logged. Reads rank
     0's own log only and parses only its commit lines (a worker calls this behind training).
     """
+    found: str | None = None
+    for event in _rank0_events(run_dir, "ckpt_committed"):
+        if _commit_of(event, step):
+            digest = event.get("manifest_checksum")
+            found = digest if isinstance(digest, str) else ""
+    return found
+
+
+def logged_save_open(run_dir: str | os.PathLike[str], step: int) -> bool:
+    """Whether rank 0's last word on a persistent save of ``step`` is its ``ckpt_begin`` (written
+    before any of that save's bytes), not a ``ckpt_abandoned`` (a save that was never committed):
+    the one save whose commit rank 0 may have made and not lived to log.
+    """
+    last = None
+    for event in _rank0_events(run_dir, "ckpt_begin", "ckpt_abandoned"):
+        if event.step == step and event.rank == 0 and event.get("tier", "persistent") == "persistent":
+            last = event.event
+    return last == "ckpt_begin"
+
+
+def _rank0_events(run_dir: str | os.PathLike[str], *names: str) -> Iterator[Any]:
+    """Rank 0's events called one of ``names``, in order, parsing only their lines (cheap behind
+    training); a line that is not a whole event is no witness and is passed over.
+    """
     from resilient_training.run import events as ev
 
-    found: str | None = None
+    markers = [f'"{name}"'.encode() for name in names]
     try:
         with open(layout.events_dir(run_dir) / "rank0.jsonl", "rb") as log:
             for line in log:
-                if b'"ckpt_committed"' not in line or not line.endswith(b"\n"):
+                if not line.endswith(b"\n") or not any(marker in line for marker in markers):
                     continue
                 try:
                     event = ev.Event.from_json(line.decode())
                 except (ev.EventLogError, UnicodeDecodeError):
-                    continue  # not a commit this log vouches for
-                if _commit_of(event, step):
-                    digest = event.get("manifest_checksum")
-                    found = digest if isinstance(digest, str) else ""
+                    continue
+                if event.event in names:
+                    yield event
     except OSError:
-        return None
-    return found
+        return
 
 
 def commit_problem(run_dir: str | os.PathLike[str], ckpt_dir: str | os.PathLike[str],
                    manifest: dict[str, Any]) -> str | None:
     """Why the checkpoint a worker restored is not known to be this run's, or None: rank 0 logged
-    its commit with another manifest's digest, or logged no commit of it and its manifest names
-    no ``run_uid`` (one it names is compared with the run's by the resume check). A planted step
-    with its ``run_uid`` deleted was resumed, validated and promoted (stranger trial); ``train``'s
-    pre-flight refuses it, and this is the same for a cluster's workers, which no pre-flight sees.
+    its commit with another manifest's digest, or logged no commit of it and either its manifest
+    names no ``run_uid`` (one it names is compared with the run's by the resume check) or rank 0
+    logged no save of it begun and not abandoned. A planted step with its ``run_uid`` deleted was resumed,
+    validated and promoted (stranger trial); ``train``'s pre-flight refuses it, and this is the
+    same for a cluster's workers, which no pre-flight sees. The one unlogged step accepted is one
+    whose save rank 0 began and may have committed before dying without logging it.
     """
     step = manifest.get("step")
     logged = logged_commit_digest(run_dir, step) if isinstance(step, int) else None
     if logged is None:
-        if manifest.get("run_uid") is not None:
-            return None  # this run's (compared at the restore), its commit's log line lost with rank 0
-        return (f"the run's event log records no commit of step {step} and its manifest names no run_uid: "
-                "not known to be this run's (put there from elsewhere)")
+        if manifest.get("run_uid") is None:
+            return (f"the run's event log records no commit of step {step} and its manifest names no run_uid: "
+                    "not known to be this run's (put there from elsewhere)")
+        if not (isinstance(step, int) and logged_save_open(run_dir, step)):
+            return (f"the run's event log records no commit of step {step}, nor a save of it begun and not abandoned: "
+                    "not known to be this run's (put there from elsewhere, its run_uid copied in)")
+        return None  # this run's save (run_uid compared at the restore), its commit's log line lost with rank 0
     if logged and logged != manifest_digest(ckpt_dir):
         return (f"its manifest is not the one the run committed at step {step} (the event log records another "
                 "digest): copied from another run, or rewritten after its commit")
