@@ -21,7 +21,7 @@ BENCHMARK_NAME = "recovery-benchmark"
 # overwritten without a word (launch_training's component), so it is refused instead.
 FROM_PARAMETERS = {"steps": "steps", "checkpoint_every": "checkpoint_every", "faults": "faults",
                    "async_checkpoint": "async_checkpoint", "inprocess": "inprocess", "ft_launcher": "ft_launcher",
-                   "task": "task", "task_args": "task_args", "task_arg": "task_args"}
+                   "task": "task", "task_args": "task_args", "task_arg": "task_args", "export_format": "export"}
 NESTED_FROM_PARAMETERS = {("checkpoint", "every"): "checkpoint_every", ("checkpoint", "async_save"): "async_checkpoint",
                           ("restart", "inprocess"): "inprocess", ("restart", "ft_launcher"): "ft_launcher"}
 # What the steps' validators call a setting, and the parameter a user gives it as.
@@ -187,6 +187,8 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool, local_l
         train["task"] = values["task"]
     if values["task_args"]:
         train["task_args"] = values["task_args"]
+    if str(values.get("export", "")).strip() in FORMATS:  # (any other is refused below, by its parameter's name)
+        train["export_format"] = values["export"].strip()
     config = _check_training(values, ref, train, cluster=cluster)
     max_final_loss = values["max_final_loss"]
     check_reachable(config.steps, ConvergenceConfig(max_final_loss=None if max_final_loss < 0 else max_final_loss,

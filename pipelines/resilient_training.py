@@ -198,7 +198,7 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
                 storage_ref=provisioned.outputs["storage_ref"], run_id=run_id, launcher=launcher, steps=steps,
                 checkpoint_every=checkpoint_every, faults=faults, async_checkpoint=async_checkpoint,
                 inprocess=inprocess, ft_launcher=ft_launcher, train_overrides=train_overrides, task=task,
-                task_args=task_args, nodes=nodes,
+                task_args=task_args, export=export, nodes=nodes,
                 gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=trainer_image,
                 service_account=service_account, efa_per_node=efa_per_node, node_selector=node_selector,
                 tolerations=tolerations, cpu=cpu, memory=memory, shm_size=shm_size,

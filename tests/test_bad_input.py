@@ -136,6 +136,15 @@ CASES: list[tuple[str, list[str], str]] = [
     # third stranger trial: a user's task that is no transformers model trained and promoted first
     ("run-export-hf-user-task", ["run", "--task", f"{Path(__file__).parent / 'support' / 'stranger_task.py'}:task",
                                  "--export", "hf"], "builds a TiedMLP, not a transformers model"),
+    # a cluster's workers refuse it from the job's export_format (the task is the trainer image's)
+    ("train-export-format-hf-user-task", ["train", "--run-dir", "r", "--task",
+                                          f"{Path(__file__).parent / 'support' / 'stranger_task.py'}:task",
+                                          "--export-format", "hf"],
+     "export_format hf: the run's task ("),
+    ("train-export-format-unknown", ["train", "--run-dir", "r", "--export-format", "onnx"],
+     "export_format 'onnx': choose one of dcp, torch, safetensors, hf"),
+    ("run-overrides-export-format", ["run", "--train-overrides", '{"export_format": "hf"}'],
+     "train_overrides sets 'export_format', which the pipeline's export parameter overwrites"),
     ("run-promote-to-non-empty", ["run", "--promote-to", "{run}"], "exists and is not an empty directory"),
     ("run-output-proc", ["run", "--output-dir", "/proc/rt-x"], "/proc"),  # root: access() says yes there
     ("run-overrides-lr-nan", ["run", "--train-overrides", '{"lr": NaN}'], "lr must be a finite number"),

@@ -5,6 +5,7 @@ with faults, validated, read back by plain torch and resumed at other world size
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -265,6 +266,33 @@ def test_a_worker_that_cannot_import_the_task_asks_not_to_be_restarted(tmp_path)
     assert proc.returncode == 93, proc.stderr[-2000:]
     end = [e for e in ev.read_events(run_dir) if e.event == "end"]
     assert end[-1]["status"] == "failed" and "task module no_such_module_here failed to import" in end[-1]["reason"]
+
+
+def test_a_worker_whose_model_the_promotion_cannot_export_stops_before_training(tmp_path):
+    """A cluster's pipeline with ``export=hf`` and a task that builds no transformers model (in
+    the trainer image, which nothing before the job can import) trained to the end, then failed
+    at promotion: the workers refuse it first, and ask not to be restarted (exit 93).
+    """
+    from resilient_training.run import events as ev
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.runtime.worker", "--run-dir", str(run_dir),
+                           "--export-format", "hf", "--no-inprocess", "--no-ft-launcher"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 93, proc.stderr[-2000:]
+    events = ev.read_events(run_dir)
+    assert not [e for e in events if e.event in ("step", "ckpt_begin")]
+    reason = [e for e in events if e.event == "end"][-1]["reason"]
+    assert reason == ("export_format hf: the run's task (resilient_training.tasks.gpt:task) builds a GPT, not a "
+                      "transformers model: export it with safetensors or torch"), reason
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+def test_a_transformers_task_passes_the_hf_export_check():
+    config = cfg.from_argv(["--run-dir", "r", "--task", "resilient_training.tasks.llama:LlamaTask",
+                            "--export-format", "hf"])
+    tk.check_export(config, tk.task_from_config(config))
+    tk.preflight(config, world_size=1)
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ def launch_training(
     train_overrides: Optional[dict] = None,  # noqa: UP045 - KFP reads the annotation
     task: str = "",
     task_args: Optional[dict] = None,  # noqa: UP045
+    export: str = "",
     nodes: int = 1,
     min_nodes: int = 0,
     gpus_per_node: int = 8,
@@ -59,6 +60,9 @@ def launch_training(
             workers run: this machine for local, the trainer image for pytorchjob); empty: the
             built-in GPT task.
         task_args: Settings passed to the task, ``{"KEY": "VALUE"}`` (``--task-arg KEY=VALUE``).
+        export: The format ``promote_model`` will export the model in (its ``export``): the workers
+            refuse ``hf`` before any training unless the task builds a transformers model (on a
+            cluster the task is the trainer image's, which nothing before the job can build).
         nodes: cluster: worker pods, one per node (the maximum when ``min_nodes`` is set).
         min_nodes: pytorchjob only (Trainer v2 is not elastic): elastic lower bound; training goes
             on with this many nodes when others are lost. 0 = exactly ``nodes``.
@@ -97,6 +101,8 @@ def launch_training(
         train["task"] = task
     if task_args:
         train["task_args"] = task_args
+    if export.strip():
+        train["export_format"] = export.strip()
     job_name = launch(
         storage_ref=storage_ref, run_id=run_id, launcher=launcher, train=train, nodes=nodes, min_nodes=min_nodes,
         gpus_per_node=gpus_per_node, procs_per_node=procs_per_node, image=image, efa_per_node=efa_per_node,

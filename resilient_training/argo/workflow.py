@@ -143,7 +143,7 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
         Step("launch-training", "launch_training", {
             "storage_ref": Output("provision-storage", "storage_ref"), "run_id": RunId(),
             **_params("launcher", "steps", "checkpoint_every", "faults", "async_checkpoint", "inprocess",
-                      "ft_launcher", "train_overrides", "task", "task_args", "nodes", "gpus_per_node",
+                      "ft_launcher", "train_overrides", "task", "task_args", "export", "nodes", "gpus_per_node",
                       "procs_per_node", "efa_per_node", "node_selector", "tolerations", "cpu", "memory",
                       "shm_size"),
             "image": Param("trainer_image"), "service_account": Param("service_account"),

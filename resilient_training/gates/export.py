@@ -32,9 +32,10 @@ from typing import Any
 from resilient_training.gates import promote
 from resilient_training.run import checkpoint_format as cf
 from resilient_training.run import layout
+from resilient_training.run.config import EXPORT_FORMATS
 from resilient_training.run.paths import check_writable, probe_writable
 
-FORMATS = ("dcp", "torch", "safetensors", "hf")
+FORMATS = EXPORT_FORMATS
 # What each format's writer imports: the promote step's image must hold it (checked before a run).
 MODULES: dict[str, tuple[str, ...]] = {"dcp": (), "torch": ("torch",), "safetensors": ("torch", "safetensors"),
                                        "hf": ("torch", "transformers", "safetensors")}
@@ -420,42 +421,41 @@ def hf_export_problem(task: str, task_args: dict[str, Any]) -> str | None:
     pre-flight says so). A third stranger trial's `run --export hf` trained and promoted first.
     """
     try:
-        from transformers import PreTrainedModel
+        import transformers  # noqa: F401
     except ImportError:
         return "--format hf needs transformers (pip install 'resilient-training[llama]')"
     import torch
+
+    from resilient_training.runtime import task as tk
 
     try:
         with torch.device("meta"):
             _, model = build_task_model({"task": task, "task_args": task_args})
     except (ExportRefused, ExportUsageError):
         return None
-    problem = _not_transformers(task, model, PreTrainedModel)
+    problem = tk.export_refusal(task, model, "hf")
     return f"{problem}: export it with safetensors or torch" if problem else None
-
-
-def _not_transformers(task: str, model: Any, pretrained: type) -> str | None:
-    return None if isinstance(model, pretrained) else (
-        f"the run's task ({task}) builds a {type(model).__name__}, not a transformers model")
 
 
 def _write_hf(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
     try:
-        from transformers import PreTrainedModel
+        import transformers  # noqa: F401
     except ImportError:
         raise ExportUsageError("--format hf needs transformers (pip install 'resilient-training[llama]')") from None
     from resilient_training.runtime import task as tk
 
     try:
         with tk.cannot_exit("the run's task"):  # an exit there would read as a finished export
-            _write_hf_model(ckpt_dir, staging, record, PreTrainedModel)
+            _write_hf_model(ckpt_dir, staging, record)
     except tk.TaskError as exc:
         raise ExportUsageError(f"the run's task cannot be built here: {exc}") from None
 
 
-def _write_hf_model(ckpt_dir: Path, staging: Path, record: dict[str, Any], pretrained: type) -> None:
+def _write_hf_model(ckpt_dir: Path, staging: Path, record: dict[str, Any]) -> None:
+    from resilient_training.runtime import task as tk
+
     task, model = build_task_model(record)
-    if problem := _not_transformers(record["task"], model, pretrained):
+    if problem := tk.export_refusal(record["task"], model, "hf"):
         raise ExportUsageError(f"{problem}: export it with --format safetensors (or torch, dcp)")
     from transformers.utils import logging as hf_logging
 

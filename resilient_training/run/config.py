@@ -171,6 +171,8 @@ class DataConfig:
 
 # The built-in task (a synthetic GPT); ``--task MODULE:ATTR`` or ``--task FILE.py:ATTR`` names another.
 DEFAULT_TASK = "resilient_training.tasks.gpt:task"
+# What `promote` can export a model as (gates/export.py writes them; a run names its own up front).
+EXPORT_FORMATS = ("dcp", "torch", "safetensors", "hf")
 
 
 def absolute_task(spec: str) -> str:
@@ -262,6 +264,8 @@ class TrainConfig:
     task: str = _f(DEFAULT_TASK, "the training task: MODULE:ATTR or path/to/file.py:ATTR")
     task_args: dict[str, str] = field(default_factory=dict, metadata={
         "help": "a setting passed to the task, KEY=VALUE (repeatable)", "flag": "task_arg"})
+    export_format: str = _f("", "the format the promoted model will be exported in (the pipeline's export): "
+                                "hf is refused before any training unless the task builds a transformers model")
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     restart: RestartConfig = field(default_factory=RestartConfig)
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
@@ -292,6 +296,9 @@ class TrainConfig:
             raise ValueError(f"task {self.task!r}: {attr!r} is no Python name (the task or the function that "
                              "makes it, e.g. my_pkg.tasks:make_task)")
         self.task_args = task_args_from(self.task_args)
+        if self.export_format not in ("", *EXPORT_FORMATS):
+            raise ValueError(f"export_format {self.export_format!r}: choose one of {', '.join(EXPORT_FORMATS)} "
+                             "(or empty for none)")
         if not (math.isfinite(self.step_seconds) and 0 <= self.step_seconds <= 3600):
             raise ValueError(f"step_seconds must be between 0 and 3600, got {self.step_seconds}")
         if not 0 <= self.memory_limit_mb <= MAX_MEMORY_LIMIT_MB:

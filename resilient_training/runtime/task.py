@@ -324,6 +324,8 @@ def _preflight(config: Any, *, world_size: int) -> None:
     if empty:
         raise TaskError(f"task build_model() has parameters with no elements ({', '.join(empty[:3])}"
                         f"{', ...' if len(empty) > 3 else ''}): FSDP cannot shard an empty parameter")
+    if problem := export_refusal(config.task, model, config.export_format):
+        raise TaskError(f"export_format {config.export_format}: {problem}: export it with safetensors or torch")
     build_optimizer(task, model)
     data = build_data(task, 0, world_size, seed)
     try:
@@ -332,6 +334,37 @@ def _preflight(config: Any, *, world_size: int) -> None:
         raise TaskError("task build_data() yields no batch for rank 0") from None
     except Exception as exc:
         raise TaskError(f"task build_data()'s iterator raised {type(exc).__name__}: {exc}") from exc
+
+
+def export_refusal(spec: str, model: Any, export_format: str) -> str | None:
+    """Why ``promote`` could not export the model this task builds in ``export_format``, or None:
+    ``hf`` writes a transformers model (a third stranger trial's `run --export hf` trained and
+    promoted first, then failed). Also where transformers is not installed: no model there is one.
+    """
+    if export_format != "hf":
+        return None
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return f"the run's task ({spec}) builds a {type(model).__name__}, not a transformers model (no transformers here)"
+    if isinstance(model, PreTrainedModel):
+        return None
+    return f"the run's task ({spec}) builds a {type(model).__name__}, not a transformers model"
+
+
+def check_export(config: Any, task: Any) -> None:
+    """A worker's refusal (TaskError) of a run whose promotion will export its model in a format
+    that cannot hold it, before any training: on a cluster the task lives in the trainer image,
+    and no check before the job could build it. The model is built on the meta device.
+    """
+    if not config.export_format:
+        return
+    import torch
+
+    with torch.device("meta"):
+        model = build_model(task)
+    if problem := export_refusal(config.task, model, config.export_format):
+        raise TaskError(f"export_format {config.export_format}: {problem}: export it with safetensors or torch")
 
 
 def effective_args(config: Any) -> dict[str, str]:

@@ -40,13 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch._dynamo  # noqa: F401
 
     # (imported after argument errors surface: they import torch)
-    from resilient_training.runtime.task import TaskError
+    from resilient_training.runtime.task import TaskError, check_export
     from resilient_training.runtime.trainer import Trainer, retrying_cannot_help, worker_store_port
 
     failed_for_launcher = False
     heartbeats = nvrx_adapter.Heartbeats(config.restart.ft_launcher)
     try:
         trainer = Trainer(config, events=events, heartbeats=heartbeats)
+        if attempt == 0:  # (a restart's task is the one checked: nothing added to its critical path)
+            check_export(config, trainer.task)
     except TaskError as exc:  # the task cannot be loaded here (e.g. missing from the image): retrying cannot help
         code = _do_not_restart(events, heartbeats, rank, str(exc))
         heartbeats.close()

@@ -46,7 +46,7 @@ def test_pytorchjob_backend_through_the_local_runner(kfp_local, cluster):
     assert shm["emptyDir"]["sizeLimit"] == "128Gi"
     assert (job["spec"]["elasticPolicy"]["minReplicas"], job["spec"]["elasticPolicy"]["maxReplicas"]) == (6, 8)
     for flag, value in (("--steps", "100"), ("--faults", "sigkill@50:9"), ("--heartbeat-timeout", "120.0"),
-                        ("--model-d-model", "1024"), ("--run-dir", "/mnt/run/runs/run-7")):
+                        ("--model-d-model", "1024"), ("--run-dir", "/mnt/run/runs/run-7"), ("--export-format", "")):
         assert args[args.index(flag) + 1] == value
     assert json.loads({e["name"]: e["value"] for e in container["env"]}["RT_STORAGE_REF"])["fsx_id"] == REF.fsx_id
 
@@ -55,7 +55,7 @@ def test_trainjob_backend_through_the_local_runner(kfp_local, cluster):
     task = launch_training(storage_ref=REF.to_json(), run_id="run-7", launcher="trainjob", nodes=8, steps=100,
                            faults="sigkill@50:9", efa_per_node=32, train_overrides={"heartbeat_timeout": 120.0},
                            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                           service_account="trainer-s3", poll_seconds=0.05, timeout_seconds=30)
+                           service_account="trainer-s3", poll_seconds=0.05, timeout_seconds=30, export="hf")
     assert task.outputs["job_name"] == job_name_for_run("run-7")
     job = cluster.get("trainjobs", job_name_for_run("run-7"), "team-a")
     trainer = job["spec"]["trainer"]
@@ -63,8 +63,9 @@ def test_trainjob_backend_through_the_local_runner(kfp_local, cluster):
     assert job["spec"]["runtimeRef"]["name"] == "nvrx-ft-launcher"
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (8, 8)
     assert trainer["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
+    # export: the workers refuse at their first start a model the promotion's export cannot hold
     for flag, value in (("--steps", "100"), ("--faults", "sigkill@50:9"), ("--heartbeat-timeout", "120.0"),
-                        ("--run-dir", "/mnt/run/runs/run-7")):
+                        ("--run-dir", "/mnt/run/runs/run-7"), ("--export-format", "hf")):
         assert args[args.index(flag) + 1] == value
     pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
         "template"]["spec"]["template"]["spec"]
