@@ -364,6 +364,14 @@ CASES: list[tuple[str, list[str], str]] = [
     ("report-json-dir", ["report", "{run}", "--json", "{dir}"], "is a directory: name a file"),
     ("report-o-name-max", ["report", "{run}", "-o", LONG], "longer than the file system allows"),
     ("report-same-file", ["report", "{run}", "-o", "r.json", "--json", "r.json"], "both name"),
+    # a stranger trial's `report -o /dev/stdout` (root) replaced /dev/stdout with a file: a file is
+    # replaced through a temporary one beside it, which replaces a link, not what it leads to
+    ("report-o-link", ["report", "{run}", "-o", "{work}/a-link"], "is a symbolic link (to "),
+    ("report-json-link", ["report", "{run}", "--json", "{work}/a-link"], "is a symbolic link (to "),
+    ("report-o-device", ["report", "{run}", "-o", "/dev/null"], "is not a regular file"),
+    ("report-both-stdout", ["report", "{run}", "-o", "-", "--json", "-"], "both name -"),
+    ("export-o-link", ["export", "{run}", "--format", "torch", "-o", "{work}/a-link"], "is a symbolic link (to "),
+    ("render-job-o-link", [*RENDER, "-o", "{work}/a-link"], "is a symbolic link (to "),
     ("report-nothing-asked", ["report", "{run}"], "give -o report.html and/or --json"),
     ("report-over-event-log", ["report", "{run}", "--json", "{run}/events/rank0.jsonl"], "the run's own records"),
     ("report-over-config", ["report", "{run}", "-o", "{run}/config.json"], "the run's own records"),
@@ -436,6 +444,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(
     (work / "dir").mkdir(parents=True)
     (work / "dir.yaml").mkdir()
     (work / "a-file").write_text("keep me")
+    (work / "a-link").symlink_to(work / "a-file")
     (work / "loop-a").symlink_to(work / "loop-b")
     (work / "loop-b").symlink_to(work / "loop-a")
     places = {"work": str(work), "dir": str(work / "dir"), "file": str(work / "a-file"), "run": str(shared_run),

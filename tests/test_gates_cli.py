@@ -118,6 +118,18 @@ def test_report_json_names_the_run_absolutely(run: Path, capsys: pytest.CaptureF
     assert json.loads(capsys.readouterr().out)["run_dir"] == str(run.resolve())
 
 
+def test_report_dash_o_prints_the_html_and_writes_no_file(run: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger trial's ``-o -`` wrote a file named ``-`` (and ``-o /dev/stdout``, as root, replaced
+    the link with a file: refused now, tests/test_bad_input.py)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(run), "-o", "-"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("<!DOCTYPE html>") and out.rstrip().endswith("</html>"), out[:200]
+    assert not (tmp_path / "-").exists()
+
+
 @pytest.mark.parametrize("command", ["validate-checkpoint", "check-convergence"])
 @pytest.mark.parametrize("case", ["gates-is-a-file", "record-is-a-dir"])
 def test_a_record_that_cannot_be_written_is_one_line_before_the_gate_runs(

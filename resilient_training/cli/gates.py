@@ -99,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and a Young/Daly checkpoint interval from the event log; write HTML and/or JSON.",
     )
     p.add_argument("run_dir", metavar="RUN", help="run directory (holds events/)")
-    p.add_argument("-o", "--output", default=None, help="write the HTML report here")
+    p.add_argument("-o", "--output", default=None, help="write the HTML report here (- : to stdout)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the metrics as JSON to FILE (or stdout)")
     p.set_defaults(func=report_main)
@@ -304,7 +304,7 @@ def report_main(args: argparse.Namespace) -> int:
     if problem := _plain_path(args.run_dir, "RUN"):
         return _fail_usage(problem)
     try:
-        if args.output is not None:
+        if args.output not in (None, "-"):
             check_writable(args.output, "-o", directory=False)
         if args.json not in (None, "-"):
             check_writable(args.json, "--json", directory=False)
@@ -322,8 +322,8 @@ def report_main(args: argparse.Namespace) -> int:
     except (RunError, ValueError) as exc:
         return _fail_usage(str(exc))
     if args.output:
-        write_report(args.run_dir, args.output, metrics=metrics)
-        print(f"wrote {args.output}", file=sys.stderr if args.json == "-" else sys.stdout)
+        if write_report(args.run_dir, args.output, metrics=metrics) is not None:
+            print(f"wrote {args.output}", file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json == "-":
         _print_json(metrics)
     elif args.json:

@@ -12,6 +12,7 @@ import html
 import io
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -279,12 +280,17 @@ resilient_training.gates.metrics from the event log.</p>
 
 
 def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str],
-                 *, metrics: dict[str, Any] | None = None) -> Path:
-    """Compute the metrics (unless given) and write the HTML report; returns its path."""
+                 *, metrics: dict[str, Any] | None = None) -> Path | None:
+    """Compute the metrics (unless given) and write the HTML report; returns its path (None for
+    ``-``: printed to standard output).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     m = metrics if metrics is not None else rt_metrics.compute_metrics(run_dir)
+    if os.fspath(output) == "-":
+        sys.stdout.write(render_html(m, f"Resilience report: {Path(run_dir).name}"))
+        return None
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")

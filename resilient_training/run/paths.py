@@ -117,6 +117,12 @@ def check_writable(path: str | os.PathLike[str], what: str, *, directory: bool) 
                              f"the file system allows ({name_max})")
     if target.is_dir() and not directory:
         raise ValueError(f"{what} {text} is a directory: name a file")
+    if not directory and os.path.islink(target):
+        # A file is replaced through a temporary one beside it: that replaces the link, not what it
+        # leads to (a stranger trial's `report -o /dev/stdout`, as root, made /dev/stdout a file).
+        raise ValueError(f"{what} {text} is a symbolic link (to {os.readlink(target)}): name the file itself")
+    if not directory and target.exists() and not target.is_file():
+        raise ValueError(f"{what} {text} is not a regular file (a device, pipe or socket): name a file")
     if target.exists() and not target.is_dir() and directory:
         raise ValueError(f"{what} {text} exists and is not a directory")
     # What gets written into: the directory itself, else the file's directory (files are replaced via a
