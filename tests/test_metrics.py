@@ -598,3 +598,40 @@ def test_a_restore_at_the_final_step_then_a_failed_end_is_not_a_recovery(tmp_pat
     _restored_at_the_final_step(tmp_path, "failed")
     m = compute_metrics(tmp_path)
     assert m["unrecovered_faults"] == 1 and not m["faults"][0]["recovered"]
+
+
+def test_a_fault_repeated_on_rank_1_right_after_its_restore_is_a_fault_of_its_own(tmp_path: Path) -> None:
+    """A stranger trial's ``exception@6:1x3``: rank 1 restored, completed step 5 and failed again
+    at step 6 a millisecond before rank 0 logged that same step 5. The injection was taken into the
+    second fault's episode (``also_injected``), and the third recovery was reported as rank 1
+    having died without a word. A step completed by any rank after its restore ends the recovery
+    (training steps are collective); a fault injected after it is one of its own.
+    """
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 5, checkpoint_every=4)
+    for _ in range(2):
+        log.wait(0.05)
+        log.emit("fault_injected", 6, rank=1, fault="exception@6:1x3")
+        log.emit("failure_detected", 6, rank=1, cause="exception", message="InjectedFault: exception@6:1x3")
+        log.emit("failure_detected", 6, rank=0, cause="peer_failure", message="rank 1 failed")
+        log.emit("restart_begin", 6, layer="inprocess", cause="exception")
+        log.iteration += 1
+        log.wait(1.0)
+        log.emit("restart_done", layer="inprocess")
+        log.emit("load_done", 4, path="checkpoints/step_4", seconds=0.2)
+        log.wait(0.1)
+        log.emit("step", 5, rank=1, loss=2.0, seconds=0.1)  # rank 1 first, then its next fault, then rank 0
+    log.wait(0.001)
+    log.emit("step", 5, rank=0, loss=2.0, seconds=0.1)
+    log.steps(6, 8)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert [f["root_cause"]["kind"] for f in m["faults"]] == ["exception"] * 2, m["faults"]
+    assert [f["root_cause"]["rank"] for f in m["faults"]] == [1, 1]
+    assert all("also_injected" not in f["root_cause"] for f in m["faults"]), m["faults"]
+    assert [f["layer"] for f in m["faults"]] == ["inprocess", "inprocess"]
+    assert m["restart_causes"] == {"exception": 2}
+    assert [f["recovery_seconds"] for f in m["faults"]] == pytest.approx([1.1, 1.101])

@@ -326,11 +326,22 @@ def test_repeated_deterministic_failure_exhausts_the_retry_limit(tmp_path):
     assert {e.attempt for e in run.events} == {0}
 
 
-def test_repeated_failure_without_inprocess_exhausts_launcher_restarts(tmp_path):
-    run = train(tmp_path / "run", *FAST, "--faults", "exception@6:1x99", "--no-inprocess", "--max-restarts", "1")
+@pytest.mark.parametrize("kind", ["exception", "sigkill"])
+def test_repeated_failure_without_inprocess_exhausts_launcher_restarts(tmp_path, kind):
+    """A killed rank says nothing, and its peer only saw it go: a stranger trial's SIGKILLs that
+    ran the restarts out ended "launcher exited 1 before any worker reported a failure", and the
+    report said status unknown (no worker lived to log an end). The launcher logs the run's end.
+    """
+    from resilient_training.gates.metrics import compute_metrics
+
+    run = train(tmp_path / "run", *FAST, "--faults", f"{kind}@6:1x99", "--no-inprocess", "--max-restarts", "1")
     assert run.returncode == 1
     assert "recovery gave up after 1 launcher restart(s)" in run.output
-    assert "rank 1 at step 6: exception" in run.output
+    said = {"exception": "last failure on rank 1 at step 6: exception",
+            "sigkill": "last fault injected on rank 1 at step 6: sigkill@6:1"}[kind]
+    assert said in run.output, run.output[-2000:]
+    metrics = compute_metrics(run.run_dir)
+    assert metrics["status"] == "failed" and said in metrics["end_reason"], metrics["end_reason"]
 
 
 def test_node_local_tier_shortens_the_rollback_after_a_process_restart(tmp_path):

@@ -201,8 +201,22 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
     context: tuple[int, int] | None = None  # (attempt, iteration) of the reference rank's last step
     last_step: int | None = None
     writer_only = False  # the current episode is a dead writer being replaced while training goes on
+    restored: dict[int, ev.Event] = {}  # rank -> its load_done in the current episode
+    stepped: dict[int, ev.Event] = {}  # rank -> its first step after that load_done
     for e in events:
         if e.event in TRIGGERS:
+            if current is not None and e.event == "fault_injected" and e.rank in stepped:
+                # The injecting rank restored and completed a step since (steps are collective: so
+                # did its peers, whose step lines may come a moment later): the recovery is over, and
+                # this is a fault of its own (a stranger trial's exception@6:1x3 on rank 1 was folded
+                # into the previous one, and the next recovery blamed on rank 1 dying without a word).
+                first = stepped[e.rank]
+                if current.restored_step is None:
+                    current.restored_step, current.restored_at = int(restored[e.rank].step or 0), restored[e.rank].ts
+                    current.last_step_before = last_step
+                current.end, current = first.ts, None
+            if current is None:
+                restored, stepped = {}, {}
             if current is not None and writer_only and e.event == "fault_injected":
                 # Another fault while the writer is being replaced: its own episode, not a part
                 # of the writer's, which is cut here (a writer episode measured up to this fault).
@@ -224,6 +238,11 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             continue
         if current is not None and e.event == "writer_restarted" and current.writer_ready is None:
             current.writer_ready = e.ts
+        if current is not None and e.event == "load_done":
+            restored[e.rank] = e
+            stepped.pop(e.rank, None)
+        elif current is not None and e.event == "step" and e.rank in restored:
+            stepped.setdefault(e.rank, e)
         if current is not None and e.rank == ref:
             if (e.event in ("step", "end") and current.restored_step is None and current.writer_ready is not None
                     and e.ts >= current.writer_ready):

@@ -402,7 +402,10 @@ def _run_local(config: cfg.TrainConfig, claim: RunDirClaim, *, nproc: int, progr
             raise
         finally:
             watcher.stop()
-    return LaunchResult(exit_code, outcome(run_dir, config.steps, exit_code, since=started, log=log_path), str(run_dir))
+    reason = outcome(run_dir, config.steps, exit_code, since=started, log=log_path)
+    if exit_code != 0:
+        record_failure(run_dir, reason)
+    return LaunchResult(exit_code, reason, str(run_dir))
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -437,6 +440,15 @@ def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Pat
     gave_up = [e for e in ends if "gave up" in e.get("reason", "")]
     if gave_up:
         return f"{gave_up[-1]['reason']}; {root}" if root else gave_up[-1]["reason"]
+    if not root:  # a killed rank says nothing: what was injected, else what its peers saw
+        injected = [e for e in events if e.event == "fault_injected"]
+        seen = [e for e in events if e.event == "failure_detected"]
+        if injected:
+            last = injected[-1]
+            root = f"last fault injected on rank {last.rank} at step {last.step}: {last.get('fault')}"
+        elif seen:
+            last = seen[-1]
+            root = f"last failure seen by rank {last.rank} at step {last.step}: {last['cause']} ({last.get('message', '')})"
     if root:
         restarts = len({e.attempt for e in events}) - 1
         return f"recovery gave up after {restarts} launcher restart(s); {root}"
@@ -444,6 +456,18 @@ def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Pat
         return ends[-1]["reason"]
     tail = log.read_text(errors="replace").strip().splitlines()[-5:]
     return f"launcher exited {exit_code} before any worker reported a failure; log tail: {' | '.join(tail)}"
+
+
+def record_failure(run_dir: str | os.PathLike[str], reason: str) -> None:
+    """The run's ``end`` (failed, with why) from its launcher: the workers of a run whose restarts ran
+    out, or whose node 0 was lost, were stopped before they could write one, and the report then
+    said status unknown (stranger trial).
+    """
+    log = ev.EventLog(run_dir, rank=-1)
+    try:
+        log.emit("end", None, status="failed", reason=reason[:1000])
+    finally:
+        log.close()
 
 
 class ProgressPrinter(threading.Thread):

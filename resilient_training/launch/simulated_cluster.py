@@ -542,5 +542,7 @@ def _run_cluster(config: cfg.TrainConfig, spec: ClusterSpec, run_dir: Path, *,
             signal.signal(signal.SIGTERM, previous)
     log = layout.logs_dir(run_dir) / "cluster.log"
     reason = cluster.failure or launcher.outcome(run_dir, config.steps, exit_code, since=started, log=log)
+    if exit_code != 0:
+        launcher.record_failure(run_dir, reason)
     return launcher.LaunchResult(exit_code, reason, str(run_dir))
 
