@@ -635,3 +635,26 @@ def test_a_fault_repeated_on_rank_1_right_after_its_restore_is_a_fault_of_its_ow
     assert [f["layer"] for f in m["faults"]] == ["inprocess", "inprocess"]
     assert m["restart_causes"] == {"exception": 2}
     assert [f["recovery_seconds"] for f in m["faults"]] == pytest.approx([1.1, 1.101])
+
+
+def test_null_and_negative_durations_count_as_none(tmp_path: Path) -> None:
+    """A second stranger trial: a null ``seconds`` or ``bytes`` (the schema allows null) was a
+    TypeError in the report, and a negative save stall (the wall clock stepped back during a
+    save) a math domain error in the interval suggestion."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 4)
+    log.emit("ckpt_begin", 4, mode="async")
+    log.emit("ckpt_staged", 4, seconds=-3.0)
+    log.emit("ckpt_committed", 4, rank=0, bytes=None, seconds=None, path="checkpoints/step_4")
+    log.steps(5, 8, checkpoint_every=8)
+    log.emit("step", 9, rank=0, loss=1.0, seconds=None)
+    log.emit("step", 9, rank=1, loss=1.0, seconds=-1.0)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert m["checkpoints"]["stall_seconds"]["max"] == pytest.approx(0.02)
+    assert m["checkpoints"]["stall_seconds"]["count"] == 2 and m["checkpoints"]["stall_seconds"]["p50"] == pytest.approx(0.01)
+    assert m["checkpoints"]["bytes"]["count"] == 2
+    assert 0 <= m["training_goodput"] <= 1

@@ -143,6 +143,15 @@ def is_agent_diagnostic(e: ev.Event) -> bool:
     return e.event in AGENT_DIAGNOSTICS and e.rank < 0
 
 
+def duration(e: ev.Event, key: str = "seconds") -> float:
+    """An event's seconds (or bytes): 0 when null or absent, and never below 0 (the trainer times
+    some of them with the wall clock, which a clock step can turn back; a negative save stall was a
+    math domain error in the interval suggestion: stranger trial).
+    """
+    value = e.get(key)
+    return max(0.0, float(value)) if value is not None else 0.0
+
+
 def load_events(run_dir: str | os.PathLike[str]) -> list[ev.Event]:
     """The run's events; RunError when there is no run or no event log."""
     path = Path(run_dir)
@@ -169,7 +178,7 @@ def step_runs(events: Iterable[ev.Event], rank: int | None = None) -> list[StepR
     for e in events:
         if e.event == "step" and e.step is not None and (rank is None or e.rank == rank):
             out.append(StepRun(e.ts, e.rank, e.attempt, e.iteration, int(e.step), float(e.get("loss", math.nan)),
-                               float(e.get("seconds", 0.0) or 0.0)))
+                               duration(e)))
     return out
 
 
@@ -558,7 +567,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         if p.seconds is not None:
             by_layer.setdefault(p.layer, []).append(p.seconds)
     commits = checkpoint_commits(events)
-    stalls = [float(e.get("seconds", 0.0)) for e in events if e.event == "ckpt_staged" and e.rank == ref]
+    stalls = [duration(e) for e in events if e.event == "ckpt_staged" and e.rank == ref]
     fresh = freshness(runs, checkpoint_commits(events, tier=None))  # either tier can be restored
     steps_per_save = [b - a for a, b in zip(sorted({int(c.step or 0) for c in commits}),
                                             sorted({int(c.step or 0) for c in commits})[1:], strict=False)]
@@ -612,8 +621,8 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
             "deferred": sum(1 for e in events if e.event == "ckpt_deferred" and e.rank == ref),
             "stall_seconds": percentiles(stalls),
             "stall_total_seconds": sum(stalls),
-            "commit_seconds": percentiles([float(c.get("seconds", 0.0)) for c in commits]),
-            "bytes": percentiles([float(c.get("bytes", 0)) for c in commits]),
+            "commit_seconds": percentiles([duration(c) for c in commits]),
+            "bytes": percentiles([duration(c, "bytes") for c in commits]),
             "interval_steps": statistics.median(steps_per_save) if steps_per_save else None,
         },
         "freshness_steps": {

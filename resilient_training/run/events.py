@@ -109,8 +109,12 @@ class EventLogError(ValueError):
     """A line of the event log is not an event; the message names the file, the line and what is wrong."""
 
 
+INT64_MAX = 2**63 - 1
+
+
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no rank or step
+    # JSON true is no rank or step; one of 400 digits was an OverflowError in the report (stranger trial)
+    return isinstance(value, int) and not isinstance(value, bool) and -INT64_MAX <= value <= INT64_MAX
 
 
 def _is_number(value: Any) -> bool:
@@ -126,7 +130,11 @@ def _is_number(value: Any) -> bool:
 
 # Fields the gates and metrics compute with, whatever the event: null or of this kind. (A list
 # in a commit's bytes, a cause or a layer was a traceback in the report: stranger trial.)
-NUMBER_FIELDS = ("seconds", "bytes", "failed_bytes")
+NUMBER_FIELDS = ("seconds", "bytes", "failed_bytes", "process_seconds")
+# Of those, the ones that are never NaN or infinite, and never below 0 for a count (a NaN stall
+# gave a checkpoint interval from nothing, a huge one goodput above 100 %: stranger trial).
+FINITE_FIELDS = ("seconds", "bytes", "failed_bytes", "process_seconds")
+COUNT_FIELDS = ("bytes", "failed_bytes")
 INT_FIELDS = ("world_size", "pid", "exitcode", "restarts", "restored")
 STRING_FIELDS = ("cause", "message", "layer", "tier", "fault", "type", "where", "reason", "signal", "path", "source",
                  "status", "manifest_checksum", "what", "phase")
@@ -139,6 +147,14 @@ def _field_problem(fields: dict[str, Any]) -> str | None:
             value = fields.get(key)
             if value is not None and not check(value):
                 return f"{key} must be {name} or null, got {_shown(value)}"
+    for key in FINITE_FIELDS:
+        value = fields.get(key)
+        if value is not None and not (math.isfinite(value) and (value >= 0 or key not in COUNT_FIELDS)):
+            return f"{key} must be a finite number{' >= 0' if key in COUNT_FIELDS else ''} or null, got {_shown(value)}"
+    phases = fields.get("phases")
+    if phases is not None and not (isinstance(phases, dict) and all(
+            _is_number(v) and math.isfinite(v) for v in phases.values())):
+        return f"phases must be an object of finite numbers (seconds per phase) or null, got {_shown(phases)}"
     return None
 
 
@@ -209,8 +225,9 @@ class Event:
                 raise EventLogError("a step event must name its step, got null")
             if not _is_number(record.get("loss")):
                 raise EventLogError(f"a step event's loss must be a JSON number, got {_shown(record.get('loss'))}")
-            if record.get("seconds") is not None and not _is_number(record["seconds"]):
-                raise EventLogError(f"a step event's seconds must be a JSON number, got {_shown(record['seconds'])}")
+            if record.get("seconds") is not None and not (_is_number(record["seconds"])
+                                                          and math.isfinite(record["seconds"])):
+                raise EventLogError(f"a step event's seconds must be a finite number, got {_shown(record['seconds'])}")
         base = {k: record.pop(k) for k in ("ts", "rank", "attempt", "iteration", "event", "step")}
         problem = _field_problem(record)
         if problem:
