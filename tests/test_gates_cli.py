@@ -168,3 +168,24 @@ def test_a_manifest_nested_past_the_recursion_limit_is_a_finding_not_a_traceback
         assert main(command) in (1, 2)
         err = capsys.readouterr().err
         assert "Traceback" not in err and err.count("\n") <= 2, err
+
+
+def test_report_json_is_strict_json_with_a_nan_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger trial: a NaN loss (which the event log allows: the NaN fault) made ``report --json``
+    print a bare ``NaN``, which standard JSON parsers refuse. Non-finite numbers are null."""
+    log = ScriptedLog(tmp_path / "run")
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 4, loss=lambda step: float("nan") if step == 3 else 5.0 - step)
+    log.end()
+    log.close()
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"not JSON: {token}")
+
+    assert main(["report", str(tmp_path / "run"), "--json"]) == 0
+    out = capsys.readouterr().out
+    metrics = json.loads(out, parse_constant=refuse)
+    assert metrics["status"] == "completed"
+    assert main(["report", str(tmp_path / "run"), "--json", str(tmp_path / "m.json")]) == 0
+    json.loads((tmp_path / "m.json").read_text(), parse_constant=refuse)

@@ -655,6 +655,7 @@ def test_null_and_negative_durations_count_as_none(tmp_path: Path) -> None:
     log.close()
     m = compute_metrics(tmp_path)
     assert m["checkpoints"]["stall_seconds"]["max"] == pytest.approx(0.02)
-    assert m["checkpoints"]["stall_seconds"]["count"] == 2 and m["checkpoints"]["stall_seconds"]["p50"] == pytest.approx(0.01)
+    stalls = m["checkpoints"]["stall_seconds"]
+    assert stalls["count"] == 2 and stalls["p50"] == pytest.approx(0.01)
     assert m["checkpoints"]["bytes"]["count"] == 2
     assert 0 <= m["training_goodput"] <= 1

@@ -11,6 +11,7 @@ import argparse
 import atexit
 import functools
 import json
+import math
 import os
 import signal
 import sys
@@ -159,8 +160,25 @@ def _plain_path(value: str, name: str) -> str | None:
     return input_problem(value, name)
 
 
+def _json_text(data: Any) -> str:
+    """Strict JSON: a NaN or infinite number (a NaN loss, a goodput of a log without steps) is
+    null. ``NaN`` is no JSON token, and parsers that follow the standard refused the report's output
+    (stranger trial).
+    """
+    def strict(value: Any) -> Any:
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {k: strict(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [strict(v) for v in value]
+        return value
+
+    return json.dumps(strict(data), indent=1, sort_keys=True, allow_nan=False, default=str)
+
+
 def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=1, sort_keys=True, allow_nan=True, default=str))
+    print(_json_text(data))
 
 
 def _not_done(as_json: bool, key: str, kind: str, message: str, code: int) -> int:
@@ -329,5 +347,5 @@ def report_main(args: argparse.Namespace) -> int:
     elif args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)  # as write_report does for -o
         with open(args.json, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(metrics, indent=1, sort_keys=True, allow_nan=True, default=str))
+            handle.write(_json_text(metrics))
     return EXIT_OK
