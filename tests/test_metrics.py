@@ -659,3 +659,24 @@ def test_null_and_negative_durations_count_as_none(tmp_path: Path) -> None:
     assert stalls["count"] == 2 and stalls["p50"] == pytest.approx(0.01)
     assert m["checkpoints"]["bytes"]["count"] == 2
     assert 0 <= m["training_goodput"] <= 1
+
+
+@pytest.mark.parametrize("then", ["end", "steps"])
+def test_a_peers_late_report_without_a_restart_is_no_fault(tmp_path: Path, then: str) -> None:
+    """A second stranger trial: rank 1's peer_failure logged after rank 0's last step (a rank that
+    finished first is seen as gone by its peer) was an unrecovered fault, blamed on rank 0 having
+    died without a word, in a run that completed; with rank 1's clock a little ahead, its
+    restart_requested of an in-process restart did the same. Training went on, nothing restarted."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 8, checkpoint_every=4)
+    log.wait(0.01)
+    log.emit("failure_detected", 8, rank=1, cause="peer_failure", message="Connection closed by peer")
+    if then == "steps":
+        log.steps(9, 12, checkpoint_every=4)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert m["faults"] == [] and m["unrecovered_faults"] == 0, m["faults"]
+    assert m["status"] == "completed" and m["infrastructure_goodput"] == pytest.approx(1.0)

@@ -113,6 +113,7 @@ class Episode:
     fault_step: int | None = None
     context: tuple[int, int] | None = None
     writer_ready: float | None = None  # a new writer was ready in place of a dead one (writer_restarted)
+    symptom_only: bool = True  # every trigger so far is a rank reporting another's failure (see episodes)
     triggers: list[str] = dataclasses.field(default_factory=list)
     root_cause: dict[str, Any] = dataclasses.field(default_factory=dict)
     symptoms: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -240,6 +241,8 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             elif e.event == "restart_begin" or (e.event == "failure_detected" and e.get("cause") != "writer_died"):
                 writer_only = False
             current.triggers.append(e.event)
+            if not (e.event == "failure_detected" and e.get("cause") in SYMPTOMS):
+                current.symptom_only = False
             if e.event == "fault_injected" and current.fault is None:
                 current.fault = e.get("fault")
             if e.event in ("failure_detected", "restart_begin") and current.cause is None:
@@ -260,6 +263,9 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             elif e.event == "load_done" and current.restored_step is None:
                 current.restored_step, current.restored_at = int(e.step or 0), e.ts
                 current.last_step_before = last_step
+            elif e.event == "end" and current.symptom_only and current.restored_step is None \
+                    and e.get("status") == "completed":
+                current.end, current = current.start, None  # a peer's late report: nothing failed, see below
             elif e.event == "end" and current.restored_step is not None and e.get("status") == "completed":
                 # Restored at the final step (its save had failed) and the run then completed:
                 # recovered when the restore was done. What followed is the final save, which a run
@@ -274,6 +280,14 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
                     current = None
         if e.event == "step" and e.rank == ref and e.step is not None:
             last_step, context = int(e.step), (e.attempt, e.iteration)
+    # Only ranks reporting another's failure, and training went on without a restart: a report
+    # logged late (a rank that finished first seen as gone by its peer; a clock a little ahead),
+    # not a fault. (A stranger trial's late peer_failure was an unrecovered fault, blamed on rank 0,
+    # in a run that completed.)
+    last = next((e for e in reversed(events) if e.rank == ref), None)  # the run ended so, nothing after
+    completed = last is not None and last.event == "end" and last.get("status") == "completed"
+    found = [p for p in found if not (p.symptom_only and p.restored_step is None
+                                      and (p.end == p.start or (p.end is None and completed)))]
     for episode in found:
         _classify(episode, events, ref)
         _attribute(episode, events)
@@ -345,7 +359,7 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
     else:
         reporters = {e.rank for e in inside if e.event == "failure_detected"}
         world = {e.rank for e in events if e.event == "step" and e.rank >= 0 and e.ts <= episode.start}
-        silent = sorted(world - reporters)
+        silent = sorted(world - reporters - _went_on(world, episode, events))
         if reporters and len(silent) == 1:
             root = {"kind": "died", "rank": silent[0], "step": episode.fault_step, "injected": False,
                     "detail": f"rank {silent[0]} stopped without reporting a failure (killed by a signal or crashed)"}
@@ -365,6 +379,23 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
         if e.event in ("failure_detected", "restart_begin") and e is not primary
         and not (e.rank == root.get("rank") and e.event == "restart_begin")
     ]
+
+
+def _went_on(ranks: set[int], episode: Episode, events: list[ev.Event]) -> set[int]:
+    """Of ``ranks``, those that logged a step or their end after the episode opened, in the
+    attempt and iteration of their last step before it: they did not die there.
+    """
+    context: dict[int, tuple[int, int]] = {}
+    alive: set[int] = set()
+    for e in events:
+        if e.rank not in ranks:
+            continue
+        if e.ts <= episode.start:
+            if e.event == "step":
+                context[e.rank] = (e.attempt, e.iteration)
+        elif e.event in ("step", "end") and context.get(e.rank) == (e.attempt, e.iteration):
+            alive.add(e.rank)
+    return alive
 
 
 def _stalled_outside_a_collective(reports: list[ev.Event], events: list[ev.Event]) -> ev.Event | None:
@@ -396,7 +427,7 @@ def _absorbed(episode: Episode, step_event: ev.Event) -> bool:
     kind = str(episode.fault or "").split("@")[0]
     return (
         kind not in ALWAYS_KILLS
-        and set(episode.triggers) == {"fault_injected"}
+        and (set(episode.triggers) == {"fault_injected"} or episode.symptom_only)
         and episode.fault_step is not None
         and step_event.step is not None
         and step_event.step > episode.fault_step
