@@ -680,3 +680,25 @@ def test_a_peers_late_report_without_a_restart_is_no_fault(tmp_path: Path, then:
     m = compute_metrics(tmp_path)
     assert m["faults"] == [] and m["unrecovered_faults"] == 0, m["faults"]
     assert m["status"] == "completed" and m["infrastructure_goodput"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("later", ["nan", "finite"])
+def test_a_nan_the_training_went_on_with_is_never_recovered(tmp_path: Path, later: str) -> None:
+    """A stranger trial's ``nan@6:0 --no-nan-guard``: every later loss NaN, and the report said the
+    fault was absorbed, 0 s, none unrecovered, infrastructure goodput 100 %. A NaN injected and
+    followed by finite losses (a task whose loss does not carry it) is still absorbed."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 5)
+    log.emit("fault_injected", 6, rank=0, fault="nan@6:0")
+    log.steps(6, 10, loss=(lambda step: 5.0 - step * 0.1) if later == "finite" else (lambda step: math.nan))
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    (fault,) = m["faults"]
+    if later == "finite":
+        assert fault["layer"] == "none" and m["unrecovered_faults"] == 0
+    else:
+        assert fault["layer"] == "unrecovered" and fault["recovery_seconds"] is None, fault
+        assert m["unrecovered_faults"] == 1 and m["infrastructure_goodput"] < 0.6

@@ -419,12 +419,17 @@ def _absorbed(episode: Episode, step_event: ev.Event) -> bool:
 
     Past means a later step: a fault injected at a save (after its step) on one rank can be
     logged before a peer logs that same step (seen on 2 GPUs: a ckpt-kill taken for absorbed).
-    A fault that always kills its rank, some time after it is logged, is never absorbed: on one
+    A NaN the training went on with is not absorbed either. A fault that always kills its rank,
+    some time after it is logged, is never absorbed: on one
     GPU the killed rank is the reference rank, and it logged a step between the injection and
     its death (an async ckpt-kill dies once the writer holds its shard): that launcher restart
     was reported as layer ``none``, 0 s, and left out of the downtime (H200, 2026-12-02).
     """
     kind = str(episode.fault or "").split("@")[0]
+    if kind == "nan" and not math.isfinite(float(step_event.get("loss", math.nan))):
+        # Training went on, on NaN weights (--no-nan-guard): not absorbed but never recovered
+        # (a stranger trial's report said recovered, 0 s, with every later loss NaN).
+        return False
     return (
         kind not in ALWAYS_KILLS
         and (set(episode.triggers) == {"fault_injected"} or episode.symptom_only)
