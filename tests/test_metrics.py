@@ -376,11 +376,14 @@ def test_a_scheduled_fault_that_never_fired_is_named_in_the_metrics_and_the_repo
     log.end()
     log.close()
     m = compute_metrics(tmp_path)
-    assert m["faults_not_injected"] == ["load-hang@5:0", "nan@6:0x2"]
-    assert "never fired" in render_html(m, "run") and "load-hang@5:0, nan@6:0x2" in render_html(m, "run")
+    assert m["faults_not_injected"] == ["load-hang@5:0", "nan@6:0x2 (fired 1 of 2 times)"]
+    assert "never fired" in render_html(m, "run")
+    assert "load-hang@5:0, nan@6:0x2 (fired 1 of 2 times)" in render_html(m, "run")
     layout.config_path(tmp_path).write_text(json.dumps({"faults": "exception@4:0,nan@6:0"}))
     assert compute_metrics(tmp_path)["faults_not_injected"] == []
     layout.config_path(tmp_path).write_text("{not json")  # unreadable: nothing claimed either way
+    assert compute_metrics(tmp_path)["faults_not_injected"] == []
+    layout.config_path(tmp_path).write_text("[" * 100_000)  # nested past the parser's depth: no traceback
     assert compute_metrics(tmp_path)["faults_not_injected"] == []
 
 

@@ -565,7 +565,8 @@ def segments(events: list[ev.Event]) -> list[dict[str, Any]]:
 
 
 def faults_not_injected(run_dir: str | os.PathLike[str], events: list[ev.Event]) -> list[str]:
-    """Scheduled faults (the run's config.json) that never fired, e.g. a ``load-hang`` whose rank only
+    """Scheduled faults (the run's config.json) that never fired, or fewer times than scheduled
+    (said after them), e.g. a ``load-hang`` whose rank only
     ever restored from a memory snapshot (H200, 2026-12-02): a run that completed did not prove
     recovery from those. Empty when the schedule cannot be read (no config, a YAML file elsewhere).
     """
@@ -576,10 +577,13 @@ def faults_not_injected(run_dir: str | os.PathLike[str], events: list[ev.Event])
     try:
         spec = json.loads(layout.config_path(run_dir).read_text()).get("faults") or ""
         schedule = flt.parse(str(spec))
-    except (OSError, ValueError, AttributeError):  # FaultSpecError is a ValueError
+    except (OSError, ValueError, AttributeError, RecursionError):  # FaultSpecError is a ValueError
         return []
     fired = Counter(e.get("fault") for e in events if e.event == "fault_injected")
-    return [str(f) for f in schedule if fired.get(f.key, 0) < f.count]
+    # One that fired fewer times than scheduled says so (a stranger trial's x5 that fired 3 times
+    # was listed as never fired).
+    return [str(f) + (f" (fired {fired[f.key]} of {f.count} times)" if fired.get(f.key) else "")
+            for f in schedule if fired.get(f.key, 0) < f.count]
 
 
 def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | None = None) -> dict[str, Any]:

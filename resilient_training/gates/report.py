@@ -211,8 +211,8 @@ def render_html(m: dict[str, Any], title: str) -> str:
         ("wall time", _fmt(m["wall_seconds"], " s", 1), f"downtime {_fmt(m['downtime_seconds'], ' s', 1)}"),
     ]
     missed = m.get("faults_not_injected") or []
-    not_fired = (f'<p><span class="badge bad">not injected</span> scheduled, never fired (this run proves no '
-                 f'recovery from them): {e(", ".join(missed))}</p>' if missed else "")
+    not_fired = (f'<p><span class="badge bad">not injected</span> scheduled, never fired or not as often as '
+                 f'scheduled (this run proves no recovery from them): {e(", ".join(missed))}</p>' if missed else "")
     fault_rows = "".join(
         f"<tr><td>{i + 1}</td><td>{e(str(f['fault'] or '–'))}</td><td>{e(_root_cause(f))}</td><td>{e(f['layer'])}</td>"
         f"<td>{_fmt(f['fault_step'])}</td><td>{_fmt(f['restored_step'])}</td><td>{_fmt(f['rollback_steps'])}</td>"
