@@ -705,3 +705,62 @@ def test_a_nan_the_training_went_on_with_is_never_recovered(tmp_path: Path, late
     else:
         assert fault["layer"] == "unrecovered" and fault["recovery_seconds"] is None, fault
         assert m["unrecovered_faults"] == 1 and m["infrastructure_goodput"] < 0.6
+
+
+def test_an_injected_hang_says_what_found_it_and_a_second_injection_is_not_a_symptom(tmp_path: Path) -> None:
+    """A stranger trial: a hang's detail named only the schedule entry, not the timeout that found
+    it; and of two faults injected at one step, the second rank's own exception was listed as a
+    symptom report from another rank."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 8, checkpoint_every=4)
+    log.emit("fault_injected", 9, rank=1, fault="hang@9:1")
+    log.wait(3.0)
+    log.emit("failure_detected", 9, rank=0, cause="DistBackendError", message="gloo timeout after 3000 ms")
+    log.wait(0.1)
+    log.emit("hang_detected", 9, rank=1, reason="no progress for 3.1 s in step (allowance 3.0 s)", where="step")
+    log.emit("failure_detected", 9, rank=1, cause="hang", message="soft timeout")
+    log.emit("restart_begin", 9, layer="inprocess", cause="hang")
+    log.iteration += 1
+    log.emit("restart_done", layer="inprocess")
+    log.emit("load_done", 8, path="checkpoints/step_8", seconds=0.1)
+    log.steps(9, 10)
+    log.emit("fault_injected", 11, rank=0, fault="exception@11:0")
+    log.emit("fault_injected", 11, rank=1, fault="exception@11:1")
+    log.emit("failure_detected", 11, rank=0, cause="exception", message="InjectedFault: exception@11:0")
+    log.emit("failure_detected", 11, rank=1, cause="exception", message="InjectedFault: exception@11:1")
+    log.emit("restart_begin", 11, layer="inprocess", cause="exception")
+    log.iteration += 1
+    log.emit("restart_done", layer="inprocess")
+    log.emit("load_done", 8, path="checkpoints/step_8", seconds=0.1)
+    log.steps(9, 12)
+    log.end()
+    log.close()
+    hang, both = compute_metrics(tmp_path)["faults"]
+    assert hang["root_cause"]["rank"] == 1
+    assert hang["root_cause"]["detected_by"] == ("rank 0 at step 9: DistBackendError (gloo timeout after 3000 ms)")
+    assert "detected by rank 0 at step 9" in hang["root_cause"]["detail"]
+    assert both["root_cause"]["also_injected"] == ["exception@11:1"]
+    assert [s for s in both["symptoms"] if s["event"] == "failure_detected"] == []
+
+
+def test_a_lost_node_is_named_with_its_ranks(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path, world_size=4)
+    for rank in range(4):
+        log.emit("start", rank=rank, world_size=4, pid=1, host="test", layers=[], nvrx_version="0",
+                 torch_version="0", node=rank // 2)
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 6, checkpoint_every=4)
+    log.emit("fault_injected", 7, rank=2, fault="node-loss@7:1")
+    log.emit("restart_begin", 7, rank=-1, layer="pod", cause="node-loss", node=1)
+    log.wait(5.0)
+    log.emit("restart_done", rank=-1, layer="pod", node=1)
+    log.attempt += 1
+    log.emit("load_done", 4, path="checkpoints/step_4", seconds=0.1)
+    log.steps(5, 8)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert fault["root_cause"]["node"] == 1 and fault["root_cause"]["ranks"] == [2, 3]
+    assert fault["root_cause"]["detail"] == "node-loss@7:1: node 1 (ranks 2, 3) lost"

@@ -350,6 +350,16 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
         also = [e.get("fault") for e in inside if e.event == "fault_injected" and e is not injected]
         if also:
             root["also_injected"] = also
+        if root["kind"] in HANGS:  # which guard or timeout found it, on which rank, at which step
+            found = _hang_found(inside, events, episode)
+            if found:
+                root["detected_by"] = found
+                root["detail"] = f"{root['detail']}: detected by {found}"
+        if root["kind"] == "node-loss":  # the node's every rank was lost, not one
+            node, ranks = _node_of(injected.rank, events, episode.start)
+            if node is not None:
+                root["node"], root["ranks"] = node, ranks
+                root["detail"] = f"{injected.get('fault')}: node {node} (ranks {', '.join(map(str, ranks))}) lost"
     elif primary is not None:
         root = {"kind": primary.get("cause"), "rank": primary.rank, "step": primary.step, "injected": False,
                 "detail": primary.get("message") or primary.get("cause")}
@@ -373,12 +383,47 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
     episode.root_cause = root
     if root["kind"]:
         episode.cause = str(root["kind"])
+    # A rank whose own fault was injected too (also_injected) reports that fault, not a symptom.
+    own = {e.rank for e in inside if e.event == "fault_injected" and e is not injected}
     episode.symptoms = [
         {"rank": e.rank, "event": e.event, "cause": e.get("cause"), "step": e.step}
         for e in inside
         if e.event in ("failure_detected", "restart_begin") and e is not primary
         and not (e.rank == root.get("rank") and e.event == "restart_begin")
+        and not (e.rank in own and e.event == "failure_detected" and e.get("cause") not in SYMPTOMS)
     ]
+
+
+HANGS = ("hang", "ckpt-hang", "load-hang")
+
+
+def _hang_found(inside: list[ev.Event], events: list[ev.Event], episode: Episode) -> str | None:
+    """How an injected hang was found, by whichever came first: a progress guard running out
+    (its rank, step and reason: for how long, where, from which allowance) or a rank reporting a
+    failure (a peer's collective timing out, say), e.g. ``rank 0's progress guard at step 9: no
+    progress for 3.1 s in step``.
+    """
+    end = episode.end if episode.end is not None else math.inf
+    guard = next((e for e in events if e.event == "hang_detected" and episode.start <= e.ts <= end), None)
+    report = next((e for e in inside if e.event == "failure_detected"), None)
+    if guard is not None and (report is None or guard.ts <= report.ts):
+        return f"rank {guard.rank}'s progress guard at step {guard.step}: {guard.get('reason')}"
+    if report is not None:
+        return (f"rank {report.rank} at step {report.step}: {report.get('cause')}"
+                + (f" ({report.get('message')})" if report.get("message") else ""))[:300]
+    return None
+
+
+def _node_of(rank: int, events: list[ev.Event], before: float) -> tuple[Any, list[int]]:
+    """The node ``rank`` ran on (its last ``start`` before ``before``) and every rank started there."""
+    starts: dict[int, Any] = {}
+    for e in events:
+        if e.event == "start" and e.rank >= 0 and e.ts <= before:
+            starts[e.rank] = e.get("node")
+    node = starts.get(rank)
+    if node is None:
+        return None, []
+    return node, sorted(r for r, n in starts.items() if n == node)
 
 
 def _went_on(ranks: set[int], episode: Episode, events: list[ev.Event]) -> set[int]:
