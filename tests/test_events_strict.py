@@ -62,6 +62,8 @@ BAD_LINES = [
     ("ts-missing", edited(ts=DROP), "no ts"),
     ("rank-bool", edited(rank=True), "rank must be an integer, got True"),
     ("rank-string", edited(rank="0"), "rank must be an integer, got '0'"),
+    # a second stranger trial: rank0.jsonl copied beside itself counted every event twice
+    ("rank-not-the-files", edited(rank=1), "rank 1 in rank0.jsonl, which holds rank 0's events only"),
     ("attempt-float", edited(attempt=1.0), "attempt must be an integer, got 1.0"),
     ("iteration-string", edited(iteration="0"), "iteration must be an integer, got '0'"),
     ("event-number", edited(event=5), "event must be a string, got 5"),
@@ -185,3 +187,17 @@ def test_a_directory_named_like_a_log_file_is_named_not_a_traceback(tmp_path: Pa
     assert main(["check-convergence", str(run), "--no-record"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rank9.jsonl: not a file" in err[0], err
+
+
+def test_a_copy_of_a_ranks_log_under_another_name_is_refused(tmp_path: Path) -> None:
+    """A second stranger trial: rank0.jsonl copied to rank0-copy.jsonl counted every step, save and
+    fault twice ("66 replayed"). A file not named rankN.jsonl holds the launchers' events only."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 2)
+    log.close()
+    events = layout.events_dir(tmp_path)
+    (events / "rank0-copy.jsonl").write_bytes((events / "rank0.jsonl").read_bytes())
+    with pytest.raises(EventLogError, match=re.escape("rank0-copy.jsonl:1: not an event: rank 0 in rank0-copy.jsonl, "
+                                                      "which holds the launchers' (rank -1) only")):
+        read_events(tmp_path)

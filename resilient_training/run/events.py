@@ -34,6 +34,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -298,6 +299,10 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
     for path in iter_event_files(run_dir):
         if not path.is_file():
             raise EventLogError(f"{path}: not a file")
+        # Whose events the file holds: rankN.jsonl rank N's, any other the launchers' (rank -1). A
+        # copy of rank0.jsonl beside it counted every step, save and fault twice (stranger trial).
+        named = re.fullmatch(r"rank(\d+)\.jsonl", path.name)
+        owner = int(named.group(1)) if named else -1
         try:
             handle = open(path, "rb")  # bytes: a line that is not UTF-8 is named like any other bad line
         except OSError as exc:
@@ -309,7 +314,12 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
                 try:
                     line = raw.decode("utf-8").strip()
                     if line:
-                        events.append(Event.from_json(line))
+                        event = Event.from_json(line)
+                        if event.rank != owner:
+                            raise EventLogError(
+                                f"rank {event.rank} in {path.name}, which holds "
+                                + (f"rank {owner}'s events only" if named else "the launchers' (rank -1) only"))
+                        events.append(event)
                 except (EventLogError, UnicodeDecodeError) as exc:
                     raise EventLogError(f"{path}:{number}: not an event: {exc}") from None
     events.sort(key=lambda e: e.ts)
