@@ -289,6 +289,7 @@ def test_a_writer_death_found_at_the_next_save_is_the_injected_fault_not_a_secon
     assert fault["root_cause"]["kind"] == "writer-kill" and fault["root_cause"]["rank"] == 0
     assert fault["root_cause"]["detected_seconds_after_fault"] == pytest.approx(0.2)
     assert fault["layer"] == "launcher" and m["restart_causes"] == {"writer-kill": 1}
+    assert fault["fault_step"] == 13  # where it struck (the report showed the step it was found at: stranger trial)
 
 
 def test_a_peer_s_collective_error_is_a_symptom_when_the_failing_rank_says_more(tmp_path: Path) -> None:
@@ -537,6 +538,9 @@ def test_a_fault_while_the_writer_is_replaced_is_an_episode_of_its_own(tmp_path:
     faults = compute_metrics(tmp_path)["faults"]
     assert [(f["fault"], f["layer"]) for f in faults] == [("writer-kill@8:0", "writer"), ("exception@12:1", "inprocess")]
     assert "also_injected" not in faults[0]["root_cause"]
+    # Measured to its new writer's readiness, not cut at the next fault (0.3 s: a stranger trial's
+    # writer-kill x3 said 0.02 s for a 1.46 s replacement).
+    assert faults[0]["recovery_seconds"] == pytest.approx(1.3)
 
 
 def test_where_a_recovery_went_adds_up_to_it_and_the_report_names_the_largest_parts(tmp_path: Path) -> None:

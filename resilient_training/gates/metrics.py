@@ -114,6 +114,7 @@ class Episode:
     context: tuple[int, int] | None = None
     writer_ready: float | None = None  # a new writer was ready in place of a dead one (writer_restarted)
     symptom_only: bool = True  # every trigger so far is a rank reporting another's failure (see episodes)
+    replaced_at: float | None = None  # a writer episode cut by another fault: when its new writer was ready
     triggers: list[str] = dataclasses.field(default_factory=list)
     root_cause: dict[str, Any] = dataclasses.field(default_factory=dict)
     symptoms: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -211,6 +212,7 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
     context: tuple[int, int] | None = None  # (attempt, iteration) of the reference rank's last step
     last_step: int | None = None
     writer_only = False  # the current episode is a dead writer being replaced while training goes on
+    cut_writer: Episode | None = None  # a writer episode cut by another fault before its new writer was ready
     restored: dict[int, ev.Event] = {}  # rank -> its load_done in the current episode
     stepped: dict[int, ev.Event] = {}  # rank -> its first step after that load_done
     for e in events:
@@ -229,7 +231,11 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
                 restored, stepped = {}, {}
             if current is not None and writer_only and e.event == "fault_injected":
                 # Another fault while the writer is being replaced: its own episode, not a part
-                # of the writer's, which is cut here (a writer episode measured up to this fault).
+                # of the writer's, which is cut here, and measured to its new writer's readiness
+                # when that comes (a stranger trial's writer-kill x3 said 0.02 s for a 1.46 s
+                # replacement); until then, up to this fault.
+                if current.writer_ready is None:
+                    cut_writer = current
                 current.writer_ready = current.writer_ready or e.ts
                 current.end, current = e.ts - 1e-6, None  # just before: the new fault is not in it
             if current is None:
@@ -248,6 +254,8 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             if e.event in ("failure_detected", "restart_begin") and current.cause is None:
                 current.cause = e.get("cause")
             continue
+        if e.event == "writer_restarted" and cut_writer is not None:
+            cut_writer.replaced_at, cut_writer = e.ts, None
         if current is not None and e.event == "writer_restarted" and current.writer_ready is None:
             current.writer_ready = e.ts
         if current is not None and e.event == "load_done":
@@ -295,6 +303,8 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             died = next((e for e in events if e.event == "failure_detected" and e.get("cause") == "writer_died"
                          and episode.start <= e.ts <= (episode.end or math.inf)), None)
             episode.start = died.ts if died is not None else episode.start
+            if episode.replaced_at is not None:  # named and classified up to the fault that cut it
+                episode.writer_ready = episode.end = episode.replaced_at
     return _link_delayed(found)
 
 
@@ -308,7 +318,7 @@ def _link_delayed(found: list[Episode]) -> list[Episode]:
         if earlier is not None and not episode.root_cause.get("injected"):
             out.remove(earlier)
             found_as = episode.root_cause
-            episode.fault = earlier.fault
+            episode.fault, episode.fault_step = earlier.fault, earlier.fault_step  # (not the step it was found at)
             signal = {"signal": found_as["signal"]} if found_as.get("signal") else {}
             episode.root_cause = {**earlier.root_cause, **signal, "detail": f"{earlier.root_cause.get('detail')}: "
                                   f"{found_as.get('detail')}", "detected_seconds_after_fault": episode.start - earlier.start}
