@@ -768,3 +768,26 @@ def test_a_lost_node_is_named_with_its_ranks(tmp_path: Path) -> None:
     (fault,) = compute_metrics(tmp_path)["faults"]
     assert fault["root_cause"]["node"] == 1 and fault["root_cause"]["ranks"] == [2, 3]
     assert fault["root_cause"]["detail"] == "node-loss@7:1: node 1 (ranks 2, 3) lost"
+
+
+def test_a_step_logged_between_the_fault_and_the_restore_is_replayed_time_too(tmp_path: Path) -> None:
+    """A second stranger trial: rank 0's step 9 logged just after rank 1's fault_injected counted in
+    the rollback (9 - 4 = 5 steps) but not in the replayed seconds (4 steps' worth)."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 8, checkpoint_every=4)
+    log.emit("fault_injected", 9, rank=1, fault="sigkill@9:1")
+    log.wait(0.03)
+    log.emit("step", 9, rank=0, loss=1.0, seconds=0.1)  # its collective done before rank 1 died
+    log.wait(0.5)
+    log.emit("failure_detected", 9, rank=0, cause="peer_failure", message="rank 1 went away")
+    log.attempt += 1
+    log.wait(2.0)
+    log.emit("load_done", 4, path="checkpoints/step_4", seconds=0.2)
+    log.steps(5, 12)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert fault["rollback_steps"] == 5
+    assert fault["replayed_seconds"] == pytest.approx(0.5)

@@ -797,7 +797,7 @@ def replayed_seconds(p: Episode, runs: list[StepRun]) -> float | None:
         return None
     lost: dict[int, float] = {}
     for run in runs:
-        if run.ts <= p.start and p.restored_step < run.step <= p.last_step_before:
+        if run.ts <= (p.restored_at or p.start) and p.restored_step < run.step <= p.last_step_before:
             lost[run.step] = run.seconds
     return sum(lost.values())
 
