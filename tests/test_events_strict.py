@@ -64,6 +64,7 @@ BAD_LINES = [
     ("rank-string", edited(rank="0"), "rank must be an integer, got '0'"),
     # a second stranger trial: rank0.jsonl copied beside itself counted every event twice
     ("rank-not-the-files", edited(rank=1), "rank 1 in rank0.jsonl, which holds rank 0's events only"),
+    ("ts-far-future", edited(ts=1e308), "ts 1e+308 lies more than a day in the future"),
     ("attempt-float", edited(attempt=1.0), "attempt must be an integer, got 1.0"),
     ("iteration-string", edited(iteration="0"), "iteration must be an integer, got '0'"),
     ("event-number", edited(event=5), "event must be a string, got 5"),
@@ -201,3 +202,21 @@ def test_a_copy_of_a_ranks_log_under_another_name_is_refused(tmp_path: Path) -> 
     with pytest.raises(EventLogError, match=re.escape("rank0-copy.jsonl:1: not an event: rank 0 in rank0-copy.jsonl, "
                                                       "which holds the launchers' (rank -1) only")):
         read_events(tmp_path)
+
+
+def test_a_ts_a_day_before_an_earlier_line_of_its_file_is_refused(tmp_path: Path) -> None:
+    """A second stranger trial's one edited ts made the wall time 57 years (goodput 99.99999996 %)."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 3)
+    log.close()
+    path = layout.events_dir(tmp_path) / "rank1.jsonl"
+    lines = path.read_text().splitlines()
+    last = json.loads(lines[-1])
+    lines[-1] = json.dumps({**last, "ts": 5.0})
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(EventLogError, match=re.escape(f"rank1.jsonl:{len(lines)}: not an event: ts 5.0 goes back ")):
+        read_events(tmp_path)
+    lines[-1] = json.dumps({**last, "ts": last["ts"] - 30.0})  # a clock stepped back: read
+    path.write_text("\n".join(lines) + "\n")
+    assert len(read_events(tmp_path)) == 2 * len(lines)

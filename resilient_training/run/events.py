@@ -303,6 +303,8 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
         # copy of rank0.jsonl beside it counted every step, save and fault twice (stranger trial).
         named = re.fullmatch(r"rank(\d+)\.jsonl", path.name)
         owner = int(named.group(1)) if named else -1
+        latest = -math.inf  # a file's writers append in time: one line far out of it is no time (below)
+        future = time.time() + 86400.0
         try:
             handle = open(path, "rb")  # bytes: a line that is not UTF-8 is named like any other bad line
         except OSError as exc:
@@ -319,6 +321,14 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
                             raise EventLogError(
                                 f"rank {event.rank} in {path.name}, which holds "
                                 + (f"rank {owner}'s events only" if named else "the launchers' (rank -1) only"))
+                        # One edited ts made the run's wall time 1e308 s, and its goodput 100 %
+                        # (stranger trial); a clock stepped back by NTP goes back seconds, not a day.
+                        if event.ts > future:
+                            raise EventLogError(f"ts {event.ts!r} lies more than a day in the future")
+                        if event.ts < latest - 86400.0:
+                            raise EventLogError(f"ts {event.ts!r} goes back {latest - event.ts:.0f} s from an earlier "
+                                                "line of this file (more than a day: not a clock step)")
+                        latest = max(latest, event.ts)
                         events.append(event)
                 except (EventLogError, UnicodeDecodeError) as exc:
                     raise EventLogError(f"{path}:{number}: not an event: {exc}") from None
