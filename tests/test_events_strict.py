@@ -125,6 +125,24 @@ def test_torn_final_line_is_skipped_silently(tmp_path: Path) -> None:
     assert [e.step for e in read_events(tmp_path)] == [3, 3, 4]
 
 
+def test_the_next_writer_cuts_a_torn_last_line_instead_of_gluing_its_first_onto_it(tmp_path: Path) -> None:
+    """A second stranger trial: a killed rank's torn last line, then its restarted process's first
+    event appended to the same line, and the whole log could no longer be read."""
+    path = log_with(tmp_path, json.dumps(GOOD))
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write('{"ts": 3.0, "rank": 0, "attempt": 0, "iteration": 0, "event": "step", "step": 5, "lo')
+    log = EventLog(tmp_path, rank=0, attempt=1)
+    log.emit("start", world_size=2)
+    log.close()
+    events = read_events(tmp_path)
+    assert [(e.event, e.step) for e in events] == [("step", 3), ("step", 3), ("step", 4), ("start", None)]
+    torn_only = EventLog(tmp_path / "b", rank=1)  # a file that is nothing but a torn line
+    torn_only.close()
+    (layout.events_dir(tmp_path / "b") / "rank1.jsonl").write_text('{"ts": 3.0, "ra')
+    EventLog(tmp_path / "b", rank=1).close()
+    assert (layout.events_dir(tmp_path / "b") / "rank1.jsonl").read_bytes() == b""
+
+
 def test_what_the_writer_writes_reads_back(tmp_path: Path) -> None:
     with EventLog(tmp_path, rank=1, attempt=2) as log:
         log.emit("step", 7, loss=math.nan, seconds=0.2)

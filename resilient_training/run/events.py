@@ -255,6 +255,7 @@ class EventLog:
         name = writer or (f"rank{rank}" if rank >= 0 else "launcher")
         self.path = directory / f"{name}.jsonl"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        _drop_torn_tail(self.path)
 
     def emit(self, event: str, step: int | None = None, **fields: Any) -> Event:
         if event not in EVENT_TYPES:
@@ -269,8 +270,11 @@ class EventLog:
             fields=fields,
         )
         # One write() per line on an O_APPEND fd: atomic with respect to other writers,
-        # and in the kernel before a SIGKILL that follows (fault injection relies on it).
-        os.write(self._fd, (record.to_json() + "\n").encode())
+        # and in the kernel before a SIGKILL that follows (fault injection relies on it). A short
+        # write (a full disk, some network file systems) is finished, not left torn.
+        data = memoryview((record.to_json() + "\n").encode())
+        while data:
+            data = data[os.write(self._fd, data):]
         return record
 
     def close(self) -> None:
@@ -283,6 +287,27 @@ class EventLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _drop_torn_tail(path: Path, window: int = 1 << 16) -> None:
+    """Cut a torn last line (its writer killed mid-write) before appending: the next writer's first
+    line was glued onto it, and the whole log could no longer be read (a second stranger trial).
+    Lines are written whole by one write() each, so a tail without its newline is nobody's line
+    in progress.
+    """
+    with open(path, "rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        start = max(0, size - window)
+        handle.seek(start)
+        tail = handle.read()
+    if tail.endswith(b"\n"):
+        return
+    newline = tail.rfind(b"\n")
+    if newline < 0 and start > 0:
+        return  # no line end in the last 64 KiB: not a torn line of ours, left as it is
+    os.truncate(path, start + newline + 1)
 
 
 def iter_event_files(run_dir: str | os.PathLike[str]) -> Iterator[Path]:
