@@ -217,6 +217,9 @@ class Event:
                 raise EventLogError(f"{key} must be an integer, got {_shown(record[key])}")
         if not isinstance(record["event"], str):
             raise EventLogError(f"event must be a string, got {_shown(record['event'])}")
+        if record["event"] not in EVENT_TYPES:  # a rank's "End" was passed over, its run left without an end
+            raise EventLogError(f"event {_shown(record['event'])} is none of the event log's (an edited log, or a "
+                                "newer version's)")
         step = record["step"]
         if step is not None and not _is_int(step):
             raise EventLogError(f"step must be an integer or null, got {_shown(step)}")
@@ -289,6 +292,10 @@ class EventLog:
         self.close()
 
 
+YEAR = 365.25 * 86400.0
+DECADE = 10 * YEAR
+
+
 def _drop_torn_tail(path: Path, window: int = 1 << 16) -> None:
     """Cut a torn last line (its writer killed mid-write) before appending: the next writer's first
     line was glued onto it, and the whole log could no longer be read (a second stranger trial).
@@ -346,13 +353,13 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
                             raise EventLogError(
                                 f"rank {event.rank} in {path.name}, which holds "
                                 + (f"rank {owner}'s events only" if named else "the launchers' (rank -1) only"))
-                        # One edited ts made the run's wall time 1e308 s, and its goodput 100 %
-                        # (stranger trial); a clock stepped back by NTP goes back seconds, not a day.
+                        # One edited ts made the run's wall time 1e308 s, or 57 years, and its
+                        # goodput 100 % (stranger trial); a clock stepped back goes back seconds.
                         if event.ts > future:
                             raise EventLogError(f"ts {event.ts!r} lies more than a day in the future")
-                        if event.ts < latest - 86400.0:
-                            raise EventLogError(f"ts {event.ts!r} goes back {latest - event.ts:.0f} s from an earlier "
-                                                "line of this file (more than a day: not a clock step)")
+                        if event.ts < latest - DECADE:
+                            raise EventLogError(f"ts {event.ts!r} goes back {(latest - event.ts) / YEAR:.0f} years "
+                                                "from an earlier line of this file (no clock step does)")
                         latest = max(latest, event.ts)
                         events.append(event)
                 except (EventLogError, UnicodeDecodeError) as exc:
