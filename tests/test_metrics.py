@@ -791,3 +791,15 @@ def test_a_step_logged_between_the_fault_and_the_restore_is_replayed_time_too(tm
     (fault,) = compute_metrics(tmp_path)["faults"]
     assert fault["rollback_steps"] == 5
     assert fault["replayed_seconds"] == pytest.approx(0.5)
+
+
+def test_steps_that_took_longer_than_the_run_are_an_inconsistent_log(tmp_path: Path) -> None:
+    """A second stranger trial: one step's seconds edited to 100 gave a training goodput of 838 %."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 4)
+    log.emit("step", 5, loss=1.0, seconds=100.0)
+    log.end()
+    log.close()
+    with pytest.raises(RunError, match=r"the event log does not add up: its steps took 100\.4 s, more than the 0\.4 s"):
+        compute_metrics(tmp_path)

@@ -653,6 +653,10 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     runs = step_runs(events, ref)
     survivors = surviving(runs)
     productive = sum(r.seconds for r in survivors.values())
+    if productive > wall + 1.0:  # steps run one after another: their time fits in the run's
+        # (one edited step's seconds gave a training goodput of 838 %: stranger trial)
+        raise RunError(f"{run_dir}: the event log does not add up: its steps took {productive:.1f} s, more than the "
+                       f"{wall:.1f} s from its first event to its last (an edited log?)")
     found = episodes(events)
     restarted = [p for p in found if p.layer != "none"]
     stopped = [p for p in restarted if p.layer not in NON_STOPPING]  # training stood still
