@@ -12,18 +12,23 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
   outside an open episode; closes at the first completed step after the first ``load_done``
   that follows it, or at that ``load_done`` when none came and the run completed (a restore at
   the final step, whose checkpoint is then written again; triggers inside an open episode join
-  it). Its **recovery seconds** run from the opening event to that step; its **layer** is the
+  it, but a fault a rank injects after its own restore and a step completed since closes the
+  episode at that step and opens its own). An episode of peers' reports only (``peer_failure``,
+  ``restart_requested``) with no restore after it and training going on is no fault (a report
+  logged late). Its **recovery seconds** run from the opening event to that step; its **layer** is the
   outermost ``restart_done`` layer inside it (pod > launcher > inprocess), else inferred from the
   attempt/iteration change;
   its **rollback distance** is the last step completed before the restore minus the step
   restored. A trigger after which training went on in the same attempt and iteration with
-  no restore is a fault absorbed without restart (layer ``none``, 0 s).
+  no restore is a fault absorbed without restart (layer ``none``, 0 s); not a NaN the training
+  went on with (every later loss NaN: ``unrecovered``).
 - **writer layer**: the async checkpoint writer process died and was replaced while training
   went on (``writer_restarted``, no restore). Such an episode runs from the death (its
   ``failure_detected``, logged the moment the process exited) to **steady state**: the
   reference rank's first step (or its ``end``) after the new writer is ready, i.e. once saves
   can be written again. Training never stopped, so it is recovery time but not downtime, and
-  it does not count as a failure for the suggested interval (no work was lost).
+  it does not count as a failure for the suggested interval (no work was lost). One cut short by
+  another fault before its new writer was ready runs to that readiness.
 - **root cause** of an episode (what happened, not what the other ranks saw): the injected
   fault (type, rank, step), else the first ``failure_detected`` whose cause is not a symptom of
   another rank's failure (``peer_failure``, ``restart_requested``: exception type and message,
