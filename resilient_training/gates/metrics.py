@@ -59,6 +59,7 @@ Losses and steps are read from one *reference rank*: the lowest rank that logged
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import os
@@ -159,6 +160,17 @@ def duration(e: ev.Event, key: str = "seconds") -> float:
     return max(0.0, float(value)) if value is not None else 0.0
 
 
+def _ts(e: ev.Event) -> float:
+    return e.ts
+
+
+def _within(events: list[ev.Event], start: float, end: float) -> list[ev.Event]:
+    """The events with ``start <= ts <= end``, of a list in time order: a slice, not a scan (each
+    episode scanned the whole log: 77 s for a log of 4,000 faults, a second stranger trial).
+    """
+    return events[bisect.bisect_left(events, start, key=_ts):bisect.bisect_right(events, end, key=_ts)]
+
+
 def load_events(run_dir: str | os.PathLike[str]) -> list[ev.Event]:
     """The run's events; RunError when there is no run or no event log."""
     path = Path(run_dir)
@@ -211,6 +223,7 @@ def restores(events: Iterable[ev.Event]) -> list[ev.Event]:
 
 def episodes(events: list[ev.Event]) -> list[Episode]:
     """Group triggers into fault episodes and measure each (see the module docstring)."""
+    events = sorted(events, key=_ts)  # (in time order already when read: a check of a few ms)
     ref = reference_rank(events)
     found: list[Episode] = []
     current: Episode | None = None
@@ -305,8 +318,8 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
         _classify(episode, events, ref)
         _attribute(episode, events)
         if episode.layer == "writer":  # measured from the writer's death, not from its injection
-            died = next((e for e in events if e.event == "failure_detected" and e.get("cause") == "writer_died"
-                         and episode.start <= e.ts <= (episode.end or math.inf)), None)
+            died = next((e for e in _within(events, episode.start, episode.end or math.inf)
+                         if e.event == "failure_detected" and e.get("cause") == "writer_died"), None)
             episode.start = died.ts if died is not None else episode.start
             if episode.replaced_at is not None:  # named and classified up to the fault that cut it
                 episode.writer_ready = episode.end = episode.replaced_at
@@ -347,7 +360,7 @@ def _link_delayed(found: list[Episode]) -> list[Episode]:
 def _attribute(episode: Episode, events: list[ev.Event]) -> None:
     """Name the episode's root cause and link the other ranks' reports to it as symptoms."""
     end = episode.end if episode.end is not None else math.inf
-    inside = [e for e in events if e.event in TRIGGERS and episode.start <= e.ts <= end]
+    inside = [e for e in _within(events, episode.start, end) if e.event in TRIGGERS]
     injected = next((e for e in inside if e.event == "fault_injected"), None)
     reports = [e for e in inside if e.event == "failure_detected" and e.get("cause") not in SYMPTOMS]
     primary = next((e for e in reports if e.get("cause") not in COMM_ERRORS), reports[0] if reports else None)
@@ -419,7 +432,7 @@ def _hang_found(inside: list[ev.Event], events: list[ev.Event], episode: Episode
     progress for 3.1 s in step``.
     """
     end = episode.end if episode.end is not None else math.inf
-    guard = next((e for e in events if e.event == "hang_detected" and episode.start <= e.ts <= end), None)
+    guard = next((e for e in _within(events, episode.start, end) if e.event == "hang_detected"), None)
     report = next((e for e in inside if e.event == "failure_detected"), None)
     if guard is not None and (report is None or guard.ts <= report.ts):
         return f"rank {guard.rank}'s progress guard at step {guard.step}: {guard.get('reason')}"
@@ -503,14 +516,14 @@ def _absorbed(episode: Episode, step_event: ev.Event) -> bool:
 def _classify(episode: Episode, events: list[ev.Event], ref: int | None) -> None:
     """Layer: the outermost restart_done inside the episode, else what changed on the reference rank."""
     end = episode.end if episode.end is not None else math.inf
-    layers = [e.get("layer") for e in events if e.event == "restart_done" and episode.start <= e.ts <= end]
+    layers = [e.get("layer") for e in _within(events, episode.start, end) if e.event == "restart_done"]
     layers = [layer for layer in layers if layer in LAYER_ORDER]
     if layers:
         episode.layer = max(layers, key=LAYER_ORDER.__getitem__)
     elif episode.restored_step is None and episode.writer_ready is not None:
         episode.layer = "writer"  # replaced while training went on
     elif episode.restored_step is not None:
-        after = next((e for e in events if e.event == "step" and e.rank == ref and e.ts >= end), None)
+        after = next((e for e in _within(events, end, math.inf) if e.event == "step" and e.rank == ref), None)
         if after is None or episode.context is None:
             episode.layer = "reload"
         elif after.attempt != episode.context[0]:
@@ -648,7 +661,7 @@ def faults_not_injected(run_dir: str | os.PathLike[str], events: list[ev.Event])
 
 def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | None = None) -> dict[str, Any]:
     """Every number of the resilience report, as plain JSON-able values."""
-    events = load_events(run_dir) if events is None else events
+    events = load_events(run_dir) if events is None else sorted(events, key=_ts)
     # The run spans its workers' events: an agent logs its own profile from before the first
     # worker started (interpreter and imports), which earlier rounds' figures never counted.
     spanning = [e for e in events if not is_agent_diagnostic(e)] or events
@@ -765,7 +778,7 @@ def recovery_phases(p: Episode, events: list[ev.Event], ref: int | None) -> dict
     if p.restored_step is None or ref is None:
         return {}
     end = p.end if p.end is not None else math.inf
-    mine = [e for e in events if e.rank == ref and p.start <= e.ts <= end]
+    mine = [e for e in _within(events, p.start, end) if e.rank == ref]
     load = next((e for e in mine if e.event == "load_done"), None)
     if load is None:
         return {}
@@ -776,8 +789,8 @@ def recovery_phases(p: Episode, events: list[ev.Event], ref: int | None) -> dict
     if start is not None and isinstance(start.get("process_seconds"), (int, float)):
         process_start = start.ts - float(start["process_seconds"])
         agent = {}
-        for e in events:
-            if is_agent_diagnostic(e) and p.start < e.ts <= process_start + 1.0:
+        for e in _within(events, p.start, process_start + 1.0):
+            if is_agent_diagnostic(e) and p.start < e.ts:
                 agent.setdefault(str(e.get("phase")), e.ts)
         mark = p.start
         for name, phase in AGENT_PHASES:
@@ -805,9 +818,14 @@ def replayed_seconds(p: Episode, runs: list[StepRun]) -> float | None:
     if p.restored_step is None or p.last_step_before is None:
         return None
     lost: dict[int, float] = {}
-    for run in runs:
-        if run.ts <= (p.restored_at or p.start) and p.restored_step < run.step <= p.last_step_before:
-            lost[run.step] = run.seconds
+    # Back from the restore, the latest execution first, to the trajectory's restored step: the
+    # steps after it were all executed since (not the whole run per episode: see _within).
+    for i in reversed(range(bisect.bisect_right(runs, p.restored_at or p.start, key=lambda r: r.ts))):
+        run = runs[i]
+        if run.step <= p.restored_step:
+            break
+        if run.step <= p.last_step_before:
+            lost.setdefault(run.step, run.seconds)
     return sum(lost.values())
 
 
