@@ -182,7 +182,7 @@ def check_convergence(
     survivors = metrics.surviving(runs)
     curve = [(step, run.loss) for step, run in survivors.items()]
     checkpoint, judged_step, history, unusable = _judged_history(run_dir, events, runs)
-    checks = [_finite(runs, curve), _completed(events)]
+    checks = [_finite(runs, curve), _completed(events, max(survivors))]
     if unusable:  # committed steps, but `latest` names none of them: which model would pass is unknown
         checks.append(Check("latest_checkpoint", False, f"the run's latest checkpoint cannot be judged: {unusable}"))
     learning, threshold_from = _learning(checkpoint, unusable, history, config, judged_step)
@@ -239,7 +239,7 @@ def _finite(runs: list[metrics.StepRun], curve: list[tuple[int, float]]) -> Chec
     return Check("finite", True, f"all {len(curve)} logged losses are finite", values)
 
 
-def _completed(events: list[Any]) -> Check:
+def _completed(events: list[Any], last_step: int) -> Check:
     ends = [e for e in events if e.event == "end"]
     final = next((e for e in reversed(ends) if e.rank <= 0), ends[-1] if ends else None)
     if final is None:
@@ -253,6 +253,11 @@ def _completed(events: list[Any]) -> Check:
                      + (f" after step {step}" if step is not None else "")
                      + f"; an earlier session ended {final.get('status')}", {"status": None})
     status, reason = final.get("status"), final.get("reason")
+    if status == "completed" and isinstance(final.step, int) and final.step != last_step:
+        # The trainer ends "completed" at its target step, the last it trained: a log cut after an
+        # earlier step and its end kept said completed (a second stranger trial).
+        return Check("completed", False, f"the run's end says completed at step {final.step}, but its last "
+                     f"logged step is {last_step} (the event log was cut or edited)", {"status": None})
     return Check("completed", status == "completed", f"run ended {status}" + (f" ({reason})" if reason else ""),
                  {"status": status, "reason": reason})
 

@@ -337,3 +337,20 @@ def test_a_gate_that_can_no_longer_judge_the_run_withdraws_its_earlier_pass(tmp_
     assert err.startswith("error: ") and err.count("\n") == 1 and "not JSON" in err, err
     assert gate_records.read_record(tmp_path, gate_records.CONVERGENCE) is None
     assert main(["promote", str(tmp_path), str(tmp_path.parent / f"{tmp_path.name}-promoted")]) != 0
+
+
+def test_a_log_cut_after_an_earlier_step_with_its_completed_end_kept_fails(tmp_path: Path) -> None:
+    """A second stranger trial cut the event log after step 16 of a 24-step run and kept rank 0's
+    ``end`` (completed, at the target step 24): the report and the gate said completed."""
+    run = tmp_path / "run"
+    log = ScriptedLog(run)
+    log.start()
+    log.emit("load_done", 0, path=None, seconds=0.0)
+    log.steps(1, 16, checkpoint_every=8)
+    log.emit("end", 24, status="completed", reason="target step reached")
+    log.close()
+    fake_checkpoint(run, 16)
+    result = check_convergence(run, GATE)
+    completed = next(c for c in result.checks if c.name == "completed")
+    assert not completed.passed and "end says completed at step 24, but its last logged step is 16" in completed.reason
+    assert not result.passed
