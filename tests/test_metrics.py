@@ -803,3 +803,53 @@ def test_steps_that_took_longer_than_the_run_are_an_inconsistent_log(tmp_path: P
     log.close()
     with pytest.raises(RunError, match=r"the event log does not add up: its steps took 100\.4 s, more than the 0\.4 s"):
         compute_metrics(tmp_path)
+
+
+def test_an_exception_just_after_a_writer_kill_is_the_restart_s_root_cause(tmp_path: Path) -> None:
+    """A third stranger trial: ``writer-kill@20:1,exception@21:0`` logged 5 ms apart; the in-process
+    restart was rank 0's exception, yet the report blamed the writer-kill (injected first), listed
+    rank 0's own restart as a symptom and counted restart causes {"writer-kill": 1}."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 20, checkpoint_every=10)
+    log.emit("fault_injected", 20, rank=1, fault="writer-kill@20:1")
+    log.wait(0.005)
+    log.emit("fault_injected", 21, rank=0, fault="exception@21:0")
+    log.emit("failure_detected", 21, rank=0, cause="exception", message="InjectedFault: exception@21:0")
+    log.emit("restart_begin", 21, layer="inprocess", cause="exception")
+    log.wait(0.15)
+    log.emit("failure_detected", 21, rank=1, cause="writer_died", message="killed by SIGKILL", signal="SIGKILL")
+    log.iteration += 1
+    log.emit("restart_done", layer="inprocess")
+    log.emit("load_done", 20, path="memory", seconds=0.1)
+    log.steps(21, 24)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    (fault,) = m["faults"]
+    root = fault["root_cause"]
+    assert (root["kind"], root["rank"], fault["layer"]) == ("exception", 0, "inprocess"), root
+    assert root["also_injected"] == ["writer-kill@20:1"]
+    assert m["restart_causes"] == {"exception": 1}
+    assert {(s["rank"], s["event"]) for s in fault["symptoms"]} == {(1, "restart_begin")}, fault["symptoms"]
+
+
+def test_a_fault_on_every_rank_at_once_lists_no_rank_s_own_failure_as_a_symptom(tmp_path: Path) -> None:
+    log = ScriptedLog(tmp_path, world_size=3)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 5, checkpoint_every=4)
+    for rank in range(3):
+        log.emit("fault_injected", 6, rank=rank, fault=f"exception@6:{rank}")
+    log.emit("failure_detected", 6, cause="exception", message="InjectedFault")
+    log.emit("restart_begin", 6, layer="inprocess", cause="exception")
+    log.iteration += 1
+    log.emit("restart_done", layer="inprocess")
+    log.emit("load_done", 4, path="checkpoints/step_4", seconds=0.1)
+    log.steps(5, 8)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    assert sorted(fault["root_cause"]["also_injected"]) == ["exception@6:1", "exception@6:2"]
+    assert fault["symptoms"] == []

@@ -361,7 +361,14 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
     """Name the episode's root cause and link the other ranks' reports to it as symptoms."""
     end = episode.end if episode.end is not None else math.inf
     inside = [e for e in _within(events, episode.start, end) if e.event in TRIGGERS]
-    injected = next((e for e in inside if e.event == "fault_injected"), None)
+    injections = [e for e in inside if e.event == "fault_injected"]
+    injected = injections[0] if injections else None
+    if len(injections) > 1 and (episode.restored_step is not None or "restart_begin" in episode.triggers):
+        # A fault whose failure shows only later (a killed writer) did not stop training: of
+        # several injected, the restart is another's (a stranger trial's exception one step after a
+        # writer-kill was blamed on the writer).
+        injected = next((e for e in injections if str(e.get("fault", "")).split("@")[0] not in DELAYED.values()),
+                        injected)
     reports = [e for e in inside if e.event == "failure_detected" and e.get("cause") not in SYMPTOMS]
     primary = next((e for e in reports if e.get("cause") not in COMM_ERRORS), reports[0] if reports else None)
     if primary is not None and primary.get("cause") == "hang":
@@ -412,13 +419,15 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
     if root["kind"]:
         episode.cause = str(root["kind"])
     # A rank whose own fault was injected too (also_injected) reports that fault, not a symptom.
-    own = {e.rank for e in inside if e.event == "fault_injected" and e is not injected}
+    own = {e.rank: str(e.get("fault", "")).split("@")[0] for e in inside
+           if e.event == "fault_injected" and e is not injected}
     episode.symptoms = [
         {"rank": e.rank, "event": e.event, "cause": e.get("cause"), "step": e.step}
         for e in inside
         if e.event in ("failure_detected", "restart_begin") and e is not primary
         and not (e.rank == root.get("rank") and e.event == "restart_begin")
-        and not (e.rank in own and e.event == "failure_detected" and e.get("cause") not in SYMPTOMS)
+        and not (e.rank in own and (e.event == "failure_detected" and e.get("cause") not in SYMPTOMS
+                                    or e.event == "restart_begin" and e.get("cause") == own[e.rank]))
     ]
 
 
