@@ -853,3 +853,39 @@ def test_a_fault_on_every_rank_at_once_lists_no_rank_s_own_failure_as_a_symptom(
     (fault,) = compute_metrics(tmp_path)["faults"]
     assert sorted(fault["root_cause"]["also_injected"]) == ["exception@6:1", "exception@6:2"]
     assert fault["symptoms"] == []
+
+
+def test_a_resume_is_a_new_launch_its_gap_no_time_and_its_restore_no_recovery(tmp_path: Path) -> None:
+    """A third stranger trial: a run whose in-process layer gave up (exit 1) was resumed with
+    `train`; the report then called the fault recovered in-process (16.3 s, with 13 s of "new
+    process"), and a resume 226 s later counted that idle time as uptime (goodput 96.8 %)."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 9, checkpoint_every=4)
+    log.emit("fault_injected", 10, rank=1, fault="exception@10:1x20")
+    log.emit("failure_detected", 10, rank=1, cause="exception", message="InjectedFault")
+    log.emit("restart_begin", 10, layer="inprocess", cause="exception")
+    log.iteration += 1
+    log.wait(0.5)
+    log.emit("restart_done", layer="inprocess")
+    log.emit("load_done", 8, path="checkpoints/step_8", seconds=0.1)
+    log.steps(9, 9)
+    log.emit("fault_injected", 10, rank=1, fault="exception@10:1x20")
+    log.emit("failure_detected", 10, rank=1, cause="exception", message="InjectedFault")
+    log.wait(0.1)
+    log.end(status="failed", reason="in-process restart gave up after 1 restarts")
+    log.wait(200.0)  # nothing runs
+    log.attempt = log.iteration = 0
+    log.start()
+    log.emit("load_done", 8, path="checkpoints/step_8", seconds=0.1)
+    log.steps(9, 20, checkpoint_every=4)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    first, second = m["faults"]
+    assert first["layer"] == "inprocess" and first["recovered"]
+    assert second["layer"] == "unrecovered" and not second["recovered"], second
+    assert m["launches"] == 2
+    assert m["wall_seconds"] < 10, m["wall_seconds"]
+    assert m["downtime_seconds"] == pytest.approx(first["recovery_seconds"] + 0.1, abs=0.02)

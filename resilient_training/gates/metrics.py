@@ -121,6 +121,7 @@ class Episode:
     writer_ready: float | None = None  # a new writer was ready in place of a dead one (writer_restarted)
     symptom_only: bool = True  # every trigger so far is a rank reporting another's failure (see episodes)
     replaced_at: float | None = None  # a writer episode cut by another fault: when its new writer was ready
+    session_end: float | None = None  # the last event of the launch it struck in (see sessions)
     triggers: list[str] = dataclasses.field(default_factory=list)
     root_cause: dict[str, Any] = dataclasses.field(default_factory=dict)
     symptoms: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -323,7 +324,37 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             episode.start = died.ts if died is not None else episode.start
             if episode.replaced_at is not None:  # named and classified up to the fault that cut it
                 episode.writer_ready = episode.end = episode.replaced_at
+    spans = sessions(events)
+    for episode in found:
+        episode.session_end = next((end for start, end in spans if start <= episode.start <= end), spans[-1][1])
+        if episode.end is not None and episode.end > episode.session_end:
+            # Closed by a later `train` of the run (a resume): the run's own layers gave up on it
+            # (a third stranger trial's resumed run turned its unrecovered fault into "inprocess").
+            episode.end, episode.layer = None, "unrecovered"
     return _link_delayed(found)
+
+
+def sessions(events: list[ev.Event]) -> list[tuple[float, float]]:
+    """The (first, last) event times of each launch of the run (a ``train`` and the restarts it
+    made), in order: a new ``train`` of the same run starts its ranks at attempt 0 again
+    (:func:`launches`), which a replaced pod's ranks also do, after a pod ``restart_begin``: that
+    is the same launch. The time between two launches is nobody's: not in the wall time, not
+    downtime (a resume 226 s later counted as uptime: a third stranger trial).
+    """
+    out: list[list[float]] = []
+    previous, pod_restart = None, False
+    for e, launch in zip(events, launches(events), strict=True):
+        if is_agent_diagnostic(e):
+            continue
+        if e.event == "restart_begin" and e.get("layer") == "pod":
+            pod_restart = True
+        if not out or (launch != previous and not pod_restart):
+            out.append([e.ts, e.ts])
+        elif launch != previous:
+            pod_restart = False
+        out[-1][1] = e.ts
+        previous = launch
+    return [(start, end) for start, end in out] or [(0.0, 0.0)]
 
 
 def _link_delayed(found: list[Episode]) -> list[Episode]:
@@ -675,7 +706,8 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     # worker started (interpreter and imports), which earlier rounds' figures never counted.
     spanning = [e for e in events if not is_agent_diagnostic(e)] or events
     t0, t1 = spanning[0].ts, spanning[-1].ts
-    wall = t1 - t0
+    spans = sessions(events)
+    wall = sum(end - start for start, end in spans)  # (one launch: t1 - t0)
     ref = reference_rank(events)
     runs = step_runs(events, ref)
     survivors = surviving(runs)
@@ -687,7 +719,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     found = episodes(events)
     restarted = [p for p in found if p.layer != "none"]
     stopped = [p for p in restarted if p.layer not in NON_STOPPING]  # training stood still
-    downtime = _union_seconds([(p.start, p.end if p.end is not None else t1) for p in stopped])
+    downtime = _union_seconds([(p.start, p.end if p.end is not None else (p.session_end or t1)) for p in stopped])
     by_layer: dict[str, list[float]] = {}
     for p in restarted:
         if p.seconds is not None:
@@ -716,6 +748,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "end_reason": final.get("reason") if final else None,
         "world_size": next((e.get("world_size") for e in events if e.event == "start"), None),
         "attempts": len({e.attempt for e in events}),
+        "launches": len(spans),
         "steps": {
             "completed": len(survivors),
             "last": max(survivors) if survivors else None,
