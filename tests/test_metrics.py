@@ -889,3 +889,32 @@ def test_a_resume_is_a_new_launch_its_gap_no_time_and_its_restore_no_recovery(tm
     assert m["launches"] == 2
     assert m["wall_seconds"] < 10, m["wall_seconds"]
     assert m["downtime_seconds"] == pytest.approx(first["recovery_seconds"] + 0.1, abs=0.02)
+
+
+def test_a_fault_in_another_s_restore_is_one_recovery_of_two_restarts(tmp_path: Path) -> None:
+    """A third stranger trial: a load-hang in an exception's restore made a second in-process
+    restart, and the report's restarts_by_layer (which counts recoveries) said 1. ``restarts``
+    counts the restarts themselves."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 8, checkpoint_every=4)
+    log.emit("fault_injected", 9, rank=0, fault="exception@9:0")
+    log.emit("failure_detected", 9, rank=0, cause="exception", message="InjectedFault")
+    log.emit("restart_begin", 9, layer="inprocess", cause="exception")
+    log.iteration += 1
+    log.emit("restart_done", layer="inprocess")
+    log.emit("fault_injected", 8, rank=1, fault="load-hang@8:1")
+    log.wait(3.0)
+    log.emit("failure_detected", 8, rank=0, cause="DistBackendError", message="timeout")
+    log.emit("restart_begin", 8, layer="inprocess", cause="DistBackendError")
+    log.iteration += 1
+    log.emit("restart_done", layer="inprocess")
+    log.emit("load_done", 8, path="checkpoints/step_8", seconds=0.1)
+    log.steps(9, 12)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert m["restarts_by_layer"] == {"inprocess": 1} and m["restarts"] == {"inprocess": 2}
+    (fault,) = m["faults"]
+    assert fault["root_cause"]["also_injected"] == ["load-hang@8:1"]

@@ -771,7 +771,11 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "restart_causes": dict(Counter(p.cause for p in restarted)),
         "faults_injected": dict(Counter(e.get("fault") for e in events if e.event == "fault_injected")),
         "faults_not_injected": faults_not_injected(run_dir, events),
-        "restarts_by_layer": dict(Counter(p.layer for p in restarted)),
+        "restarts_by_layer": dict(Counter(p.layer for p in restarted)),  # recoveries (a fault's episode)
+        # Every restart itself, as the reference rank logged it (a pod's by its launcher): a fault
+        # struck during another's recovery (a load-hang in its restore) is one episode of two restarts.
+        "restarts": dict(Counter(str(e.get("layer")) for e in events if e.event == "restart_done"
+                                 and (e.rank == ref or (e.rank < 0 and e.get("layer") == "pod")))),
         "checkpoints": {
             "committed": len(commits),
             "committed_local_tier": len(checkpoint_commits(events, tier="local")),
