@@ -269,3 +269,37 @@ def test_losing_the_node_that_hosts_the_rendezvous_store_fails_the_job_with_its_
     assert "run the same command again to resume from the last committed checkpoint" in run.output
     assert not [e for e in run.events if e.event == "end" and e.get("status") == "completed"]
     check_no_leftovers(run)
+
+
+def test_a_sigkilled_train_takes_its_pods_along_and_a_resume_cleans_up_and_completes(run_dir):
+    """A stranger trial: `train --nodes 2` killed with SIGKILL left both pods training (their
+    agents in sessions of their own), and a resume trained beside them in the same run directory.
+    The pods now stop when the command dies and hold the run directory's lock until they have."""
+    command = [sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(run_dir), "--nodes", "2",
+               "--nproc", "1", "--steps", "200", "--step-seconds", "0.3", "--checkpoint-every", "4",
+               "--no-async-checkpoint"]
+    cli = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not [e for e in _read(run_dir) if e.event == "step"]:
+            time.sleep(0.2)
+        record = _cluster_record(run_dir)
+    finally:
+        cli.kill()
+        cli.wait()
+    label = f"{record['cluster_id']}/"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and sim.pids_labelled(label):
+        time.sleep(0.2)
+    assert not sim.pids_labelled(label), "the pods outlived the command"
+    resumed = train(run_dir, "--nodes", "2", "--nproc", "1", "--steps", "12", "--checkpoint-every", "4",
+                    "--no-async-checkpoint", timeout=180)
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert "completed: reached step" in resumed.output
+
+
+def _read(run_dir: Path) -> list[ev.Event]:
+    try:
+        return ev.read_events(run_dir)
+    except (OSError, ev.EventLogError):
+        return []

@@ -43,6 +43,7 @@ from resilient_training.run import config as cfg
 from resilient_training.run import events as ev
 from resilient_training.run import faults as flt
 from resilient_training.run import layout
+from resilient_training.runtime.ft_launch import PARENT_ENV
 from resilient_training.runtime.worker import POD_RESTART_ENV
 
 # Every process of a simulated pod inherits this label: "<cluster>/<node>/<incarnation>".
@@ -315,7 +316,7 @@ class SimulatedCluster:
     """Starts the pods, plays Kubernetes' pod-restart layer, and tears everything down."""
 
     def __init__(self, config: cfg.TrainConfig, spec: ClusterSpec, *, env: dict[str, str] | None = None,
-                 progress: Callable[[str], None] | None = print) -> None:
+                 progress: Callable[[str], None] | None = print, lock_fd: int | None = None) -> None:
         from resilient_training.run.checkpoint_format import iteration_file
         from resilient_training.runtime import nvrx_adapter
 
@@ -329,6 +330,12 @@ class SimulatedCluster:
         self._pending: dict[int, float] = {}  # node -> when its replacement starts
         self._progress = progress
         self._base_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        if lock_fd is not None:
+            # The pods are this machine's processes: they stop when this process dies (a SIGKILLed
+            # `train --nodes` left them training, and a resume trained beside them: a stranger
+            # trial), and hold the run directory's lock until they have (as the one-node launcher's do).
+            self._base_env[PARENT_ENV] = str(os.getpid())
+        self._lock_fds = () if lock_fd is None else (lock_fd,)
         # Exactly the PyTorchJob's command: no nnodes, nproc or rendezvous flags (they come from PET_*).
         self.command = nvrx_adapter.worker_command(
             config, cfg.to_argv(config), python=sys.executable, iteration_file=iteration_file(config.run_dir),
@@ -386,7 +393,7 @@ class SimulatedCluster:
             log.write(("# " + " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("PET_")) + "\n").encode())
             log.flush()
             proc = subprocess.Popen(self.network.wrap(node, self.command), stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True)
+                                    env=env, start_new_session=True, pass_fds=self._lock_fds)
         pod = Pod(node, incarnation, label, proc, log_path, time.time())
         self.pods[node] = pod
         self.history.append(pod)
@@ -491,7 +498,11 @@ def clean_up(run_dir: str | os.PathLike[str]) -> int:
     path = Path(run_dir) / "cluster" / "cluster.json"
     if not path.is_file():
         return 0
-    record = json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+        record["cluster_id"]
+    except (OSError, ValueError, KeyError, TypeError):  # not ours to act on
+        return 0
     killed = kill_labelled(f"{record['cluster_id']}/")
     for ns in record.get("namespaces", []):
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
@@ -520,13 +531,15 @@ def run_cluster(
     """Run the job on simulated nodes until it succeeds or fails; never raises on failure."""
     launcher.preflight(config, world_size=spec.nodes * spec.nproc_per_node, nodes=spec.nodes)
     with launcher.claim_run_dir(config) as claim:
-        return _run_cluster(config, spec, claim.path, progress=progress, env=env)
+        clean_up(claim.path)  # what a SIGKILLed launcher of this run left (network namespaces, pods)
+        return _run_cluster(config, spec, claim.path, progress=progress, env=env, lock_fd=claim.lock_fd)
 
 
 def _run_cluster(config: cfg.TrainConfig, spec: ClusterSpec, run_dir: Path, *,
-                 progress: Callable[[str], None] | None, env: dict[str, str] | None) -> launcher.LaunchResult:
+                 progress: Callable[[str], None] | None, env: dict[str, str] | None,
+                 lock_fd: int | None = None) -> launcher.LaunchResult:
     started = time.time()
-    cluster = SimulatedCluster(config, spec, env=env, progress=progress)
+    cluster = SimulatedCluster(config, spec, env=env, progress=progress, lock_fd=lock_fd)
     watcher = launcher.ProgressPrinter(run_dir, config.steps, since=started, emit=progress)
     watcher.start()
     # SIGTERM (a cancelled step, a timeout) must still tear the pods down: exit via finally.
