@@ -860,7 +860,12 @@ def test_a_resume_is_a_new_launch_its_gap_no_time_and_its_restore_no_recovery(tm
     `train`; the report then called the fault recovered in-process (16.3 s, with 13 s of "new
     process"), and a resume 226 s later counted that idle time as uptime (goodput 96.8 %)."""
     log = ScriptedLog(tmp_path)
-    log.start()
+
+    def start(agent: str) -> None:  # each `train` runs its ranks under agents of its own
+        log.emit("start", world_size=2, pid=1, host="test", layers=[], nvrx_version="0", torch_version="0",
+                 agent=agent)
+
+    start("test:100:1")
     log.emit("load_done", 0, path="", seconds=0.0)
     log.steps(1, 9, checkpoint_every=4)
     log.emit("fault_injected", 10, rank=1, fault="exception@10:1x20")
@@ -877,7 +882,7 @@ def test_a_resume_is_a_new_launch_its_gap_no_time_and_its_restore_no_recovery(tm
     log.end(status="failed", reason="in-process restart gave up after 1 restarts")
     log.wait(200.0)  # nothing runs
     log.attempt = log.iteration = 0
-    log.start()
+    start("test:200:9")
     log.emit("load_done", 8, path="checkpoints/step_8", seconds=0.1)
     log.steps(9, 20, checkpoint_every=4)
     log.end()
@@ -918,3 +923,55 @@ def test_a_fault_in_another_s_restore_is_one_recovery_of_two_restarts(tmp_path: 
     assert m["restarts_by_layer"] == {"inprocess": 1} and m["restarts"] == {"inprocess": 2}
     (fault,) = m["faults"]
     assert fault["root_cause"]["also_injected"] == ["load-hang@8:1"]
+
+
+def test_a_restart_nobody_logged_a_failure_for_is_a_fault_and_a_rejoining_node_no_new_launch(tmp_path: Path) -> None:
+    """A stranger trial's kill -9 of a worker: the launcher stopped the survivor before it logged
+    anything, and the report showed no fault, no downtime, goodput 100 %. On two nodes the healthy
+    node's agent restarted its rank at attempt 0 again (a re-rendezvous), which was taken for a
+    new `train`, and the recovered fault called unrecovered."""
+    log = ScriptedLog(tmp_path)
+
+    def start(rank: int, agent: str) -> None:
+        log.emit("start", rank=rank, world_size=2, pid=1, host="test", layers=[], nvrx_version="0",
+                 torch_version="0", agent=agent, node=rank)
+
+    for rank in (0, 1):
+        start(rank, f"node{rank}:100:1")
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 10, checkpoint_every=4)
+    log.wait(2.0)  # rank 0's worker killed; rank 1 stopped by its agent, nothing logged
+    log.attempt = 1
+    start(0, "node0:100:1")
+    log.emit("restart_done", 0, rank=0, layer="launcher")
+    log.attempt = 0
+    start(1, "node1:100:1")  # the same agent, attempt 0 again
+    log.attempt = 1
+    log.emit("load_done", 8, rank=0, path="checkpoints/step_8", seconds=0.2)
+    log.attempt = 0
+    log.emit("load_done", 8, rank=1, path="checkpoints/step_8", seconds=0.2)
+    log.attempt = 1
+    log.steps(9, 16)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert m["launches"] == 1
+    (fault,) = m["faults"]
+    assert (fault["layer"], fault["root_cause"]["kind"], fault["recovered"]) == ("launcher", "died", True), fault
+    assert fault["rollback_steps"] == 2 and fault["recovery_seconds"] == pytest.approx(2.1, abs=0.01)
+    assert m["downtime_seconds"] == pytest.approx(fault["recovery_seconds"])
+
+
+def test_the_status_of_an_earlier_launch_is_not_a_later_killed_one_s(tmp_path: Path) -> None:
+    """A stranger trial: a completed run resumed with a further target and killed at step 70: the
+    report still said completed (the convergence gate said the last session logged no end)."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 8)
+    log.end()
+    log.wait(5.0)
+    log.start()
+    log.steps(9, 12)
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert m["status"] == "unknown" and "an earlier one ended completed" in m["end_reason"]

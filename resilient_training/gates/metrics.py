@@ -234,7 +234,22 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
     cut_writer: Episode | None = None  # a writer episode cut by another fault before its new writer was ready
     restored: dict[int, ev.Event] = {}  # rank -> its load_done in the current episode
     stepped: dict[int, ev.Event] = {}  # rank -> its first step after that load_done
+    launched = [start for start, _ in sessions(events)[1:]]
+    last_seen: dict[int, tuple[float, int]] = {}  # training rank -> (ts, attempt) of its latest event
     for e in events:
+        if (current is None and e.event == "start" and e.rank == ref and context is not None
+                and e.attempt != context[0] and not any(last_seen.get(ref, (e.ts,))[0] < b <= e.ts for b in launched)):
+            # The workers were restarted and no rank logged why (the launcher stopped the survivors
+            # before they could: a worker's kill -9 was no fault at all in the report, a stranger
+            # trial). From the earliest last sign of life of the old workers.
+            old = [ts for ts, attempt in last_seen.values() if attempt == context[0]]
+            current = Episode(start=min(old) if old else e.ts, fault_step=(last_step or 0) + 1, context=context,
+                              cause="died")
+            current.triggers.append("unlogged_restart")
+            current.symptom_only, writer_only, restored, stepped = False, False, {}, {}
+            found.append(current)
+        if e.rank >= 0:
+            last_seen[e.rank] = (e.ts, e.attempt)
         if e.event in TRIGGERS:
             if current is not None and e.event == "fault_injected" and e.rank in stepped:
                 # The injecting rank restored and completed a step since (steps are collective: so
@@ -336,25 +351,43 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
 
 def sessions(events: list[ev.Event]) -> list[tuple[float, float]]:
     """The (first, last) event times of each launch of the run (a ``train`` and the restarts it
-    made), in order: a new ``train`` of the same run starts its ranks at attempt 0 again
-    (:func:`launches`), which a replaced pod's ranks also do, after a pod ``restart_begin``: that
-    is the same launch. The time between two launches is nobody's: not in the wall time, not
+    made), in order. A new ``train`` of the run starts the reference rank at attempt 0 under
+    another agent; a healthy node's agent re-joining a rendezvous starts its ranks at attempt 0
+    under the same agent, and a replaced pod under a new agent after a pod ``restart_begin``:
+    both the same launch. The time between two launches is nobody's: neither wall time nor
     downtime (a resume 226 s later counted as uptime: a third stranger trial).
     """
-    out: list[list[float]] = []
-    previous, pod_restart = None, False
-    for e, launch in zip(events, launches(events), strict=True):
-        if is_agent_diagnostic(e):
-            continue
+    ref = reference_rank(events)
+    boundaries: list[float] = []
+    agent, pod_restart, last_ref = None, False, None
+    for e in events:
         if e.event == "restart_begin" and e.get("layer") == "pod":
             pod_restart = True
-        if not out or (launch != previous and not pod_restart):
-            out.append([e.ts, e.ts])
-        elif launch != previous:
-            pod_restart = False
-        out[-1][1] = e.ts
-        previous = launch
-    return [(start, end) for start, end in out] or [(0.0, 0.0)]
+        if e.rank != ref:
+            continue
+        if e.event == "start":
+            new_agent = e.get("agent")
+            if (agent is not None and new_agent is not None and new_agent != agent and e.attempt == 0
+                    and not pod_restart and last_ref is not None):
+                # From the first start of the new launch on any rank (its ranks start together).
+                boundaries.append(min(x.ts for x in _within(events, last_ref, e.ts) if x.event == "start"))
+            agent, pod_restart = new_agent or agent, False
+        last_ref = e.ts
+    spans: list[tuple[float, float]] = []
+    timed = [e for e in events if not is_agent_diagnostic(e)] or events
+    if not timed:
+        return [(0.0, 0.0)]
+    cuts = [*boundaries, math.inf]
+    first, last, k = timed[0].ts, timed[0].ts, 0
+    for e in timed:
+        if e.ts >= cuts[k]:
+            spans.append((first, last))
+            while e.ts >= cuts[k]:
+                k += 1
+            first = e.ts
+        last = e.ts
+    spans.append((first, last))
+    return spans
 
 
 def _link_delayed(found: list[Episode]) -> list[Episode]:
@@ -439,6 +472,10 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
         if reporters and len(silent) == 1:
             root = {"kind": "died", "rank": silent[0], "step": episode.fault_step, "injected": False,
                     "detail": f"rank {silent[0]} stopped without reporting a failure (killed by a signal or crashed)"}
+        elif "unlogged_restart" in episode.triggers:
+            root = {"kind": "died", "rank": None, "step": episode.fault_step, "injected": False,
+                    "detail": "the workers were restarted with no failure logged: a process killed or crashed "
+                              "before any rank could say which"}
         else:
             root = {"kind": episode.cause or "unknown", "rank": None, "step": episode.fault_step, "injected": False,
                     "detail": episode.cause or "unknown"}
@@ -740,12 +777,19 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     launch_at = {e.ts: launch for e, launch in zip(events, launches(events), strict=True) if e.event == "step"}
     ends = [e for e in events if e.event == "end"]
     final = next((e for e in reversed(ends) if e.rank <= 0), ends[-1] if ends else None)
+    status, end_reason = (final.get("status"), final.get("reason")) if final else ("unknown", None)
+    if final is not None and any(e.rank == ref and e.event in ("start", "step") for e in _within(events, final.ts, t1)
+                                 if e.ts > final.ts):
+        # The end of an earlier launch does not end a later one still running or killed (as the
+        # convergence gate says; the report kept the earlier status: a stranger trial).
+        status, end_reason = "unknown", (f"the last launch logged no end (still running, or killed); an earlier "
+                                         f"one ended {final.get('status')}")
     return {
         "run_dir": str(Path(run_dir).resolve()),  # as typed (".") it named nothing once copied elsewhere
         "reference_rank": ref,
         "wall_seconds": wall,
-        "status": final.get("status") if final else "unknown",
-        "end_reason": final.get("reason") if final else None,
+        "status": status,
+        "end_reason": end_reason,
         "world_size": next((e.get("world_size") for e in events if e.event == "start"), None),
         "attempts": len({e.attempt for e in events}),
         "launches": len(spans),
