@@ -146,6 +146,19 @@ def test_sigterm_is_forwarded_to_the_spare(pool):
     assert "got SIGTERM" in proc.stdout.read()
 
 
+def test_the_spares_other_threads_block_the_signals_the_stub_relays(pool):
+    """A CI run's ``test_sigterm_is_forwarded_to_the_spare`` timed out: the relayed SIGTERM went to
+    the spare's watch thread, and the worker's handler ran only when the main thread's sleep
+    ended. Every thread but the main one blocks the relayed signals, so the main thread gets them.
+    """
+    proc = start_stub(pool, "thread-masks")
+    masks = json.loads(proc.stdout.readline())
+    assert proc.wait(timeout=20) == 0
+    assert masks, "the spare has a watch thread"
+    for sig in stub.FORWARDED:
+        assert all(mask >> (sig - 1) & 1 for mask in masks.values()), (sig, masks)
+
+
 def test_a_spare_killed_by_a_signal_kills_its_stub_the_same_way(pool):
     proc = start_stub(pool, "sleep")
     assert proc.stdout.readline().strip() == "sleeping"

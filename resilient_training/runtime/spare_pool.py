@@ -481,7 +481,14 @@ def wait_for_work(control: socket.socket, entry: str = DEFAULT_ENTRY, local_rank
         stub.send_message(conn, {"pid": os.getpid()})
     except OSError:
         return 0  # the stub is gone (killed while handing over): nothing to run for
-    threading.Thread(target=watch_stub, args=(conn,), name="spare-stub-watch", daemon=True).start()
+    # The watch thread blocks the signals the stub relays (it inherits this mask), so they reach
+    # the main thread: one delivered to it ran the worker's handler only once the main thread's
+    # blocking call returned (a SIGTERM waited out a 60 s sleep: a flaky test, since CI runs).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, stub.FORWARDED)
+    try:
+        threading.Thread(target=watch_stub, args=(conn,), name="spare-stub-watch", daemon=True).start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     code = run_worker(entry, request["argv"])
     sys.stdout.flush()
     sys.stderr.flush()

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 # What this spare prepared (spare_pool's ``--prepare tests.support.spare_entry:prepare``), before it got work.
@@ -42,6 +43,14 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"pid": os.getpid(), "cwd": os.getcwd(), "env": dict(os.environ), "argv": sys.argv,
                           "stdin": line, "threads": torch.get_num_threads(), "umask": os.umask(0o22),
                           "prepared": PREPARED}))
+        return 0
+    if action == "thread-masks":  # the signals each thread but this one blocks (/proc's SigBlk)
+        masks = {}
+        for task in os.listdir("/proc/self/task"):
+            if int(task) != threading.get_native_id():
+                with open(f"/proc/self/task/{task}/status") as status:
+                    masks[task] = next(int(line.split()[1], 16) for line in status if line.startswith("SigBlk:"))
+        print(json.dumps(masks), flush=True)
         return 0
     if action == "wait-for-term":  # a handler, like a trainer that shuts down cleanly
         signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), os._exit(7)))
