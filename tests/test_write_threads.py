@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,9 @@ def test_a_rank_s_files_are_read_back_at_once_and_load_the_same(three_files: Pat
 
     def spy(path, targets, **kwargs):
         seen.append((threading.current_thread().name, Path(path).name))
+        # A read as long as a real file's: a tiny one ended before the next was submitted, and
+        # the pool's one idle thread took them all (a CI run: "at once" failed on one thread).
+        time.sleep(0.05)
         return original(path, targets, **kwargs)
 
     monkeypatch.setattr(tensor_read, "_read_unit", spy)
