@@ -240,11 +240,23 @@ def test_a_signal_during_the_handover_reaches_the_spare(tmp_path):
     with preparing_pool(tmp_path, 1, "prepare_slowly"):
         started = time.monotonic()
         stub_proc = start_stub(tmp_path, "exit", "5", local_rank="0")
-        time.sleep(0.3)
+        # Once the stub holds the signals for the handover (a fixed 0.3 s was shorter than a loaded
+        # CI machine's interpreter start: the SIGTERM killed the stub before it could hold it).
+        assert wait_until(lambda: _blocks(stub_proc.pid, signal.SIGTERM), 30), "the stub never began its handover"
         stub_proc.send_signal(signal.SIGTERM)
         code = stub_proc.wait(timeout=20)
         # The spare got the SIGTERM (-15) or finished first (5); either way it took the work.
         assert code in (5, -signal.SIGTERM) and time.monotonic() - started > 1.0, (code, stub_proc.stderr.read())
+
+
+def _blocks(pid: int, sig: int) -> bool:
+    """Whether process ``pid``'s main thread blocks ``sig`` (/proc's SigBlk)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigBlk:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask >> (sig - 1) & 1)
 
 
 def test_spares_make_a_cuda_context_unless_ft_launcher_waits_for_gpu_memory(tmp_path):
