@@ -234,7 +234,8 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
     cut_writer: Episode | None = None  # a writer episode cut by another fault before its new writer was ready
     restored: dict[int, ev.Event] = {}  # rank -> its load_done in the current episode
     stepped: dict[int, ev.Event] = {}  # rank -> its first step after that load_done
-    launched = [start for start, _ in sessions(events)[1:]]
+    spans = sessions(events)
+    launched = [start for start, _ in spans[1:]]
     last_seen: dict[int, tuple[float, int]] = {}  # training rank -> (ts, attempt) of its latest event
     for e in events:
         if (current is None and e.event == "start" and e.rank == ref and context is not None
@@ -339,7 +340,6 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             episode.start = died.ts if died is not None else episode.start
             if episode.replaced_at is not None:  # named and classified up to the fault that cut it
                 episode.writer_ready = episode.end = episode.replaced_at
-    spans = sessions(events)
     for episode in found:
         episode.session_end = next((end for start, end in spans if start <= episode.start <= end), spans[-1][1])
         if episode.end is not None and episode.end > episode.session_end:

@@ -131,10 +131,9 @@ def _is_number(value: Any) -> bool:
 
 # Fields the gates and metrics compute with, whatever the event: null or of this kind. (A list
 # in a commit's bytes, a cause or a layer was a traceback in the report: stranger trial.)
+# Never NaN or infinite either, and never below 0 for a count (a NaN stall gave a checkpoint
+# interval from nothing, a huge one goodput above 100 %: stranger trial).
 NUMBER_FIELDS = ("seconds", "bytes", "failed_bytes", "process_seconds")
-# Of those, the ones that are never NaN or infinite, and never below 0 for a count (a NaN stall
-# gave a checkpoint interval from nothing, a huge one goodput above 100 %: stranger trial).
-FINITE_FIELDS = ("seconds", "bytes", "failed_bytes", "process_seconds")
 COUNT_FIELDS = ("bytes", "failed_bytes")
 INT_FIELDS = ("world_size", "pid", "exitcode", "restarts", "restored")
 STRING_FIELDS = ("cause", "message", "layer", "tier", "fault", "type", "where", "reason", "signal", "path", "source",
@@ -148,7 +147,7 @@ def _field_problem(fields: dict[str, Any]) -> str | None:
             value = fields.get(key)
             if value is not None and not check(value):
                 return f"{key} must be {name} or null, got {_shown(value)}"
-    for key in FINITE_FIELDS:
+    for key in NUMBER_FIELDS:
         value = fields.get(key)
         if value is not None and not (math.isfinite(value) and (value >= 0 or key not in COUNT_FIELDS)):
             return f"{key} must be a finite number{' >= 0' if key in COUNT_FIELDS else ''} or null, got {_shown(value)}"
