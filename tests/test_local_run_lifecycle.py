@@ -130,6 +130,10 @@ def test_a_signal_to_run_stops_everything_it_started_with_one_line(tmp_path: Pat
     assert err.count("\n") == 1 and err.startswith(f"interrupted ({how}): stopped the pipeline"), err
     assert "Traceback" not in out + err
     _assert_nothing_left(marker, scratch, run_dir)
+    from resilient_training.run import events as ev
+
+    last = ev.read_events(run_dir)[-1]  # the run's own end: the report said status unknown
+    assert (last.event, last.rank, last["status"]) == ("end", -1, "cancelled"), last
 
 
 def test_sigkill_of_run_takes_its_training_down_too(tmp_path: Path, scratch: Path) -> None:

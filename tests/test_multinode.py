@@ -298,6 +298,36 @@ def test_a_sigkilled_train_takes_its_pods_along_and_a_resume_cleans_up_and_compl
     assert "completed: reached step" in resumed.output
 
 
+def test_ctrl_c_stops_the_pods_says_so_in_one_line_and_logs_the_runs_end(run_dir):
+    """A stranger trial: `train` stopped by Ctrl-C or SIGTERM logged no end (the report said status
+    unknown, as for a run still training) and said nothing but "interrupted"."""
+    command = [sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(run_dir), "--nodes", "2",
+               "--nproc", "1", "--steps", "200", "--step-seconds", "0.3", "--checkpoint-every", "4",
+               "--no-async-checkpoint", "--network", "loopback"]
+    # SIGINT as a terminal leaves it: a suite started in the background inherits it ignored.
+    cli = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not [e for e in _read(run_dir) if e.event == "step"]:
+            time.sleep(0.2)
+        record = _cluster_record(run_dir)
+        cli.send_signal(signal.SIGINT)
+        _, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert cli.returncode == 130, err
+    assert err == ("interrupted (Ctrl-C): stopped the training and its workers; the same command resumes from "
+                   f"the last committed checkpoint in {run_dir}\n"), err
+    assert not sim.pids_labelled(f"{record['cluster_id']}/")
+    last = ev.read_events(run_dir)[-1]
+    assert (last.event, last.rank, last["status"]) == ("end", -1, "cancelled"), last
+    assert last["reason"].startswith("cancelled (Ctrl-C); the workers were stopped"), last
+    assert metrics.compute_metrics(run_dir)["status"] == "cancelled"
+
+
 def _read(run_dir: Path) -> list[ev.Event]:
     try:
         return ev.read_events(run_dir)

@@ -140,7 +140,7 @@ def test_a_second_training_in_the_run_directory_is_refused_and_sigterm_stops_the
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(run_dir),
                              "--nproc", "2", "--steps", "400", "--step-seconds", "0.1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not list(run_dir.glob("events/rank1.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -158,11 +158,22 @@ def test_a_second_training_in_the_run_directory_is_refused_and_sigterm_stops_the
                                      "wait for it to end, or train in another --run-dir")
     assert (run_dir / "config.json").read_bytes() == before[run_dir / "config.json"]
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) != 0
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err == ("interrupted (SIGTERM): stopped the training and its workers; the same command resumes "
+                   f"from the last committed checkpoint in {run_dir}\n"), err
     deadline = time.monotonic() + 30
     while workers() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert workers() == []
+    # The run's last event says so: the report said status unknown, as for a run still training.
+    from resilient_training.gates import metrics
+    from resilient_training.run import events as ev
+
+    last = ev.read_events(run_dir)[-1]
+    assert (last.event, last.rank, last["status"]) == ("end", -1, "cancelled"), last
+    assert last["reason"].startswith("cancelled (SIGTERM); the workers were stopped"), last
+    assert metrics.compute_metrics(run_dir)["status"] == "cancelled"
     from resilient_training.launch.local import claim_run_dir
     from resilient_training.run import config as cfg
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from resilient_training.launch import cancel
 from resilient_training.launch.local import LaunchError, run_local
 from resilient_training.run import config as cfg
 
@@ -46,6 +47,14 @@ def _main(args: argparse.Namespace) -> int:
     except (LaunchError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # SIGTERM or Ctrl-C while training: the launcher stopped the workers and logged the run's
+        # end; one line, not silence (or, for Ctrl-C, not "interrupted" alone).
+        if (stopped := cancel.interruption(exc)) is None:
+            raise
+        print(f"interrupted ({stopped[0]}): stopped the training and its workers; the same command resumes "
+              f"from the last committed checkpoint in {args.run_dir}", file=sys.stderr)
+        return stopped[1]
     stream = sys.stdout if result.ok else sys.stderr
     print(("done: " if result.ok else "FAILED: ") + result.reason, file=stream)
     print(f"run directory: {result.run_dir}", file=stream)

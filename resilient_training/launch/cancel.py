@@ -37,3 +37,15 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def interruption(exc: BaseException) -> tuple[str, int] | None:
+    """How ``exc`` stopped a command, when a signal did: ("Ctrl-C" or the signal's name, exit code)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "Ctrl-C", 128 + signal.SIGINT
+    if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code > 128:
+        try:
+            return signal.Signals(exc.code - 128).name, exc.code
+        except ValueError:
+            return f"exit {exc.code}", exc.code
+    return None

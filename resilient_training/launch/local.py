@@ -394,14 +394,18 @@ def _run_local(config: cfg.TrainConfig, claim: RunDirClaim, *, nproc: int, progr
                                 start_new_session=True, pass_fds=(claim.lock_fd,))
         watcher = ProgressPrinter(run_dir, config.steps, since=started, emit=progress)
         watcher.start()
+        stopped: BaseException | None = None
         try:
             with cancel.sigterm_raises():
                 exit_code = proc.wait()
-        except BaseException:
+        except BaseException as exc:
             _kill_group(proc)
+            stopped = exc
             raise
         finally:
             watcher.stop()
+            if stopped is not None:  # after the workers: the end is the run's last event
+                record_stopped(run_dir, stopped)
     reason = outcome(run_dir, config.steps, exit_code, since=started, log=log_path)
     if exit_code != 0:
         record_failure(run_dir, reason)
@@ -463,11 +467,31 @@ def record_failure(run_dir: str | os.PathLike[str], reason: str) -> None:
     out, or whose node 0 was lost, were stopped before they could write one, and the report then
     said status unknown (stranger trial).
     """
+    _log_end(run_dir, "failed", reason)
+
+
+def _log_end(run_dir: str | os.PathLike[str], status: str, reason: str) -> None:
     log = ev.EventLog(run_dir, rank=-1)
     try:
-        log.emit("end", None, status="failed", reason=reason[:1000])
+        log.emit("end", None, status=status, reason=reason[:1000])
     finally:
         log.close()
+
+
+def record_stopped(run_dir: str | os.PathLike[str], exc: BaseException) -> None:
+    """The run's ``end`` when its launcher was stopped (SIGTERM from KFP or Kubernetes, Ctrl-C) or
+    failed itself, after its workers were stopped: the report said status unknown, as for a run
+    still training (stranger trial). Never raises over ``exc``.
+    """
+    if (stopped := cancel.interruption(exc)) is not None:
+        status, reason = "cancelled", f"cancelled ({stopped[0]})"
+    else:
+        status, reason = "failed", f"the launcher failed: {type(exc).__name__}: {exc}"
+    reason += "; the workers were stopped: the same command resumes from the last committed checkpoint"
+    try:
+        _log_end(run_dir, status, reason)
+    except Exception as err:  # the launcher's own error is the one to see
+        print(f"could not log the run's end: {err}", file=sys.stderr)
 
 
 class ProgressPrinter(threading.Thread):

@@ -545,14 +545,20 @@ def _run_cluster(config: cfg.TrainConfig, spec: ClusterSpec, run_dir: Path, *,
     # SIGTERM (a cancelled step, a timeout) must still tear the pods down: exit via finally.
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm) if main_thread else None
+    stopped: BaseException | None = None
     try:
         cluster.start()
         exit_code = cluster.run()
+    except BaseException as exc:
+        stopped = exc
+        raise
     finally:
         cluster.close()
         watcher.stop()
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+        if stopped is not None:  # after the pods: the end is the run's last event
+            launcher.record_stopped(run_dir, stopped)
     log = layout.logs_dir(run_dir) / "cluster.log"
     reason = cluster.failure or launcher.outcome(run_dir, config.steps, exit_code, since=started, log=log)
     if exit_code != 0:

@@ -100,7 +100,7 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # events (failure_detected, worker_terminated, rendezvous_started/_completed,
     # worker_start_started/_completed, ...), at the moment the agent recorded it.
     "launcher_phase": ("phase", "cycle", "node"),
-    "end": ("status", "reason"),  # status: completed | failed
+    "end": ("status", "reason"),  # status: completed | failed | cancelled (SIGTERM, Ctrl-C)
 }
 
 RESTART_LAYERS = ("inprocess", "launcher", "pod")
