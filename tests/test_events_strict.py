@@ -120,7 +120,7 @@ def test_other_events_need_no_loss_and_may_carry_a_null_step(tmp_path: Path) -> 
 
 
 def test_torn_final_line_is_skipped_silently(tmp_path: Path) -> None:
-    path = log_with(tmp_path, json.dumps(GOOD))
+    path = log_with(tmp_path, edited(ts=1.7))
     with open(path, "a", encoding="utf-8") as handle:
         handle.write('{"ts": 3.0, "rank": 0, "attempt": 0, "iteration": 0, "event": "step", "step": 5, "lo')
     assert [e.step for e in read_events(tmp_path)] == [3, 3, 4]
@@ -129,7 +129,7 @@ def test_torn_final_line_is_skipped_silently(tmp_path: Path) -> None:
 def test_the_next_writer_cuts_a_torn_last_line_instead_of_gluing_its_first_onto_it(tmp_path: Path) -> None:
     """A second stranger trial: a killed rank's torn last line, then its restarted process's first
     event appended to the same line, and the whole log could no longer be read."""
-    path = log_with(tmp_path, json.dumps(GOOD))
+    path = log_with(tmp_path, edited(ts=1.7))
     with open(path, "a", encoding="utf-8") as handle:
         handle.write('{"ts": 3.0, "rank": 0, "attempt": 0, "iteration": 0, "event": "step", "step": 5, "lo')
     log = EventLog(tmp_path, rank=0, attempt=1)
@@ -239,3 +239,30 @@ def test_a_ts_a_decade_before_an_earlier_line_of_its_file_is_refused(tmp_path: P
     lines[-1] = json.dumps({**last, "ts": last["ts"] - 3 * 86400})  # a clock stepped back (or a test's clock): read
     path.write_text("\n".join(lines) + "\n")
     assert len(read_events(tmp_path)) == 2 * len(lines)
+
+
+def test_a_log_appended_to_itself_or_a_launcher_file_copied_is_refused(tmp_path: Path, capsys) -> None:
+    """A stranger trial: `cat rank0.jsonl >> rank0.jsonl` (or a launcher's file copied under another
+    agent's name) counted each repeated event twice. No writer writes a line twice (each has its ts)."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 3)
+    log.close()
+    events = layout.events_dir(tmp_path)
+    agent = EventLog(tmp_path, rank=-1, writer="agent-a")
+    agent.emit("restart_done", None, layer="launcher")
+    agent.close()
+    assert len(read_events(tmp_path)) == 2 * 4 + 1  # as written: read
+    rank0 = events / "rank0.jsonl"
+    lines = rank0.read_bytes().splitlines(keepends=True)
+    rank0.write_bytes(b"".join(lines + lines[1:2]))
+    with pytest.raises(EventLogError, match=re.escape(f"rank0.jsonl:{len(lines) + 1}: not an event: repeats "
+                                                      "rank0.jsonl:2 exactly (a copied or concatenated log")):
+        read_events(tmp_path)
+    assert main(["report", str(tmp_path), "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "repeats rank0.jsonl:2 exactly" in err[0], err
+    rank0.write_bytes(b"".join(lines))
+    (events / "agent-b.jsonl").write_bytes((events / "agent-a.jsonl").read_bytes())
+    with pytest.raises(EventLogError, match=re.escape("agent-b.jsonl:1: not an event: repeats agent-a.jsonl:1 exactly")):
+        read_events(tmp_path)

@@ -31,6 +31,7 @@ writer was killed mid-write) is skipped.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -327,6 +328,9 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
     any other line that is not an event raises EventLogError (``FILE:LINE: what is wrong``).
     """
     events: list[Event] = []
+    # Each line's digest and where it was: no writer writes one line twice (each carries its own
+    # ts), and a log appended to itself, or a launcher file copied, counted its events twice.
+    seen: dict[bytes, str] = {}
     for path in iter_event_files(run_dir):
         if not path.is_file():
             raise EventLogError(f"{path}: not a file")
@@ -360,6 +364,11 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
                             raise EventLogError(f"ts {event.ts!r} goes back {(latest - event.ts) / YEAR:.0f} years "
                                                 "from an earlier line of this file (no clock step does)")
                         latest = max(latest, event.ts)
+                        digest = hashlib.blake2b(raw.strip(), digest_size=16).digest()
+                        if digest in seen:
+                            raise EventLogError(f"repeats {seen[digest]} exactly (a copied or concatenated log: "
+                                                "each of its events would count twice)")
+                        seen[digest] = f"{path.name}:{number}"
                         events.append(event)
                 except (EventLogError, UnicodeDecodeError) as exc:
                     raise EventLogError(f"{path}:{number}: not an event: {exc}") from None
