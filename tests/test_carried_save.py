@@ -15,6 +15,7 @@ import pytest
 from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import config as cfg
 from resilient_training.runtime.checkpointing import Checkpointer, StagingBuffers, state_dict
+from resilient_training.runtime.nvrx_adapter import CheckpointWriterDied
 from tests.support.gates import TINY, train_state
 
 
@@ -245,14 +246,55 @@ def test_a_carried_save_a_later_restore_lands_before_is_logged_as_abandoned(tmp_
     assert _abandoned(events) == [(5, "carried save dropped: this restore landed at step 3, before it")]
 
 
-def test_a_save_dropped_without_having_been_carried_is_not_logged(tmp_path: Path) -> None:
-    """The documented rule: a save never said to be carried is just saved again when its step comes."""
+def test_a_save_dropped_without_having_been_carried_is_logged_as_abandoned(tmp_path: Path) -> None:
+    """Every begun save ends in the log committed or abandoned. Dropped unsaid, rank 0's last word
+    on it stayed its ckpt_begin: what the restore check takes for a commit rank 0 did not live to
+    log, so a step planted there with this run's run_uid would restore (stranger trial: a
+    writer-kill and an exception in one restart, step 30 begun and then neither)."""
     events: list = []
     writer, staging, carried = _failed_during_a_save(tmp_path / "run", events)
     second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried,
                         peer=lambda mine: [*mine[:2], -1])
     second.find_restorable(in_memory=True)
-    assert _abandoned(events) == [] and "ckpt_carried" not in [e for e, _, _ in events]
+    assert _abandoned(events) == [(5, "save dropped at the in-process restart: a rank no longer carries it")]
+    assert "ckpt_carried" not in [e for e, _, _ in events]
+
+
+class _DyingWriter(_HeldWriter):
+    """A writer whose process was killed with the save: its poll says so."""
+
+    def poll(self) -> bool:
+        raise CheckpointWriterDied("the async checkpoint writer process (pid 4242) died: killed by SIGKILL")
+
+
+def test_a_save_whose_writer_died_on_this_rank_before_the_restart_is_logged_as_abandoned(tmp_path: Path) -> None:
+    """The rank whose writer was killed saw the death at its next step; the peer's exception came
+    before the ranks agreed to abandon the save: it was dropped at the restart, unlogged."""
+    events: list = []
+    writer, staging = _DyingWriter(), StagingBuffers()
+    first = _iteration(tmp_path / "run", "r0i0", writer, staging, events)
+    model, optimizer, data = train_state(TINY, seed=1, steps=1)
+    first.save(5, state_dict(model, optimizer), data.state_dict(), {})
+    assert first.local_done() < 0  # this rank's part: lost (the peers have not agreed yet)
+    assert _abandoned(events) == []
+    assert first.carry() is None
+    assert _abandoned(events) == [(5, "save dropped at the in-process restart: writer died on this rank (the async "
+                                      "checkpoint writer process (pid 4242) died: killed by SIGKILL)")]
+    second = _iteration(tmp_path / "run", "r0i1", _HeldWriter(), staging, events)
+    second.find_restorable(in_memory=True)
+    assert len(_abandoned(events)) == 1  # once
+
+
+def test_a_save_abandoned_before_the_restart_is_not_logged_twice(tmp_path: Path) -> None:
+    events: list = []
+    writer, staging = _DyingWriter(), StagingBuffers()
+    first = _iteration(tmp_path / "run", "r0i0", writer, staging, events)
+    model, optimizer, data = train_state(TINY, seed=1, steps=1)
+    first.save(5, state_dict(model, optimizer), data.state_dict(), {})
+    first.maybe_commit(first.local_done())  # every rank agreed: abandoned, logged
+    assert [s for s, _ in _abandoned(events)] == [5]
+    assert first.carry() is None
+    assert [s for s, _ in _abandoned(events)] == [5]
 
 
 def test_the_trainer_marks_the_carried_save_of_a_writer_it_gives_up(tmp_path: Path) -> None:

@@ -61,10 +61,12 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "ckpt_deferred": ("reason",),  # a save skipped: the previous one still writing, or buffers still being page-locked
     "ckpt_failed": ("reason",),
     # A save lost with a dead writer: every rank logs it at the same step; never committed. Also a
-    # carried save (below) a later in-process restart drops (reason "carried save dropped: ...").
+    # save an in-process restart drops ("save dropped at the in-process restart: ..."), or a
+    # carried one (below) a later restart drops ("carried save dropped: ..."): every ckpt_begin
+    # ends in a ckpt_committed (rank 0) or a ckpt_abandoned, unless its process died.
     "ckpt_abandoned": ("reason", "tier"),
     # A save in flight at an in-process restart, kept: committed once written (restored: the step
-    # the restart restored, at or past it). Not logged when dropped at once: that step is saved again.
+    # the restart restored, at or past it).
     "ckpt_carried": ("tier", "restored"),
     "fault_injected": ("fault",),
     # cause writer_died (the async writer process exited unasked, logged the moment it did) also

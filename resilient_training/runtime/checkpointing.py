@@ -1279,6 +1279,7 @@ class _InFlight:
     writer_pid: int | None = None  # the writer process it was handed to (a carried save needs that one)
     reason: str = ""  # why it was abandoned
     carried: bool = False  # logged as carried (ckpt_carried): if then not committed, logged as abandoned
+    said_abandoned: bool = False  # its ckpt_abandoned is logged (every begun save ends committed or abandoned)
 
 
 class Checkpointer:
@@ -1429,14 +1430,15 @@ class Checkpointer:
             if offered is not None and from_memory and carried is not None and base < carried <= step:
                 self._in_flight, offered.carried = offered, True
                 self._emit("ckpt_carried", carried, tier=offered.tier, restored=step)
-            elif offered is not None and offered.carried:
-                # An earlier iteration said it would be committed: say that it never will be (on
-                # every rank: each decided the same from the same gather).
+            elif offered is not None and not offered.said_abandoned:
+                # Never committed now: say so (on every rank: each decided the same from the same
+                # gather). A save begun and dropped here unsaid left the log with neither outcome
+                # (a writer-kill and an exception in one restart: stranger trial).
                 restored = step if from_memory else base
                 why = offered.reason or ("a rank no longer carries it" if carried is None
                                          else f"this restore landed at step {restored}, before it")
-                self._emit("ckpt_abandoned", offered.step, reason=f"carried save dropped: {why}"[:300],
-                           tier=offered.tier)
+                self._say_abandoned(offered, ("carried save dropped: " if offered.carried
+                                              else "save dropped at the in-process restart: ") + why)
             if from_memory:
                 return None, {"step": step, "world_size": self.world_size, "memory": kind,
                               "ft_state": manifest.get("ft_state"), "progress": manifest.get("progress")}
@@ -1702,11 +1704,22 @@ class Checkpointer:
         copies to host memory may be unfinished, or it is the final step's (written again).
         """
         in_flight = self._in_flight or self._carried  # (one carried in, not yet decided: passed on)
-        if in_flight is None or in_flight.abandoned or in_flight.step >= self.config.steps or self._lost:
+        if in_flight is None:
             return None
-        if in_flight.job is not None and not self._staging.ready():
-            return None
-        return in_flight
+        why = (in_flight.reason or "its writer died" if in_flight.abandoned
+               else "the final step's save, written again after the restore" if in_flight.step >= self.config.steps
+               else f"writer died on this rank ({self._lost})" if self._lost
+               else "its copies to host memory were unfinished at the failure"
+               if in_flight.job is not None and not self._staging.ready() else None)
+        if why is None:
+            return in_flight
+        if not in_flight.said_abandoned:
+            self._say_abandoned(in_flight, f"save dropped at the in-process restart: {why}")
+        return None
+
+    def _say_abandoned(self, in_flight: _InFlight, reason: str) -> None:
+        in_flight.said_abandoned = True
+        self._emit("ckpt_abandoned", in_flight.step, reason=reason[:300], tier=in_flight.tier)
 
     @property
     def owed(self) -> int | None:
@@ -1848,7 +1861,7 @@ class Checkpointer:
             in_flight.abandoned = True
             reason = f"writer died on this rank ({self._lost})" if self._lost else "a peer's checkpoint writer died"
             in_flight.reason, self._lost = reason, None
-            self._emit("ckpt_abandoned", in_flight.step, reason=reason[:300], tier=in_flight.tier)
+            self._say_abandoned(in_flight, reason)
         elif round(done_count) == self.world_size:
             if in_flight.abandoned:
                 self._drop_abandoned()
@@ -1868,7 +1881,7 @@ class Checkpointer:
                                       f"(twice): {in_flight.reason or 'its writer died'}")
         if in_flight.retry_job is not None:  # the final step must be saved: its shard is still staged
             in_flight.abandoned, in_flight.job, in_flight.retry_job = False, in_flight.retry_job, None
-            in_flight.on_submit = None
+            in_flight.on_submit, in_flight.said_abandoned = None, False  # begun again (below)
             # The torn file of the lost write, if this rank's writer died.
             for torn in fmt.torn_files(in_flight.tmp_dir, self.rank):
                 torn.unlink(missing_ok=True)
