@@ -249,8 +249,9 @@ def test_a_carried_save_a_later_restore_lands_before_is_logged_as_abandoned(tmp_
 def test_a_save_dropped_without_having_been_carried_is_logged_as_abandoned(tmp_path: Path) -> None:
     """Every begun save ends in the log committed or abandoned. Dropped unsaid, rank 0's last word
     on it stayed its ckpt_begin: what the restore check takes for a commit rank 0 did not live to
-    log, so a step planted there with this run's run_uid would restore (stranger trial: a
-    writer-kill and an exception in one restart, step 30 begun and then neither)."""
+    log (gate_records.logged_save_open), so a step planted there with this run's run_uid passed
+    that check (stranger trial: a writer-kill and an exception in one restart, step 30 begun and
+    then neither)."""
     events: list = []
     writer, staging, carried = _failed_during_a_save(tmp_path / "run", events)
     second = _iteration(tmp_path / "run", "r0i1", writer, staging, events, carried=carried,
