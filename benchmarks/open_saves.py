@@ -8,9 +8,9 @@ while that rank's process went on past an in-process restart (it lived to say wh
 from __future__ import annotations
 
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
+
+from committed_runs import run_dirs
 
 from resilient_training.run import events as ev
 
@@ -34,18 +34,13 @@ def open_saves(run_dir: Path) -> list[tuple[int, str, int]]:
 
 
 def main(paths: list[str]) -> None:
-    work = Path(tempfile.mkdtemp(prefix="open-saves-"))
     runs = found = 0
-    for n, path in enumerate(paths):
-        with tarfile.open(path) as tar:
-            tar.extractall(work / str(n), filter="data")
-        for run in sorted({p.parent.parent for p in (work / str(n)).glob("**/events/*.jsonl")}):
-            runs += 1
-            if dropped := open_saves(run):
-                found += len(dropped)
-                tiers = {t: sum(1 for _, tier, _ in dropped if tier == t) for t in ("persistent", "local")}
-                print(f"{Path(path).parent.name}/{run.relative_to(work / str(n))}: {len(dropped)} "
-                      f"({tiers['persistent']} persistent, {tiers['local']} node-local)")
+    for label, run in run_dirs(paths):
+        runs += 1
+        if dropped := open_saves(run):
+            found += len(dropped)
+            tiers = {t: sum(1 for _, tier, _ in dropped if tier == t) for t in ("persistent", "local")}
+            print(f"{label}: {len(dropped)} ({tiers['persistent']} persistent, {tiers['local']} node-local)")
     print(f"{found} begun saves dropped unsaid, in {runs} runs")
 
 
