@@ -77,6 +77,17 @@ def test_annotated_task_arguments_arrive_converted_by_the_command_lines_rules():
     ("resilient_training", "must be MODULE:ATTR or path/to/file.py:ATTR"),
     (f"{USER_TASK}:empty_layer", "task build_model() has parameters with no elements (0.weight [0, 8], 0.bias [0], "
                                  "1.weight [1, 0]): FSDP cannot shard an empty parameter"),
+    # A fourth stranger trial: each of these started the workers (exit 1, the run directory
+    # written), and the last three were retried 8 times or trained on wrongly.
+    (f"{USER_TASK}:accumulation_zero", "task grad_accumulation must be a positive integer, got 0"),
+    (f"{USER_TASK}:accumulation_string", "task grad_accumulation must be a positive integer, got 'two'"),
+    (f"{USER_TASK}:clip_negative", "task grad_clip must be a finite number >= 0, got -1.0"),
+    (f"{USER_TASK}:clip_nan", "task grad_clip must be a finite number >= 0, got nan"),
+    (f"{USER_TASK}:scheduler_wrong_type", "task build_lr_scheduler() returned a str without step, state_dict"),
+    (f"{USER_TASK}:optimizer_over_other_tensors", "task build_optimizer() returned an optimizer over 2 tensor(s) "
+                                                  "that are not the model's parameters"),
+    (f"{USER_TASK}:scheduler_it_steps", "task build_optimizer() attached an LR scheduler to the optimizer (its param "
+                                        "groups have initial_lr), but build_lr_scheduler() returns none"),
 ])
 def test_a_broken_task_is_one_line_and_exit_2_before_any_worker_starts(tmp_path, spec, message, capsys, monkeypatch):
     run_dir = tmp_path / "run"
@@ -140,8 +151,13 @@ def test_a_loss_that_is_not_a_scalar_names_the_method():
     task = tk.load_task(f"{USER_TASK}:loss_not_scalar")
     model = tk.build_model(task)
     batch = next(iter(tk.build_data(task, 0, 1, 0)))
-    with pytest.raises(tk.TaskError, match=r"task loss\(\) returned a tensor of shape \[16, 1\], not a scalar"):
+    with pytest.raises(tk.TaskError, match=r"task loss\(\) returned a tensor of shape \[16, 1\] and dtype float32, "
+                       "not a scalar"):
         tk.check_loss(task.loss(model, batch))
+    import torch  # a scalar of integers: its dtype is what is wrong (the message said only "shape []")
+
+    with pytest.raises(tk.TaskError, match=r"returned a tensor of shape \[\] and dtype int64, not a scalar floating"):
+        tk.check_loss(torch.tensor(1))
 
 
 def _last_manifest(run_dir: Path) -> dict:

@@ -21,6 +21,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import posix
 import sys
@@ -250,6 +251,13 @@ def build_optimizer(task: Any, model: Any) -> Any:
     optimizer = call(task, "build_optimizer", model)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TaskError(f"task build_optimizer() returned a {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    # Its state is checkpointed under the model's parameter names: one over other tensors failed
+    # every step with "KeyError: 0", retried 8 times (stranger trial).
+    own = {id(p) for p in model.parameters()}
+    foreign = sum(1 for group in optimizer.param_groups for p in group["params"] if id(p) not in own)
+    if foreign:
+        raise TaskError(f"task build_optimizer() returned an optimizer over {foreign} tensor(s) that are not the "
+                        "model's parameters: build it from the model it is given (model.parameters())")
     return optimizer
 
 
@@ -266,7 +274,8 @@ def check_loss(value: Any) -> Any:
     import torch
 
     if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.is_floating_point():
-        what = f"a tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        what = (f"a tensor of shape {list(value.shape)} and dtype {str(value.dtype).removeprefix('torch.')}"
+                if isinstance(value, torch.Tensor) else type(value).__name__)
         raise TaskError(f"task loss() returned {what}, not a scalar floating-point tensor")
     return value.reshape(())
 
@@ -277,6 +286,7 @@ def lr_scheduler(task: Any, optimizer: Any) -> Any:
         return None
     scheduler = call(task, "build_lr_scheduler", optimizer)
     if scheduler is None:
+        _no_hidden_scheduler(optimizer)
         return None
     lacking = [m for m in ("step", "state_dict", "load_state_dict") if not callable(getattr(scheduler, m, None))]
     if lacking:
@@ -284,15 +294,28 @@ def lr_scheduler(task: Any, optimizer: Any) -> Any:
     return scheduler
 
 
+def _no_hidden_scheduler(optimizer: Any) -> None:
+    """The LR schedulers of torch mark the optimizer they drive (``initial_lr`` in each param group):
+    one the task made and steps itself, not returned from ``build_lr_scheduler``, is not
+    checkpointed, and each restore would start its schedule over (a stranger trial's StepLR
+    changed every loss after a restore, and the gates passed the run).
+    """
+    if any("initial_lr" in group for group in optimizer.param_groups):
+        raise TaskError("task build_optimizer() attached an LR scheduler to the optimizer (its param groups have "
+                        "initial_lr), but build_lr_scheduler() returns none: the trainer would not checkpoint its "
+                        "position; return it from build_lr_scheduler(optimizer), which the trainer steps once a step")
+
+
 def option(task: Any, name: str, kind: type, default: Any) -> Any:
     """An ordinary option the task may set (``grad_clip``, ``grad_accumulation``), checked."""
     value = getattr(task, name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise TaskError(f"task {name} must be a non-negative number, got {value!r}")
-    if kind is int and (int(value) != value or value < 1):
+    number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if kind is int and not (number and int(value) == value and value >= 1):
         raise TaskError(f"task {name} must be a positive integer, got {value!r}")
+    if not number or value < 0:  # a NaN clip turned every loss NaN, retried 8 times (stranger trial)
+        raise TaskError(f"task {name} must be a finite number >= 0, got {value!r}")
     return kind(value)
 
 
@@ -326,7 +349,12 @@ def _preflight(config: Any, *, world_size: int) -> None:
                         f"{', ...' if len(empty) > 3 else ''}): FSDP cannot shard an empty parameter")
     if problem := export_refusal(config.task, model, config.export_format):
         raise TaskError(f"export_format {config.export_format}: {problem}: export it with safetensors or torch")
-    build_optimizer(task, model)
+    optimizer = build_optimizer(task, model)
+    # The task's settings and scheduler, checked here as the workers would (a stranger trial's
+    # grad_accumulation 0 started the workers and wrote the run directory first).
+    option(task, "grad_clip", float, 0.0)
+    option(task, "grad_accumulation", int, 1)
+    lr_scheduler(task, optimizer)
     data = build_data(task, 0, world_size, seed)
     try:
         next(iter(data))

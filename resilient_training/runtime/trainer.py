@@ -365,7 +365,9 @@ class Trainer:
             try:
                 batch = next(batches)
             except StopIteration:
-                raise tk.TaskError(f"task build_data() yields no batch for rank {self.rank}") from None
+                raise tk.TaskError(f"task build_data() ran out of batches on rank {self.rank} and iter() on it again "
+                                   "yields none: return an iterable that starts a new epoch on iter(), like a "
+                                   "DataLoader, not a one-pass iterator") from None
         return self._to_device(batch), batches
 
     def _to_device(self, batch: Any) -> Any:

@@ -99,7 +99,43 @@ class LossNotScalar(_Broken):
         return model(x)
 
 
+class OptimizerOverOtherTensors(_Broken):
+    def build_optimizer(self, model):
+        return torch.optim.AdamW(nn.Linear(3, 3).parameters())
+
+
+class SchedulerItSteps(_Broken):
+    """A StepLR made with the optimizer and stepped in loss(): never checkpointed."""
+
+    def build_optimizer(self, model):
+        optimizer = torch.optim.AdamW(model.parameters())
+        self.scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3)
+        return optimizer
+
+    def build_lr_scheduler(self, optimizer):
+        return None
+
+
+class SchedulerWrongType(_Broken):
+    def build_lr_scheduler(self, optimizer):
+        return "cosine"
+
+
+class Settings(_Broken):
+    def __init__(self, **settings) -> None:
+        super().__init__()
+        for name, value in settings.items():
+            setattr(self, name, value)
+
+
 model_not_a_module = ModelNotAModule()
+optimizer_over_other_tensors = OptimizerOverOtherTensors()
+scheduler_it_steps = SchedulerItSteps()
+scheduler_wrong_type = SchedulerWrongType()
+accumulation_zero = Settings(grad_accumulation=0)
+accumulation_string = Settings(grad_accumulation="two")
+clip_nan = Settings(grad_clip=float("nan"))
+clip_negative = Settings(grad_clip=-1.0)
 model_raises = ModelRaises()
 optimizer_wrong_type = OptimizerWrongType()
 data_without_state = DataWithoutState()
