@@ -380,3 +380,22 @@ def test_a_changed_lr_is_refused_by_the_checkpoint_when_config_json_is_gone(tmp_
     with pytest.raises(cf.CheckpointRefused, match="--seed 1234 \\(now 7\\)"):  # config.json gone: the manifest says
         check_same_task_args(manifest, cfg.TrainConfig(run_dir=str(tmp_path / "run"), model=TINY, lr=3e-3, seed=7,
                                                        data=cfg.DataConfig(batch_size=4)))
+
+
+def test_a_resume_below_the_latest_checkpoints_step_is_refused(tmp_path, capsys):
+    """A fourth stranger trial: a finished 30-step run resumed with --steps 12 restored step 30,
+    logged "completed" at step 12, and the convergence gate then blamed an edited log."""
+    from resilient_training.run import checkpoint_format as cf
+    from resilient_training.run import config as cfg
+    from resilient_training.runtime.checkpointing import check_compatible
+    from tests.support.gates import TINY, write_checkpoint
+
+    latest = write_checkpoint(tmp_path / "run", step=6, world_size=1)
+    lower = train_here(tmp_path / "run", "--nproc", "1", "--steps", "4", capsys=capsys)
+    assert lower.returncode == 2 and lower.output.count("\n") == 1, lower.output
+    assert (f"latest checkpoint is at step 6, past the run's target step 4 (--steps): a resume trains on from that "
+            "checkpoint; give --steps 6 or more, or a new --run-dir") in lower.output
+    # A cluster's workers (no pre-flight) refuse it at their restore: "retrying cannot help".
+    with pytest.raises(cf.CheckpointRefused, match="past the run's target step 4"):
+        check_compatible(cf.read_manifest(latest), cfg.TrainConfig(run_dir=str(tmp_path / "run"), model=TINY, steps=4))
+    check_compatible(cf.read_manifest(latest), cfg.TrainConfig(run_dir=str(tmp_path / "run"), model=TINY, steps=6))

@@ -2110,6 +2110,13 @@ def check_compatible(manifest: dict[str, Any], config: TrainConfig) -> None:
     2026-12-04, is not checked).
     """
     fmt.require_format(manifest, config.run_dir)
+    step = manifest.get("step")
+    if isinstance(step, int) and not isinstance(step, bool) and step > config.steps:
+        # A resume trains on from its latest checkpoint: below it, "completed" was logged at the
+        # lower target after restoring the higher step, and the gate blamed an edited log (stranger trial).
+        raise fmt.CheckpointRefused(
+            f"{config.run_dir}'s latest checkpoint is at step {step}, past the run's target step {config.steps} "
+            f"(--steps): a resume trains on from that checkpoint; give --steps {step} or more, or a new --run-dir")
     saved_uid = manifest.get("run_uid")
     if saved_uid is not None:
         mine = fmt.read_run_uid(config.run_dir)  # never made here: a lost one would then never match
