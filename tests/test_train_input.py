@@ -393,7 +393,7 @@ def test_a_resume_below_the_latest_checkpoints_step_is_refused(tmp_path, capsys)
     latest = write_checkpoint(tmp_path / "run", step=6, world_size=1)
     lower = train_here(tmp_path / "run", "--nproc", "1", "--steps", "4", capsys=capsys)
     assert lower.returncode == 2 and lower.output.count("\n") == 1, lower.output
-    assert (f"latest checkpoint is at step 6, past the run's target step 4 (--steps): a resume trains on from that "
+    assert ("latest checkpoint is at step 6, past the run's target step 4 (--steps): a resume trains on from that "
             "checkpoint; give --steps 6 or more, or a new --run-dir") in lower.output
     # A cluster's workers (no pre-flight) refuse it at their restore: "retrying cannot help".
     with pytest.raises(cf.CheckpointRefused, match="past the run's target step 4"):
