@@ -186,7 +186,7 @@ def check_convergence(
     survivors = metrics.surviving(runs)
     curve = [(step, run.loss) for step, run in survivors.items()]
     checkpoint, judged_step, history, unusable = _judged_history(run_dir, events, runs)
-    checks = [_finite(runs, curve), _completed(events, max(survivors))]
+    checks = [_finite(runs, curve, events), _completed(events, max(survivors))]
     if unusable:  # committed steps, but `latest` names none of them: which model would pass is unknown
         checks.append(Check("latest_checkpoint", False, f"the run's latest checkpoint cannot be judged: {unusable}"))
     learning, threshold_from = _learning(checkpoint, unusable, history, config, judged_step)
@@ -229,17 +229,25 @@ def _judged_history(run_dir: Path, events: list[Any], runs: list[metrics.StepRun
     return checkpoint, step, [(s, r.loss) for s, r in history.items() if s <= step], None
 
 
-def _finite(runs: list[metrics.StepRun], curve: list[tuple[int, float]]) -> Check:
+def _finite(runs: list[metrics.StepRun], curve: list[tuple[int, float]], events: list[Any]) -> Check:
     bad = [(s, v) for s, v in curve if not math.isfinite(v)]
     logged = sum(1 for r in runs if not math.isfinite(r.loss))
+    # The NaN guard stops a step whose loss is not finite before it is logged: its failure says so
+    # (every rank's, at one step of one attempt and iteration). "All finite" said nothing of five.
+    seen = {(e.attempt, e.iteration, e.step) for e in events
+            if e.event == "step" and not math.isfinite(e.get("loss", math.nan))}
+    caught = len({(e.attempt, e.iteration, e.step) for e in events
+                  if e.event == "failure_detected" and e.get("cause") == "nan"} - seen)
     values = {"steps": len(curve), "non_finite_in_curve": len(bad), "non_finite_logged": logged,
-              "first_bad_step": bad[0][0] if bad else None}
+              "non_finite_caught": caught, "first_bad_step": bad[0][0] if bad else None}
     if bad:
         return Check("finite", False, f"{len(bad)} of {len(curve)} steps end non-finite, first at step {bad[0][0]} "
                      f"(loss {bad[0][1]})", values)
-    if logged:
-        return Check("finite", True, f"all {len(curve)} steps finite; {logged} non-finite loss(es) were rolled "
-                     "back and replayed finite", values)
+    if logged or caught:
+        said = ([f"{logged} logged"] if logged else []) + ([f"{caught} stopped by the NaN guard before logging"]
+                                                            if caught else [])
+        return Check("finite", True, f"all {len(curve)} steps finite; {logged + caught} non-finite loss(es) "
+                     f"({', '.join(said)}) were rolled back and replayed finite", values)
     return Check("finite", True, f"all {len(curve)} logged losses are finite", values)
 
 

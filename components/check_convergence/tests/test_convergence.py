@@ -151,7 +151,25 @@ def test_nan_rolled_back_and_replayed_finite_passes(tmp_path: Path) -> None:
     verdict = check_convergence(tmp_path, GATE)
     assert verdict.passed, verdict.format()
     assert verdict.check("finite").values["non_finite_logged"] == 1  # reference rank
-    assert "rolled back" in verdict.check("finite").reason
+    assert verdict.check("finite").values["non_finite_caught"] == 0  # the same NaN, logged
+    assert "1 non-finite loss(es) (1 logged) were rolled back" in verdict.check("finite").reason
+
+
+def test_nans_the_guard_stopped_before_logging_are_reported(tmp_path: Path) -> None:
+    """A fourth stranger trial: five NaN rollbacks, and the gate said "all 20 logged losses are
+    finite" (the NaN guard stops such a step before it is logged; its failure says nan)."""
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 7, checkpoint_every=5)
+    log.emit("failure_detected", 8, cause="nan", message="loss is nan")  # every rank's, one NaN
+    log.iteration += 1
+    log.emit("load_done", 5, path="checkpoints/step_5", seconds=0.1)
+    log.steps(6, 30)
+    log.end()
+    log.close()
+    finite = check_convergence(tmp_path, GATE).check("finite")
+    assert finite.passed and finite.values["non_finite_caught"] == 1, finite
+    assert finite.reason == ("all 30 steps finite; 1 non-finite loss(es) (1 stopped by the NaN guard before logging) "
+                             "were rolled back and replayed finite")
 
 
 def test_run_that_did_not_learn_fails(tmp_path: Path) -> None:
