@@ -444,6 +444,33 @@ def test_a_writer_death_that_surfaces_during_another_fault_s_recovery_is_named_w
     assert "also injected meanwhile: writer-kill@8:0" in render_html(m, "run")
 
 
+def test_checkpoint_faults_a_deferred_save_put_later_say_so_and_the_row_names_the_root_one(tmp_path: Path) -> None:
+    """A fourth stranger trial: saves 10-25 deferred, ckpt-kill@10:1 and writer-kill@20:0 both
+    fired at the save of step 30 (the writer-kill logged first); the row said "writer-kill@20:0"
+    beside a ckpt-kill cause, and nothing said either was moved."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 30, checkpoint_every=5)
+    log.emit("fault_injected", 30, rank=0, fault="writer-kill@20:0", type="writer-kill")
+    log.emit("fault_injected", 30, rank=1, fault="ckpt-kill@10:1", type="ckpt-kill")
+    log.emit("restart_begin", 30, rank=0, layer="launcher", cause="peer_failure")
+    log.attempt += 1
+    log.wait(3.0)
+    log.emit("restart_done", layer="launcher")
+    log.emit("load_done", 25, path="checkpoints/step_25", seconds=0.1)
+    log.steps(26, 30)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    root = fault["root_cause"]
+    assert fault["fault"] == "ckpt-kill@10:1" and root["kind"] == "ckpt-kill" and root["rank"] == 1
+    assert root["scheduled_step"] == 10 and root["step"] == 30
+    assert root["detail"] == ("ckpt-kill@10:1 (scheduled at step 10; a checkpoint fault acts at the first save at or "
+                              "after it: step 30)")
+    assert root["also_injected"] == ["writer-kill@20:0"]
+
+
 @pytest.mark.parametrize("found", ["before-the-next-step", "after-the-next-step", "not-injected"])
 def test_a_writer_replaced_while_training_goes_on_is_one_fault_of_the_writer_layer(tmp_path: Path, found: str) -> None:
     log = ScriptedLog(tmp_path)

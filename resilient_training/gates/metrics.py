@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from resilient_training.run import events as ev
+from resilient_training.run import faults as flt
 from resilient_training.run import layout
 
 TRIGGERS = ("fault_injected", "failure_detected", "restart_begin")
@@ -442,6 +443,7 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
     if injected is not None:
         root = {"kind": injected.get("type") or str(injected.get("fault", "")).split("@")[0], "rank": injected.rank,
                 "step": injected.step, "injected": True, "detail": injected.get("fault")}
+        episode.fault = injected.get("fault")  # the root one: the first logged may be a delayed one, also injected
         if primary is not None and primary.rank == injected.rank:
             root["detail"] = f"{injected.get('fault')}: {primary.get('message') or primary.get('cause')}"
         # Another fault that struck while this one was being recovered (e.g. a load-hang in the
@@ -449,6 +451,13 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
         also = [e.get("fault") for e in inside if e.event == "fault_injected" and e is not injected]
         if also:
             root["also_injected"] = also
+        scheduled = _scheduled_step(injected.get("fault"))
+        if root["kind"] in flt.CHECKPOINT_FAULTS and scheduled is not None and scheduled != injected.step:
+            # It acts at the first save at or after its step: deferred saves put a stranger trial's
+            # ckpt-kill@10 and writer-kill@20 both at step 30, with no word of it.
+            root["scheduled_step"] = scheduled
+            root["detail"] = (f"{root['detail']} (scheduled at step {scheduled}; a checkpoint fault acts at the first "
+                              f"save at or after it: step {injected.step})")
         if root["kind"] in HANGS:  # which guard or timeout found it, on which rank, at which step
             found = _hang_found(inside, events, episode)
             if found:
@@ -517,6 +526,14 @@ def _hang_found(inside: list[ev.Event], events: list[ev.Event], episode: Episode
         return (f"rank {report.rank} at step {report.step}: {report.get('cause')}"
                 + (f" ({report.get('message')})" if report.get("message") else ""))[:300]
     return None
+
+
+def _scheduled_step(spec: Any) -> int | None:
+    """The step a ``fault_injected`` event's spec (``TYPE@STEP:RANK``) scheduled it at."""
+    try:
+        return flt.parse(str(spec))[0].step
+    except (flt.FaultSpecError, IndexError, OSError):
+        return None
 
 
 def _node_of(rank: int, events: list[ev.Event], before: float) -> tuple[Any, list[int]]:
