@@ -8,8 +8,9 @@ Nothing here imports ``resilient_training``: the product finds the task by name,
 
 and calls the methods below (build_model, build_optimizer, build_data, loss; optionally
 build_lr_scheduler, grad_clip). The trainer adds FSDP2, NVRx restarts, DCP checkpoints, fault
-injection, the event log and the gates. Every ``--task-arg KEY=VALUE`` arrives as a string keyword
-argument of :func:`task`.
+injection, the event log and the gates. Every ``--task-arg KEY=VALUE`` arrives as a keyword
+argument of :func:`task`, converted to its annotation (``int``, ``float``, ``bool``; a string
+otherwise): ``--task-arg channels=abc`` is refused before training.
 """
 
 from __future__ import annotations
