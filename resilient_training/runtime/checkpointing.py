@@ -1714,7 +1714,10 @@ class Checkpointer:
         if why is None:
             return in_flight
         if not in_flight.said_abandoned:
-            self._say_abandoned(in_flight, f"save dropped at the in-process restart: {why}")
+            # Called in a failed iteration's `finally`: an error here (a full disk) must not take
+            # the place of the failure being handled.
+            with contextlib.suppress(OSError):
+                self._say_abandoned(in_flight, f"save dropped at the in-process restart: {why}")
         return None
 
     def _say_abandoned(self, in_flight: _InFlight, reason: str) -> None:
