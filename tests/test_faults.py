@@ -17,7 +17,8 @@ def test_parse_compact_spec_sorted_by_step():
         ("sigkill@0:0", "steps start at 1"),
         ("sigkill@-1:0", "expected TYPE@STEP:RANK"),
         ("sigkill@3:0,sigkill@3:0", "fault listed twice"),
-        ("sigkill@3:0x0", "count must be >= 1"),
+        ("sigkill@3:0x0", "count must be between 1 and 1000000, got 0"),
+        ("sigkill@12:1x99999999999999999999", "count must be between 1 and 1000000, got 99999999999999999999"),
         ("sigkill@\u0661\u0662:1", "expected TYPE@STEP:RANK"),  # Arabic-Indic digits: int() reads them as 12
         ("sigkill@12:\uff11", "expected TYPE@STEP:RANK"),  # a fullwidth 1
     ],

@@ -33,6 +33,13 @@ def train_here(run_dir, *args: str, capsys) -> Run:
         (["--steps", "-3"], "steps must be positive"),
         (["--faults", "writer-kill@5:0", "--no-async-checkpoint"], "writer-kill needs async checkpointing"),
         (["--nproc", "0"], "world size must be at least 1"),
+        # A fourth stranger trial: the first started the workers (exit 1 after ~10 s), the others
+        # trained, their values never read.
+        (["--export-format", "hf"], "export_format hf writes a transformers model, and the built-in GPT task's is not "
+                                    "one"),
+        (["--pod-restart-delay", "nan"], "--pod-restart-delay: a setting of the simulated cluster, which runs only "
+                                         "with --nodes N"),
+        (["--rdzv-last-call", "-1", "--min-nodes", "1"], "--min-nodes, --rdzv-last-call: a setting of"),
     ],
 )
 def test_bad_input_starts_nothing(tmp_path, args, message):

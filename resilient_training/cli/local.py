@@ -335,6 +335,8 @@ def run(args: argparse.Namespace) -> int:
     from resilient_training.run import gate_records
 
     args.faults = cfg.absolute_faults(args.faults)  # the steps run elsewhere
+    args.task = _not_empty(args.task, "--task", "a task MODULE:ATTR or path/to/file.py:ATTR")
+    args.train_overrides = _not_empty(args.train_overrides, "--train-overrides", "a JSON object")
 
     output = _output_dir(args.output_dir)
     overrides = _json_flag(args.train_overrides, "--train-overrides") if args.train_overrides else {}
@@ -642,6 +644,7 @@ def bench(args: argparse.Namespace) -> int:
     from resilient_training.run import config as cfg
 
     args.faults = cfg.absolute_faults(args.faults)  # the steps run elsewhere
+    args.task = _not_empty(args.task, "--task", "a task MODULE:ATTR or path/to/file.py:ATTR")
     output = _output_dir(args.output_dir)
     strategies = _json_flag(args.strategies, "--strategies") if args.strategies else None
     if strategies is not None and not (isinstance(strategies, list) and all(isinstance(s, dict) for s in strategies)):
@@ -714,7 +717,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="convergence gate: the final window's mean loss must be below this (default: derived "
                         "from the task's vocab_size, 0.8 x ln(vocab_size); for a task without one the check is "
                         "skipped, and the summary says so, unless this flag sets it)")
-    parser.add_argument("--train-overrides", default="", help='trainer settings as JSON, e.g. \'{"nan_guard": false}\'')
+    parser.add_argument("--train-overrides", default=None, help='trainer settings as JSON, e.g. \'{"nan_guard": false}\'')
     parser.set_defaults(func=_guard(run))
     parser = subparsers.add_parser(
         "bench", help="run the recovery benchmark pipeline locally and print the comparison",
@@ -726,6 +729,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_guard(bench))
 
 
+def _not_empty(value: str | None, flag: str, what: str) -> str:
+    """A flag's value ("" when not given): given empty it was a mistake, not the default (a stranger
+    trial's `run --task ''` trained the built-in task).
+    """
+    if value is None:
+        return ""
+    if not value.strip():
+        raise UsageError(f"{flag} is empty: give {what}, or leave the flag out")
+    return value
+
+
 def _add_common(parser: argparse.ArgumentParser, *, steps: int, every: int, faults: str) -> None:
     parser.add_argument("--steps", type=int, default=steps, help=f"target training step (default {steps})")
     parser.add_argument("--checkpoint-every", type=int, default=every, help=f"steps between checkpoints ({every})")
@@ -735,7 +749,7 @@ def _add_common(parser: argparse.ArgumentParser, *, steps: int, every: int, faul
     parser.add_argument("--verbose", action="store_true",
                         help="print the local runner's full output (executor inputs, outputs, warnings) as it runs; "
                         "without it, that goes to OUTPUT/logs/PIPELINE-TIME.log")
-    parser.add_argument("--task", default="", help="training task MODULE:ATTR or path/to/file.py:ATTR "
+    parser.add_argument("--task", default=None, help="training task MODULE:ATTR or path/to/file.py:ATTR "
                         "(default: the built-in GPT task)")
     parser.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting passed to the task (repeatable)")

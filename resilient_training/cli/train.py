@@ -19,12 +19,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     nodes = parser.add_argument_group("simulated cluster (one ft_launcher agent per node, as in a PyTorchJob)")
     nodes.add_argument("--nodes", type=int, default=None,
                        help="simulate N worker pods on this machine (node faults need it); default: one agent")
-    nodes.add_argument("--min-nodes", type=int, default=0, help="elastic: fewest nodes to run on (0 = --nodes)")
-    nodes.add_argument("--pod-restart-delay", type=float, default=2.0,
+    # Defaults None: given without --nodes they would be ignored, so they are refused (a stranger
+    # trial's --pod-restart-delay nan trained without a word); ClusterSpec holds the defaults.
+    nodes.add_argument("--min-nodes", type=int, default=None, help="elastic: fewest nodes to run on (0 = --nodes)")
+    nodes.add_argument("--pod-restart-delay", type=float, default=None,
                        help="seconds before a lost pod's replacement starts (default: 2.0)")
-    nodes.add_argument("--network", choices=("auto", "netns", "loopback"), default="auto",
+    nodes.add_argument("--network", choices=("auto", "netns", "loopback"), default=None,
                        help="a network namespace per node, or loopback (auto: namespaces when possible)")
-    nodes.add_argument("--rdzv-last-call", type=float, default=5.0,
+    nodes.add_argument("--rdzv-last-call", type=float, default=None,
                        help="rendezvous wait for more nodes once --min-nodes joined (default: 5)")
     cfg.add_arguments(parser)
     parser.set_defaults(func=_main)
@@ -35,14 +37,20 @@ def _main(args: argparse.Namespace) -> int:
         config = cfg.from_namespace(args)
         config.task = cfg.absolute_task(config.task)  # the workers may start in another directory
         config.faults = cfg.absolute_faults(config.faults)
+        cluster = {"min_nodes": args.min_nodes, "pod_restart_delay": args.pod_restart_delay, "network": args.network,
+                   "last_call_timeout": args.rdzv_last_call}
+        given = {key: value for key, value in cluster.items() if value is not None}
         if args.nodes is None:
+            if given:
+                flags = {"min_nodes": "--min-nodes", "pod_restart_delay": "--pod-restart-delay", "network": "--network",
+                         "last_call_timeout": "--rdzv-last-call"}
+                raise LaunchError(f"{', '.join(flags[key] for key in given)}: a setting of the simulated cluster, "
+                                  "which runs only with --nodes N")
             result = run_local(config, nproc=args.nproc)
         else:
             from resilient_training.launch import simulated_cluster as sim
 
-            spec = sim.ClusterSpec(nodes=args.nodes, nproc_per_node=args.nproc, min_nodes=args.min_nodes,
-                                   pod_restart_delay=args.pod_restart_delay, network=args.network,
-                                   last_call_timeout=args.rdzv_last_call)
+            spec = sim.ClusterSpec(nodes=args.nodes, nproc_per_node=args.nproc, **given)
             result = sim.run_cluster(config, spec)
     except (LaunchError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

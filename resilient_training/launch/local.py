@@ -327,6 +327,9 @@ def check_task(config: cfg.TrainConfig, *, world_size: int) -> None:
                           f"built-in task, which task {config.task} never reads: pass what your task takes as "
                           "--task-arg KEY=VALUE")
     if config.task == cfg.DEFAULT_TASK and not config.task_args:
+        if config.export_format == "hf":  # as the pipelines say it, without building the model
+            raise LaunchError("export_format hf writes a transformers model, and the built-in GPT task's is not one: "
+                              "export it with safetensors or torch")
         return
     from resilient_training.runtime import task as tk
 

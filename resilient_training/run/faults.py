@@ -47,6 +47,8 @@ NODE_ENV = "RT_NODE"
 _SPEC = re.compile(r"(?P<type>[a-z-]+)@(?P<step>[0-9]+):(?P<rank>[0-9]+)(?:x(?P<count>[0-9]+))?")
 # A schedule this long is a mistake (a YAML `random.count`): drawing and checking it would take minutes.
 MAX_FAULTS = 10_000
+# xCOUNT: enough to exhaust any retry limit; more is a typo.
+MAX_COUNT = 1_000_000
 
 
 class FaultSpecError(ValueError):
@@ -111,8 +113,8 @@ def _make(kind: str, step: int, rank: int, count: int) -> Fault:
         raise FaultSpecError(f"fault {kind}@{step}:{rank}: steps start at 1")
     if rank < 0:  # a YAML schedule's; it would never fire, and the run would pass without its fault
         raise FaultSpecError(f"fault {kind}@{step}:{rank}: ranks start at 0")
-    if count < 1:
-        raise FaultSpecError(f"fault {kind}@{step}:{rank}: count must be >= 1")
+    if not 1 <= count <= MAX_COUNT:  # 20 digits were passed on to the job (a stranger trial)
+        raise FaultSpecError(f"fault {kind}@{step}:{rank}: count must be between 1 and {MAX_COUNT}, got {count}")
     return Fault(kind, step, rank, count)
 
 

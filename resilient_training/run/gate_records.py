@@ -200,6 +200,8 @@ def withdraw(run_dir: str | os.PathLike[str], gate: str) -> None:
     longer reads, say), so an earlier verdict must not stand for it (a stranger trial's promotion
     went on from a PASS that a later, crashed gate had left in place).
     """
+    if not Path(run_dir).is_dir():  # no record can be there; the gate's own error says what is wrong
+        return
     try:
         record_path(run_dir, gate).unlink(missing_ok=True)
     except OSError as exc:
