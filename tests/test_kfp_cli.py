@@ -965,3 +965,122 @@ def test_a_yaml_suffix_in_capitals_names_a_file_too(cli, tmp_path):
     code, _, err = cli("compile", "-o", tmp_path / "RT.YAML", "--pipeline", "resilient-training", *CLUSTER_DEFAULTS)
     assert code == 0, err
     assert (tmp_path / "RT.YAML").is_file()  # it made a directory RT.YAML/ holding resilient-training.yaml
+
+
+# --- stranger trial: every request bounded, answers that are not the API's, hosts, limits, packages ----------
+
+
+def tiny_package(tmp_path: Path) -> Path:
+    return compile_pipeline("tiny-train", PIPELINES["tiny-train"], tmp_path / "tiny-train.yaml").path
+
+
+@pytest.mark.parametrize(("paths", "command", "action"), [
+    (("",), ["runs"], "listing runs"),
+    (("",), ["schedules"], "listing recurring runs"),
+    (("",), ["submit", "--param", "run_id=x", "--package"], "finding experiment 'resilient-training'"),
+    (("",), ["schedule", "--param", "run_id=x", "--cron", "0 0 2 * * *", "--package"],
+     "finding experiment 'resilient-training'"),
+    (("",), ["upload", "--package"], "looking up pipeline 'tiny-train'"),
+    (("/runs",), ["submit", "--param", "run_id=x", "--run-name", "r1", "--package"], "creating run 'r1'"),
+    (("/pipelines/upload_version",), ["upload", "--package"], "uploading version"),
+])
+def test_every_request_is_bounded_by_the_timeout(cli, tmp_path, paths, command, action):
+    # Only the health check had --timeout: past it, `runs` waited 659 s on a server that never answered.
+    package = [tiny_package(tmp_path)] if command[-1] == "--package" else []
+    with FakeKfpServer(broken="hang", hang_s=4, broken_paths=paths) as server:
+        started = time.monotonic()
+        code, _, err = cli(*command, *package, "--host", server.url, "--timeout", "1")
+        elapsed = time.monotonic() - started
+        assert code == 1 and err.startswith(f"error: {server.url} did not answer within 1 s ({action}")
+        assert err.count("\n") == 1, err
+        assert elapsed < 3.5, elapsed
+        assert len([r for r in server.requests if r.path.startswith(tuple(API + p for p in paths))
+                    and not r.path.endswith("/healthz")]) == 1  # not retried
+
+
+@pytest.mark.parametrize("value", ["1e10", "99999999999", "86400.5"])
+@pytest.mark.parametrize("command", ["runs", "schedules", "upload", "submit", "schedule"])
+def test_a_timeout_past_a_day_is_bad_input(cli, command, value):
+    # 1e10 was an OverflowError traceback from the socket layer.
+    extra = {"upload": ["--registry", REGISTRY], "submit": ["--registry", REGISTRY, "--package", "--param", "run_id=x"],
+             "schedule": ["--registry", REGISTRY, "--package", "--param", "run_id=x", "--cron", "0 0 2 * * *"]}
+    code, _, err = cli(command, *extra.get(command, []), "--host", "http://localhost:1", "--timeout", value)
+    assert (code, err) == (2, f"error: --timeout must be at most 86400 seconds (a day), got {float(value):g}\n")
+
+
+@pytest.mark.parametrize(("broken", "paths", "command", "message"), [
+    ("empty", ("",), ["upload", "--package"], "answered without a pipeline id (creating pipeline 'tiny-train')"),
+    ("empty", ("",), ["submit", "--param", "run_id=x", "--package"],
+     "answered without an experiment id (creating experiment 'resilient-training')"),
+    ("empty", ("/runs",), ["submit", "--param", "run_id=x", "--run-name", "r1", "--package"],
+     "answered without a run id (creating run 'r1')"),
+    ("empty", ("/recurringruns",), ["schedule", "--param", "run_id=x", "--cron", "0 0 2 * * *", "--package"],
+     "answered without a recurring run id (creating recurring run 'tiny-train-schedule')"),
+    ("empty", ("/pipelines/upload_version",), ["upload", "--package"],
+     "answered without a pipeline version id (uploading version"),
+    ("html", ("",), ["runs"], "answered with text/html; charset=utf-8, not the KFP API's JSON (listing runs)"),
+    ("html", ("",), ["schedules"],
+     "answered with text/html; charset=utf-8, not the KFP API's JSON (listing recurring runs)"),
+    ("html", ("",), ["upload", "--package"],
+     "answered with text/html; charset=utf-8, not the KFP API's JSON (looking up pipeline 'tiny-train')"),
+])
+def test_an_answer_that_is_not_the_api_s_fails_in_one_line(cli, tmp_path, broken, paths, command, message):
+    # {} made upload a ValueError traceback and submit/schedule "created (id None)"; an HTML page made runs "no runs".
+    package = [tiny_package(tmp_path)] if command[-1] == "--package" else []
+    with FakeKfpServer(broken=broken, broken_paths=paths) as server:
+        code, out, err = cli(*command, *package, "--host", server.url)
+    assert code == 1 and err.startswith(f"error: {server.url} {message}") and err.count("\n") == 1, err
+    assert "None" not in out
+
+
+@pytest.mark.parametrize(("host", "message"), [
+    # Each built wrong URLs: the API path went after the query or fragment.
+    ("http://127.0.0.1:1?x=1", "--host 'http://127.0.0.1:1?x=1' has a query or fragment (?, #)"),
+    ("http://127.0.0.1:1#frag", "--host 'http://127.0.0.1:1#frag' has a query or fragment (?, #)"),
+    ("http://127.0.0.1:1/?", "--host 'http://127.0.0.1:1/?' has a query or fragment (?, #)"),
+    # The password was echoed in "cannot reach ... at http://user:pw@localhost:1", and never sent.
+    ("http://user:pw@localhost:1/", "--host 'http://user:***@localhost:1/' carries a user name or password"),
+    ("http://user@localhost:1/", "--host 'http://user@localhost:1/' carries a user name or password"),
+    ("http://user:pw@localhost:99999", "--host 'http://user:***@localhost:99999' is not a URL"),
+    ("http://user:pw@localhost:1/ x", "--host 'http://user:***@localhost:1/ x' contains a space"),
+])
+def test_a_host_with_a_query_or_a_password_is_refused_and_the_password_not_shown(cli, host, message):
+    code, _, err = cli("runs", "--host", host)
+    assert code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert "pw" not in err
+
+
+@pytest.mark.parametrize(("command", "limit"), [("runs", "99999999999999999999"), ("schedules", "3000000000"),
+                                                ("runs", "2147483648")])
+def test_a_limit_past_the_api_s_int32_page_size_is_refused(cli, server, command, limit):
+    code, _, err = cli(command, "--host", server.url, "--limit", limit)
+    assert (code, err) == (2, f"error: --limit must be at most 2147483647 (the KFP API's page size is an int32), "
+                              f"got {limit}\n")
+    assert server.requests == []
+    code, out, err = cli(command, "--host", server.url, "--limit", "2147483647")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("command", [["upload"], ["submit", "--param", "run_id=x"],
+                                     ["schedule", "--param", "run_id=x", "--cron", "0 0 2 * * *"]])
+def test_a_package_file_and_another_pipeline_name_are_refused(cli, server, tmp_path, command):
+    # schedule --package X.yaml --pipeline recovery-benchmark scheduled X.yaml's pipeline without a word.
+    package = tiny_package(tmp_path)
+    code, _, err = cli(*command, "--host", server.url, "--package", package, "--pipeline", "recovery-benchmark")
+    assert (code, err) == (2, f"error: --pipeline recovery-benchmark: --package {package} holds pipeline 'tiny-train' "
+                              "(drop one of them)\n")
+    assert server.requests == []
+    code, _, err = cli(*command, "--host", server.url, "--package", package, "--pipeline", "tiny-train")
+    assert code == 0, err  # they agree
+
+
+def test_an_empty_package_path_is_named(cli, server):
+    code, _, err = cli("upload", "--host", server.url, "--package", "")
+    assert (code, err) == (2, "error: --package is empty: give the compiled pipeline's YAML file\n")
+
+
+def test_the_health_check_is_asked_once_with_the_timeout(cli, server):
+    # kfp.Client() asked healthz again itself, with no timeout and five retries 5 s apart (stranger trial).
+    code, out, err = cli("runs", "--host", server.url, "--timeout", "1")
+    assert (code, out) == (0, "no runs\n"), err
+    assert [r.path for r in server.requests] == [f"{API}/healthz", f"{API}/runs"]

@@ -39,6 +39,10 @@ MAX_CONCURRENCY_LIMIT = 10  # the KFP API server refuses recurring runs outside 
 # Longest name sent to the server: the KFP backend keeps names in varchar(255) columns (gorm's default) inside
 # unique indexes, and the UI shows far less; a 2000-character experiment was created (stranger trial).
 MAX_NAME_LENGTH = 128
+# --timeout past this was an OverflowError traceback from the socket layer at 1e10 (stranger trial); a day is plenty.
+MAX_TIMEOUT = 86400
+# --limit is sent as page_size, an int32 in the KFP API (stranger trial: 99999999999999999999 was sent).
+MAX_LIMIT = 2**31 - 1
 # -o suffixes that name a file no command here writes (anything else but .yaml/.yml is a directory).
 _FILE_SUFFIXES = (".json",)
 
@@ -86,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="pipeline name on the server (default: the pipeline's own name)")
     p.add_argument("--version",
                    help="version name (default: UTC timestamp + content hash, e.g. 20261129-154100-3f2a9c1b0d4e)")
-    p.add_argument("--package", type=Path, metavar="FILE", help="upload this compiled YAML instead of compiling --pipeline")
+    p.add_argument("--package", metavar="FILE", help="upload this compiled YAML instead of compiling --pipeline")
     _add_server_args(p)
     p.set_defaults(func=_upload)
 
@@ -144,7 +148,8 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--context", help="kubeconfig context (default: current)")
     server.add_argument("--namespace", help="Kubernetes namespace of experiments and runs (multi-user deployments)")
     server.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="seconds to wait for the host to answer the health check (default 10)")
+                        help=f"seconds to wait for the server to answer each request, at most {MAX_TIMEOUT} "
+                        "(default 10)")
 
 
 def _add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -431,7 +436,12 @@ def _ir_default(spec: kfp_params.PipelineInput) -> Any:
 def _local_pipeline(args: argparse.Namespace, workdir: Path, package: str | Path | None) -> CompiledPipeline:
     """The CompiledPipeline a server command works on: a given package file, or --pipeline compiled now."""
     if package:
-        return kfp_compile.load_package(Path(package))
+        compiled = kfp_compile.load_package(Path(package))
+        # --package FILE with another --pipeline sent FILE's pipeline without a word (stranger trial).
+        if args.pipeline is not None and args.pipeline != compiled.name:
+            raise _InputError(f"--pipeline {args.pipeline}: --package {package} holds pipeline {compiled.name!r} "
+                              "(drop one of them)")
+        return compiled
     _check_images()
     key, pipeline = kfp_compile.default_pipeline(kfp_compile.load_registry(args.registry), args.pipeline)
     return kfp_compile.compile_pipeline(key, pipeline, workdir / f"{key}.yaml")
@@ -442,6 +452,8 @@ def _auth(args: argparse.Namespace) -> Auth:
         raise _InputError("--host URL is required (or set KF_PIPELINES_ENDPOINT)")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise _InputError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.timeout > MAX_TIMEOUT:
+        raise _InputError(f"--timeout must be at most {MAX_TIMEOUT} seconds (a day), got {args.timeout:g}")
     if args.namespace is not None:
         try:
             k8s_names.check_dns1123_label(args.namespace, "--namespace")
@@ -459,6 +471,8 @@ def _upload(args: argparse.Namespace) -> int:
     def body() -> int:
         _check_name(args.name, "--name")
         _check_name(args.version, "--version")
+        if args.package is not None and not args.package.strip():  # it read as '.': "Is a directory" (stranger trial)
+            raise _InputError("--package is empty: give the compiled pipeline's YAML file")
         with tempfile.TemporaryDirectory(prefix="rt-upload-") as tmp:
             compiled = _local_pipeline(args, Path(tmp), args.package)
             auth = _auth(args)
@@ -544,8 +558,7 @@ def _schedule(args: argparse.Namespace) -> int:
 
 def _runs(args: argparse.Namespace) -> int:
     def body() -> int:
-        if args.limit < 1:
-            raise _InputError(f"--limit must be at least 1, got {args.limit}")
+        _check_limit(args.limit)
         _check_name(args.experiment, "--experiment")
         conn = _connect(args, _auth(args))
         experiment_id = kfp_client.find_experiment(conn, args.experiment) if args.experiment else None
@@ -559,8 +572,7 @@ def _runs(args: argparse.Namespace) -> int:
 
 def _schedules(args: argparse.Namespace) -> int:
     def body() -> int:
-        if args.limit < 1:
-            raise _InputError(f"--limit must be at least 1, got {args.limit}")
+        _check_limit(args.limit)
         _check_name(args.experiment, "--experiment")
         conn = _connect(args, _auth(args))
         experiment_id = kfp_client.find_experiment(conn, args.experiment) if args.experiment else None
@@ -575,6 +587,13 @@ def _schedules(args: argparse.Namespace) -> int:
         return 0
 
     return _run(body)
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 1:
+        raise _InputError(f"--limit must be at least 1, got {limit}")
+    if limit > MAX_LIMIT:
+        raise _InputError(f"--limit must be at most {MAX_LIMIT} (the KFP API's page size is an int32), got {limit}")
 
 
 def _trigger(job: Any) -> str:

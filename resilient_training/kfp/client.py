@@ -13,6 +13,7 @@ import datetime
 import io
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -48,6 +49,10 @@ class AuthError(ValueError):
     """The requested credentials are not available (found before any call)."""
 
 
+class _NotTheApi(Exception):
+    """A 2xx answer whose body is not a JSON object (its content type is the message)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Auth:
     """A bearer token (or none) and where it came from, for messages."""
@@ -65,6 +70,7 @@ class Connection:
     auth: Auth
     namespace: str | None = None
     multi_user: bool = False
+    timeout: float = 10.0  # seconds each request may take to connect, and to answer
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -187,25 +193,34 @@ def _kubeconfig_token(path: str, context: str | None) -> Auth:
 
 
 def check_host(host: str) -> str:
-    """Normalise ``--host`` (no trailing slash); refuse one without http:// or https://.
+    """Normalise ``--host`` (no trailing slash); refuse one without http:// or https://, with a query,
+    a fragment or user info. Messages show a password in it as ``***``.
 
     Raises:
         AuthError: not an http(s) URL. (An input error, like bad credentials.)
 
     """
+    # A password was echoed in "cannot reach Kubeflow Pipelines at http://user:pw@..." (stranger trial).
+    shown = re.sub(r"(?<=://)([^/?#@]*?):[^/?#]*@", r"\1:***@", host, count=1)
     if not host.startswith(("http://", "https://")):
-        raise AuthError(f"--host must be an http:// or https:// URL, got {host!r}")
+        raise AuthError(f"--host must be an http:// or https:// URL, got {shown!r}")
     if any(ord(ch) <= 32 or ord(ch) == 127 for ch in host):
-        raise AuthError(f"--host {host!r} contains a space or control character (a trailing newline?)")
+        raise AuthError(f"--host {shown!r} contains a space or control character (a trailing newline?)")
     import urllib.parse
 
     try:  # a port past 65535 was "cannot reach ..., Failed to parse", exit 1 (stranger trial)
         parts = urllib.parse.urlsplit(host)
         parts.port  # noqa: B018 - parsing it is the check
     except ValueError as exc:
-        raise AuthError(f"--host {host!r} is not a URL: {exc}") from None
+        raise AuthError(f"--host {shown!r} is not a URL: {exc}") from None
     if not parts.hostname:
-        raise AuthError(f"--host {host!r} names no host")
+        raise AuthError(f"--host {shown!r} names no host")
+    if "?" in host or "#" in host:  # the API paths were appended after it: wrong URLs (stranger trial)
+        raise AuthError(f"--host {shown!r} has a query or fragment (?, #): give the API's base URL, "
+                        "e.g. http://localhost:8080")
+    if "@" in parts.netloc:  # never sent: the client sends a bearer token only
+        raise AuthError(f"--host {shown!r} carries a user name or password, which is not sent; "
+                        "drop it and give a bearer token (--token)")
     return host.rstrip("/")
 
 
@@ -220,7 +235,8 @@ def connect(host: str, auth: Auth, *, namespace: str | None = None, timeout: flo
         host: KFP API endpoint, e.g. ``http://localhost:8080``.
         auth: credentials from :func:`resolve_auth`.
         namespace: Kubernetes namespace for multi-user deployments (experiments, runs).
-        timeout: seconds to wait for the host to connect and answer.
+        timeout: seconds each request (the health check and every later one) may take to connect,
+            and to answer.
 
     Returns:
         The connection.
@@ -255,20 +271,63 @@ def connect(host: str, auth: Auth, *, namespace: str | None = None, timeout: flo
             f"{host} answered /apis/v2beta1/healthz with {kind}, not the KFP API's JSON "
             f"(a login page? credentials used: {auth.source}; see --token)"
         )
+    checked = kfp_server_api.V2beta1GetHealthzResponse(multi_user=answer.get("multi_user"))
+
+    class Client(kfp.Client):
+        def get_kfp_healthz(self, sleep_duration: int = 5) -> Any:
+            # kfp.Client() asks healthz again itself, without a timeout and with five retries (stranger
+            # trial): it gets the answer just checked instead.
+            return checked
+
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), api_errors(host, "connecting", auth):
         # The warning only says the client needs a v2 server, which the healthz answer just showed.
         warnings.simplefilter("ignore", FutureWarning)
-        client = kfp.Client(host=host, existing_token=auth.token, namespace=namespace or "kubeflow")
+        client = Client(host=host, existing_token=auth.token, namespace=namespace or "kubeflow")
+    _bound_requests(client, timeout)
     # Without --namespace, kfp.Client falls back to its saved context or, in a pod, the pod's namespace.
     namespace = namespace or client.get_user_namespace() or None
-    return Connection(client=client, host=host, auth=auth, namespace=namespace, multi_user=bool(answer.get("multi_user")))
+    return Connection(client=client, host=host, auth=auth, namespace=namespace, multi_user=bool(answer.get("multi_user")),
+                      timeout=timeout)
+
+
+def _bound_requests(client: kfp.Client, timeout: float) -> None:
+    """Send every later request of ``client`` with ``timeout`` and no retries, and refuse an answer that
+    is not a JSON object.
+
+    kfp.Client sends without a timeout and with urllib3's three retries: past the health check, `runs`
+    waited 659 s on a server that never answered; and the generated client reads any page as an empty
+    object, so an HTML page was "no runs" (stranger trial).
+    """
+    import urllib3
+
+    rest = client._run_api.api_client.rest_client  # the ApiClient every API of kfp.Client 2.17 shares
+    rest.pool_manager.connection_pool_kw["retries"] = urllib3.Retry(
+        total=None, connect=0, read=0, status=0, other=0, redirect=5
+    )
+    send = rest.request
+
+    def request(*args: Any, _request_timeout: Any = None, _preload_content: bool = True, **kwargs: Any) -> Any:
+        # A (connect, read) pair: the generated client drops a lone float.
+        response = send(*args, _request_timeout=_request_timeout or (timeout, timeout),
+                        _preload_content=_preload_content, **kwargs)
+        if _preload_content:  # only 2xx answers come back; the others are ApiExceptions
+            try:
+                answer = json.loads(response.data)
+            except ValueError:
+                answer = None
+            if not isinstance(answer, dict):
+                raise _NotTheApi(response.getheader("Content-Type") or "no content type")
+        return response
+
+    rest.request = request
 
 
 @contextlib.contextmanager
-def api_errors(host: str, action: str, auth: Auth | None = None) -> Iterator[None]:
+def api_errors(host: str, action: str, auth: Auth | None = None, timeout: float | None = None) -> Iterator[None]:
     """Turn API and connection errors raised inside the block into one-line KfpErrors.
 
-    Messages name the host and the action, and for refused credentials where they came from.
+    Messages name the host and the action, for refused credentials where they came from, and for an
+    answer that did not come within ``timeout`` (requests after the health check) that timeout.
     """
     import kfp_server_api
     import urllib3
@@ -277,8 +336,19 @@ def api_errors(host: str, action: str, auth: Auth | None = None) -> Iterator[Non
         yield
     except kfp_server_api.ApiException as exc:
         raise KfpError(_http_error_message(host, action, exc, auth)) from None
+    except _NotTheApi as exc:
+        raise KfpError(f"{host} answered with {exc}, not the KFP API's JSON ({action})") from None
     except urllib3.exceptions.HTTPError as exc:
+        if timeout is not None and isinstance(getattr(exc, "reason", None) or exc, urllib3.exceptions.ReadTimeoutError):
+            raise KfpError(f"{host} did not answer within {timeout:g} s ({action})") from None
         raise KfpError(f"cannot reach Kubeflow Pipelines at {host} ({action}): {_connection_reason(exc)}") from None
+
+
+def _answered_id(conn: Connection, action: str, ident: str | None, what: str) -> str:
+    """The id a create call's answer carries; an answer of ``{}`` printed "created (id None)" (stranger trial)."""
+    if not ident:
+        raise KfpError(f"{conn.host} answered without {what} id ({action}): not the KFP API's answer")
+    return ident
 
 
 def _http_error_message(host: str, action: str, exc: Any, auth: Auth | None) -> str:
@@ -323,7 +393,7 @@ def _name_filter(name: str) -> str:
 
 def find_pipeline_id(conn: Connection, name: str) -> str | None:
     """The id of the pipeline displayed as ``name``, or None."""
-    with api_errors(conn.host, f"looking up pipeline {name!r}", conn.auth):
+    with api_errors(conn.host, f"looking up pipeline {name!r}", conn.auth, conn.timeout):
         try:
             return conn.client.get_pipeline_id(name)
         except ValueError as exc:  # several pipelines of that name
@@ -334,7 +404,7 @@ def list_versions(conn: Connection, pipeline_id: str) -> list[kfp_server_api.V2b
     """All versions of a pipeline, newest first (every page)."""
     versions = []
     token = ""
-    with api_errors(conn.host, "listing pipeline versions", conn.auth):
+    with api_errors(conn.host, "listing pipeline versions", conn.auth, conn.timeout):
         while True:
             page = conn.client.list_pipeline_versions(
                 pipeline_id, page_token=token, page_size=100, sort_by="created_at desc"
@@ -382,9 +452,11 @@ def upload(
     pipeline_id = find_pipeline_id(conn, name)
     created_pipeline = pipeline_id is None
     if pipeline_id is None:
-        with api_errors(conn.host, f"creating pipeline {name!r}", conn.auth):
+        action = f"creating pipeline {name!r}"
+        with api_errors(conn.host, action, conn.auth, conn.timeout):
             body = kfp_server_api.V2beta1Pipeline(name=name, display_name=name, description=compiled.description or None)
             pipeline_id = conn.client.pipelines.pipeline_service_create_pipeline(pipeline=body).pipeline_id
+        pipeline_id = _answered_id(conn, action, pipeline_id, "a pipeline")
     else:
         versions = list_versions(conn, pipeline_id)
         if version is None:
@@ -400,11 +472,13 @@ def upload(
             return UploadResult(pipeline_id, name, match.pipeline_version_id, match.display_name, False, False)
     version_name = version or default_version_name(compiled.content_hash, now)
     description = f"Compiled by resilient-training {__version__} from {compiled.key}; {marker}"
-    with api_errors(conn.host, f"uploading version {version_name!r} of {name!r}", conn.auth), _quiet():
+    action = f"uploading version {version_name!r} of {name!r}"
+    with api_errors(conn.host, action, conn.auth, conn.timeout), _quiet():
         uploaded = conn.client.upload_pipeline_version(
             str(compiled.path), version_name, pipeline_id=pipeline_id, description=description
         )
-    return UploadResult(pipeline_id, name, uploaded.pipeline_version_id, version_name, created_pipeline, True)
+    version_id = _answered_id(conn, action, uploaded.pipeline_version_id, "a pipeline version")
+    return UploadResult(pipeline_id, name, version_id, version_name, created_pipeline, True)
 
 
 def resolve_version(conn: Connection, pipeline_name: str, version: str | None) -> RunSource:
@@ -420,7 +494,7 @@ def resolve_version(conn: Connection, pipeline_name: str, version: str | None) -
             f"pipeline {pipeline_name!r} is not on {conn.host}; upload it first "
             f"(resilient-training upload --host {conn.host}) or send the package with --package"
         )
-    with api_errors(conn.host, f"finding a version of {pipeline_name!r}", conn.auth):
+    with api_errors(conn.host, f"finding a version of {pipeline_name!r}", conn.auth, conn.timeout):
         if version is None:
             page = conn.client.list_pipeline_versions(pipeline_id, page_size=1, sort_by="created_at desc")
         else:
@@ -454,14 +528,16 @@ def ensure_experiment(conn: Connection, name: str) -> tuple[str, bool]:
 
     """
     _check_namespace(conn)
-    with api_errors(conn.host, f"finding experiment {name!r}", conn.auth):
+    with api_errors(conn.host, f"finding experiment {name!r}", conn.auth, conn.timeout):
         try:
             return conn.client.get_experiment(experiment_name=name, namespace=conn.namespace).experiment_id, False
         except ValueError as exc:
             if not str(exc).startswith("No experiment is found"):
                 raise KfpError(f"experiment {name!r} on {conn.host}: {exc}") from None
-    with api_errors(conn.host, f"creating experiment {name!r}", conn.auth), _quiet():
-        return conn.client.create_experiment(name, namespace=conn.namespace).experiment_id, True
+    action = f"creating experiment {name!r}"
+    with api_errors(conn.host, action, conn.auth, conn.timeout), _quiet():
+        experiment_id = conn.client.create_experiment(name, namespace=conn.namespace).experiment_id
+    return _answered_id(conn, action, experiment_id, "an experiment"), True
 
 
 def find_experiment(conn: Connection, name: str) -> str:
@@ -472,7 +548,7 @@ def find_experiment(conn: Connection, name: str) -> str:
 
     """
     _check_namespace(conn)
-    with api_errors(conn.host, f"finding experiment {name!r}", conn.auth):
+    with api_errors(conn.host, f"finding experiment {name!r}", conn.auth, conn.timeout):
         try:
             return conn.client.get_experiment(experiment_name=name, namespace=conn.namespace).experiment_id
         except ValueError as exc:
@@ -494,18 +570,21 @@ def submit(
         The run as the server created it.
 
     """
-    with api_errors(conn.host, f"creating run {run_name!r}", conn.auth), _quiet():
+    action = f"creating run {run_name!r}"
+    with api_errors(conn.host, action, conn.auth, conn.timeout), _quiet():
         # enable_caching=False: kfp applies it to a sent package's top-level tasks (a stored version keeps
         # what was compiled in, which is off for every step of this project's pipelines).
-        return conn.client.run_pipeline(
+        run = conn.client.run_pipeline(
             experiment_id=experiment_id, job_name=run_name, params=dict(params), enable_caching=False,
             **_source_kwargs(source)
         )
+    _answered_id(conn, action, run.run_id, "a run")
+    return run
 
 
 def find_recurring_run(conn: Connection, experiment_id: str, name: str) -> str | None:
     """The id of the recurring run called ``name`` in an experiment, or None."""
-    with api_errors(conn.host, f"looking up recurring run {name!r}", conn.auth):
+    with api_errors(conn.host, f"looking up recurring run {name!r}", conn.auth, conn.timeout):
         page = conn.client.list_recurring_runs(experiment_id=experiment_id, page_size=2, filter=_name_filter(name))
     found = page.recurring_runs or []
     return found[0].recurring_run_id if found else None
@@ -534,8 +613,9 @@ def schedule(
             f"a recurring run named {job_name!r} already exists in that experiment on {conn.host} (id {existing}); "
             "choose another --job-name, or delete it first"
         )
-    with api_errors(conn.host, f"creating recurring run {job_name!r}", conn.auth):
-        return conn.client.create_recurring_run(
+    action = f"creating recurring run {job_name!r}"
+    with api_errors(conn.host, action, conn.auth, conn.timeout):
+        job = conn.client.create_recurring_run(
             experiment_id=experiment_id,
             job_name=job_name,
             cron_expression=cron,
@@ -546,12 +626,14 @@ def schedule(
             enable_caching=False,  # as in submit
             **_source_kwargs(source),
         )
+    _answered_id(conn, action, job.recurring_run_id, "a recurring run")
+    return job
 
 
 def list_runs(conn: Connection, *, experiment_id: str | None = None, limit: int = 20) -> list[kfp_server_api.V2beta1Run]:
     """The newest runs, of one experiment or all."""
     _check_namespace(conn)
-    with api_errors(conn.host, "listing runs", conn.auth):
+    with api_errors(conn.host, "listing runs", conn.auth, conn.timeout):
         page = conn.client.list_runs(
             experiment_id=experiment_id, namespace=conn.namespace, page_size=limit, sort_by="created_at desc"
         )
@@ -563,7 +645,7 @@ def list_recurring_runs(
 ) -> list[kfp_server_api.V2beta1RecurringRun]:
     """The newest recurring runs, of one experiment or all."""
     _check_namespace(conn)
-    with api_errors(conn.host, "listing recurring runs", conn.auth):
+    with api_errors(conn.host, "listing recurring runs", conn.auth, conn.timeout):
         page = conn.client.list_recurring_runs(
             experiment_id=experiment_id, namespace=conn.namespace, page_size=limit, sort_by="created_at desc"
         )

@@ -48,13 +48,22 @@ class FakeKfpServer:
 
     def __init__(
         self, *, token: str | None = None, max_page_size: int = 100, login_proxy: bool = False, port: int = 0,
-        multi_user: bool = False,
+        multi_user: bool = False, broken: str | None = None, hang_s: float = 5.0,
+        broken_paths: tuple[str, ...] = ("",),
     ) -> None:
         self.required_token = token
         self.multi_user = multi_user
         # Like a Kubeflow install behind an auth proxy: API calls are redirected to an HTML login page.
         self.login_proxy = login_proxy
         self.max_page_size = max_page_size
+        # Not quite the KFP API (stranger trial): healthz answers as the API does, every other endpoint
+        # "hang"s (hang_s, or until the server stops, then closes without an answer), answers "empty" JSON
+        # {} or an "html" page, each with 200; only those under API + one of broken_paths, when given.
+        assert broken in (None, "hang", "empty", "html"), broken
+        self.broken = broken
+        self.broken_paths = broken_paths
+        self.hang_s = hang_s
+        self._release = threading.Event()
         self.requests: list[Request] = []
         self.pipelines: dict[str, dict[str, Any]] = {}
         self.versions: dict[str, dict[str, Any]] = {}
@@ -75,6 +84,7 @@ class FakeKfpServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._release.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -284,10 +294,22 @@ def _handler(server: FakeKfpServer) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(page)
                 return
+            if (server.broken and not url.path.endswith("/healthz")
+                    and url.path.startswith(tuple(API + p for p in server.broken_paths))):
+                server.requests.append(request)
+                if server.broken == "hang":
+                    server._release.wait(server.hang_s)
+                    self.close_connection = True
+                    return
+                self._answer(200, b"{}" if server.broken == "empty" else b"<html><body>Hello</body></html>",
+                             "application/json" if server.broken == "empty" else "text/html; charset=utf-8")
+                return
             status, answer = server.handle(request)
-            data = json.dumps(answer).encode()
+            self._answer(status, json.dumps(answer).encode())
+
+        def _answer(self, status: int, data: bytes, content_type: str = "application/json") -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
