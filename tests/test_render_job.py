@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
+from fractions import Fraction
 
 import pytest
 import yaml
@@ -62,6 +65,33 @@ def test_render_job_writes_a_valid_job(tmp_path, shared_schemas):
     (["--memory", "1023Mi", "--shm-size", "1Mi"], "memory '1023Mi' is below 1Gi"),
     (["--shm-size", "255Mi"], "shm_size '255Mi' is below 256Mi"),
     (["--toleration", "a=b:"], "toleration 'a=b:' has no EFFECT after ':'"),
+    # A stranger trial: a run id became a 300-byte directory name, a nested directory ('run/x'), or a
+    # directory ('run id') whose label and rdzvId ('run-id') another run id shares.
+    (["--run-id", "a" * 300], "--run-id 'aaaa"),
+    (["--run-id", "a" * 64], "must be at most 63 letters, digits, '.', '_' or '-'"),
+    (["--run-id", "run/x"], "--run-id 'run/x' must be at most 63 letters"),
+    (["--run-id", "run id"], "--run-id 'run id' must be at most 63 letters"),
+    (["--run-id", "run id", "--run-dir", "/mnt/run/x"], "--run-id 'run id' must be"),
+    (["--run-id", "run-"], "--run-id 'run-' must be"),
+    (["--run-id", "r\u00e9sum\u00e9"], "must be at most 63 letters"),
+    (["--run-dir", "/mnt/run/" + "a" * 300], "run_dir: the name aaaaaaaaaaaaaaaaaaaaaaaa... is 300 bytes, longer than"),
+    (["--run-dir", "/mnt/run/" + "/".join(["a" * 250] * 17)], "run_dir is 4275 bytes long, past Linux's limit"),
+    (["--local-checkpoint-dir", "relative", "--local-checkpoint-every", "5"],
+     "local_checkpoint_dir 'relative' must be an absolute directory"),
+    (["--local-checkpoint-dir", "/dev/shm/" + "b" * 256], "local_checkpoint_dir: the name bbbb"),
+    # Kubernetes quantities the old pattern refused (stranger trial); negative, too small or past int64 still are.
+    (["--memory=-2Gi", "--shm-size=1Gi"], "memory '-2Gi' is negative"),
+    (["--cpu", "-.5"], "cpu '-.5' is negative"),
+    (["--memory", "129e6"], "memory '129e6' is below 1Gi"),
+    (["--shm-size", "1e3"], "shm_size '1e3' is below 256Mi"),
+    (["--memory", "1e19"], "memory '1e19' is past the largest byte count"),
+    (["--memory", "1e2147483647"], "memory '1e2147483647' is past the largest byte count"),
+    (["--cpu", "1e"], "cpu '1e' is not a Kubernetes quantity"),
+    (["--cpu", "1e1.5"], "cpu '1e1.5' is not a Kubernetes quantity"),
+    (["--cpu", "."], "cpu '.' is not a Kubernetes quantity"),
+    (["--cpu", "1ki"], "cpu '1ki' is not a Kubernetes quantity"),
+    (["--cpu", "1e2147483648"], "cpu '1e2147483648' is not a Kubernetes quantity"),  # Go reads its int32 wrapped
+    (["--cpu", "1e" + "9" * 5000], "is not a Kubernetes quantity"),
 ])
 def test_render_job_refuses_bad_input_with_the_reason(argv, reason, tmp_path, capsys):
     base = {"--name": "ok-job", "--nodes": "2", "--gpus-per-node": "8", "--pvc": "claim"}
@@ -145,3 +175,90 @@ def test_ascii_counts_and_a_toleration_without_colon_still_render(capsys):
     assert pod["tolerations"] == [{"key": "a", "operator": "Exists"},
                                   {"key": "b", "operator": "Equal", "value": "c", "effect": "NoExecute"}]
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+
+
+class _KubectlLoader(yaml.SafeLoader):
+    """Reads plain scalars as kubectl does (go-yaml v2): ``1e3`` and ``2e-3`` are numbers, which PyYAML keeps as text."""
+
+
+_KubectlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"), list("-+.0123456789"))
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize(("cpu", "memory", "shm"), [
+    ("2e-3", "129e9", "1e9"), (".5", "+2Gi", "5.e8"), ("5.", "2E9", "1e+9"), ("1n", "1.5Gi", "0.5Gi"),
+    ("1u", "1E", "1E9"), ("250m", "64e9", "256Mi"), ("+1", "2000000000", "2.7e8"),
+])
+def test_render_job_takes_every_kubernetes_quantity(kind, cpu, memory, shm, shared_schemas, capsys):
+    # A stranger trial: --memory 129e6, 1e3, +1Gi, .5, 2e-3 and 1n were "not a Kubernetes quantity".
+    code = cli.main(["render-job", "--kind", kind, "--name", "j", "--nodes", "2", "--gpus-per-node", "8",
+                     "--pvc", "c", "--cpu", cpu, "--memory", memory, "--shm-size", shm, "-o", "-"])
+    assert code == 0, capsys.readouterr().err
+    text = capsys.readouterr().out
+    job = yaml.load(text, Loader=_KubectlLoader)  # as kubectl reads it: 2e-3 unquoted would be a float
+    crd = "kubeflow.org_pytorchjobs.yaml" if kind == "pytorchjob" else "trainer.kubeflow.org_trainjobs.yaml"
+    schema = crd_schema.load_crd_schema(shared_schemas / crd, "v1" if kind == "pytorchjob" else "v1alpha1")
+    assert crd_schema.schema_errors(job, schema) == []
+    found = {"cpu": [], "memory": [], "shm": []}
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "limits" in node:
+                found["cpu"].append(node["limits"]["cpu"])
+                found["memory"].append(node["limits"]["memory"])
+            if "sizeLimit" in node:
+                found["shm"].append(node["sizeLimit"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(job)
+    assert found["cpu"] and set(found["cpu"]) == {cpu} and set(found["memory"]) == {memory}
+    assert set(found["shm"]) == {shm}
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1e3", 1000), ("+1Gi", 2**30), (".5", Fraction(1, 2)), ("5.", 5), ("2e-3", Fraction(2, 1000)),
+    ("1n", Fraction(1, 10**9)), ("1u", Fraction(1, 10**6)), ("1E", 10**18), ("1E3", 1000), ("1e+3", 1000),
+    ("-1", -1), ("129e6", 129 * 10**6), ("0.5Ki", 512), ("1e-2147483648", None),
+])
+def test_quantity_reads_the_kubernetes_grammar(text, value):
+    from resilient_training.launch import jobshape
+
+    assert jobshape.is_quantity(text)
+    if value is None:  # tiny, not zero (Kubernetes rounds it up to 1n), and computed at once
+        assert 0 < jobshape.quantity(text) < Fraction(1, 10**30)
+    else:
+        assert jobshape.quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "e3", "1e", "1e+", ".", "+", "1.2.3", "1Gi3", "1ki", " 1", "1e1.5", "1_0",
+                                  "\u0661", "1KiB", "0x10", "1e2147483648", "1e-2147483649"])
+def test_quantity_refuses_what_kubernetes_cannot_parse(text):
+    from resilient_training.launch import jobshape
+
+    assert not jobshape.is_quantity(text)
+
+
+def test_an_empty_trainer_image_variable_is_named(tmp_path):
+    # A stranger trial: RT_TRAINER_IMAGE='' gave "image must be ... got ''" without naming the variable.
+    env = {**os.environ, "RT_TRAINER_IMAGE": ""}
+    proc = subprocess.run([sys.executable, "-m", "resilient_training.cli", "render-job", "--name", "j", "--nodes",
+                           "1", "--gpus-per-node", "8", "--pvc", "c", "-o", str(tmp_path / "j.yaml")],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2
+    assert "$RT_TRAINER_IMAGE" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "j.yaml").exists()
+
+
+def test_trainer_arguments_stay_strings_for_kubectl(capsys):
+    # As --cpu 2e-3: PyYAML wrote the argument 1e-05 bare, which kubectl reads as a number (args are strings).
+    code = cli.main(["render-job", "--name", "j", "--nodes", "1", "--gpus-per-node", "8", "--pvc", "c", "--lr", "1e-5",
+                     "-o", "-"])
+    assert code == 0
+    job = yaml.load(capsys.readouterr().out, Loader=_KubectlLoader)
+    (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    assert all(isinstance(arg, str) for arg in container["args"]) and "1e-05" in container["args"]

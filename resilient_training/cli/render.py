@@ -56,7 +56,9 @@ def register(subparsers: Any) -> None:
     job.add_argument("--priority-class", default="", help="pod priority class")
     job.add_argument("--pvc", required=True, help="existing PersistentVolumeClaim (e.g. from provision_storage)")
     job.add_argument("--mount-path", default="/mnt/run", help="where the claim is mounted in the pods")
-    job.add_argument("--run-id", default="", help="run id: rendezvous id and label (default: the job name)")
+    job.add_argument("--run-id", default="",
+                     help="run id: rendezvous id, label and run directory name; letters, digits, '.', '_', '-' "
+                          "(at most 63; default: the job name)")
     job.add_argument("--nvrx-version", default=jobshape.DEFAULT_NVRX_VERSION, help="NVRx in the image")
     job.add_argument("--backoff-limit", type=int, default=3, help="pod replacements before the job fails")
     job.add_argument("--active-deadline", type=int, default=0, help="job deadline in seconds (0 = none)")
@@ -85,12 +87,25 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
+def _check_image_variable(image: str) -> None:
+    """An --image left at its default from $RT_TRAINER_IMAGE is checked under that name (a stranger trial's
+    RT_TRAINER_IMAGE='' gave "image must be ... got ''", naming neither the flag nor the variable).
+    """
+    from resilient_training.launch import images, jobshape
+
+    if images.TRAINER_ENV in images.from_environment() and image == images.TRAINER_IMAGE:
+        jobshape.check_image(image, f"${images.TRAINER_ENV} (the default of --image)")
+
+
 def build_spec(args: argparse.Namespace) -> Any:
     from resilient_training.launch import jobshape, k8s_names, trainjob
     from resilient_training.run import config
     from resilient_training.run.storage_ref import StorageRef
 
     k8s_names.check_dns1035_label(args.name, "job name")  # before the run dir is derived from it
+    if args.run_id:  # likewise (the job name, a DNS-1035 label, is a good one)
+        jobshape.check_run_id(args.run_id, "--run-id")
+    _check_image_variable(args.image)
     run_id = args.run_id or args.name
     mount = args.mount_path.rstrip("/") or "/"
     args.run_dir = args.run_dir or f"{mount}/runs/{run_id}"

@@ -75,20 +75,48 @@ MAX_NODES = 4096
 TRAINER_SERVICE_ACCOUNT = "resilient-training-trainer"
 DSHM_VOLUME = "dshm"
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's, in bytes: ext4, XFS, Lustre (FSx) and tmpfs alike
 STORAGE_VOLUME = "run-storage"
 KINDS = ("pytorchjob", "trainjob")
 _TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?")
+# k8s.io/apimachinery's resource.ParseQuantity (a stranger trial found 1e3, +1Gi, .5 and 1n refused): a sign,
+# a number ("5", "5.", ".5"), then a binary (Ki..Ei), decimal (n u m k M G T P E) or exponent (e3, E-3) suffix.
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
 
-_SUFFIX_FACTORS = {"": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-                   "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_SUFFIX_FACTORS = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": 10**3,
+                   "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+                   "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def _exponent(suffix: str) -> int | None:
+    """The exponent of an ``e``/``E`` suffix (``e-3`` is -3), None for a suffix without one (``E`` is exa)."""
+    if suffix in _SUFFIX_FACTORS:
+        return None
+    digits = suffix[1:].lstrip("+-").lstrip("0") or "0"
+    if len(digits) > 10:  # past int32 whatever the digits; int() of thousands of digits is refused
+        return INT64_MAX
+    return -int(digits) if suffix[1] == "-" else int(digits)
+
+
+def is_quantity(text: str) -> bool:
+    """True for what Kubernetes parses as a quantity (``32``, ``500m``, ``64Gi``, ``1e9``, ``.5``, ``+1Gi``)."""
+    match = _QUANTITY.fullmatch(text)
+    exponent = _exponent(match.group(2) or "") if match else None
+    # Go reads an exponent as int64, then keeps it as int32: past that it is refused or wraps around.
+    return bool(match) and (exponent is None or -(2**31) <= exponent <= INT32_MAX)
 
 
 def quantity(text: str) -> Fraction:
-    """The value of a Kubernetes quantity already matched by ``_QUANTITY`` (``500m`` is 1/2, ``1Ki`` 1024)."""
-    number, suffix = re.fullmatch(r"([0-9.]+)(\D*)", text).groups()
-    return Fraction(number) * _SUFFIX_FACTORS[suffix]
+    """The value of a quantity :func:`is_quantity` takes (``500m`` is 1/2, ``1Ki`` 1024, ``1e3`` 1000)."""
+    number, suffix = _QUANTITY.fullmatch(text).groups()
+    exponent = _exponent(suffix or "")
+    if exponent is not None:
+        # Past this bound the value is beyond 10**30 (or below 10**-30, yet not zero) either way; what it is
+        # compared with (0, the floors, int64) cannot tell, and 10**2147483647 would take hours to compute.
+        bound = len(number) + 30
+        return Fraction(number) * Fraction(10) ** max(-bound, min(bound, exponent))
+    return Fraction(number) * _SUFFIX_FACTORS[suffix or ""]
 
 
 # /dev/shm per pod: NCCL, data loaders, the async checkpoint staging and the node-local tier.
@@ -200,8 +228,11 @@ def validate(spec: JobSpec) -> None:
                          f"(at least {'.'.join(map(str, MIN_NVRX_VERSION))}), got {spec.nvrx_version!r}")
     check_image(spec.image, "image")
     for what, value in (("cpu", spec.cpu), ("memory", spec.memory), ("shm_size", spec.shm_size)):
-        if (value or what == "shm_size") and not _QUANTITY.fullmatch(value):  # an empty sizeLimit fails the CRDs
+        if (value or what == "shm_size") and not is_quantity(value):  # an empty sizeLimit fails the CRDs
             raise ValueError(f"{what} {value!r} is not a Kubernetes quantity (e.g. 32, 500m, 64Gi)")
+        if value and quantity(value) < 0:  # the API server refuses a negative request or limit
+            raise ValueError(f"{what} {value!r} is negative: not a Kubernetes quantity a pod can request "
+                             "(e.g. 32, 500m, 64Gi)")
         # Found by a stranger trial: shm_size 0 rendered sizeLimit '0', a /dev/shm without a limit.
         if value and quantity(value) == 0:
             raise ValueError(f"{what} {value!r} is zero: give a positive quantity (e.g. 32, 500m, 64Gi)")
@@ -227,9 +258,11 @@ def validate(spec: JobSpec) -> None:
         )
     k8s_names.check_dns1123_subdomain(spec.storage.pvc_name, "claim name")
     mount = k8s_names.check_mount_path(spec.storage.mount_path, "mount path")
-    run_dir = k8s_names.check_absolute_path(spec.train.run_dir, "run_dir")
+    run_dir = _check_pod_path(spec.train.run_dir, "run_dir")
     if not run_dir.startswith(mount + "/"):
         raise ValueError(f"run_dir {spec.train.run_dir!r} must lie under the storage mount {mount!r}")
+    if spec.train.checkpoint.local_dir:  # a relative one would be read from the pod's working directory
+        _check_pod_path(spec.train.checkpoint.local_dir, "local_checkpoint_dir")
     for key, value in spec.node_selector.items():
         if not isinstance(key, str) or not isinstance(value, str):  # from a pipeline's JSON parameter
             raise ValueError(f"node selector {{{key!r}: {value!r}}}: labels and values are strings")
@@ -266,6 +299,21 @@ def validate(spec: JobSpec) -> None:
             raise ValueError(f"environment variable name {key!r} is invalid")
         if key.startswith("PET_"):
             raise ValueError(f"{key}: PET_* variables are set by the Training Operator (or the Trainer) from the job spec")
+
+
+def _check_pod_path(path: str, what: str) -> str:
+    """``path`` without a trailing slash, refused unless a normal absolute path that Linux can open in the
+    pods (a stranger trial rendered a 300-byte directory name, which every write in the pods then fails).
+    """
+    path = k8s_names.check_absolute_path(path, what)
+    size = len(path.encode("utf-8", "surrogatepass"))
+    if size >= PATH_MAX:
+        raise ValueError(f"{what} is {size} bytes long, past Linux's limit ({PATH_MAX - 1})")
+    for part in path.split("/"):
+        if len(part.encode("utf-8", "surrogatepass")) > NAME_MAX:
+            raise ValueError(f"{what}: the name {part[:24]}... is {len(part.encode('utf-8', 'surrogatepass'))} "
+                             f"bytes, longer than the file systems in the pods allow ({NAME_MAX})")
+    return path
 
 
 def pod_suffix(kind: str, index: int) -> str:
@@ -344,6 +392,23 @@ def _check_toleration(tol: dict[str, Any]) -> None:
     effect = tol.get("effect", "")
     if effect and effect not in _TOLERATION_EFFECTS:
         raise ValueError(f"toleration effect must be one of {', '.join(_TOLERATION_EFFECTS)}, got {effect!r}")
+
+
+# A run id given by hand (render-job's --run-id) is one directory name and, unchanged, the run-id label and the
+# rendezvous id: a label value. A stranger trial's 'run id', 'run/id' and 'run-id' shared one label and rdzvId
+# in three directories, and a 300-byte id was a name no file system takes. (Pipelines pass KFP's and Argo's
+# UUIDs, which fit; their run directory is made by provision_storage.)
+_RUN_ID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+def check_run_id(run_id: str, what: str) -> str:
+    """``run_id``, or ``ValueError`` naming ``what`` unless it is a label value (so a directory name too)."""
+    if not _RUN_ID.fullmatch(run_id):
+        shown = repr(run_id) if len(run_id) <= 80 else f"{run_id[:24]!r}... ({len(run_id)} characters)"
+        raise ValueError(f"{what} {shown} must be at most 63 letters, digits, '.', '_' or '-', beginning and ending "
+                         "with a letter or digit: it names one directory (without '.', '..' or '/') and is the "
+                         "run's label and rendezvous id as given")
+    return run_id
 
 
 def job_name_for_run(run_id: str) -> str:
@@ -474,6 +539,23 @@ def tolerations(spec: JobSpec) -> list[Any]:
 
 def _snake(key: str) -> str:
     return re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()
+
+
+# go-yaml v2's float syntax, with which kubectl reads YAML. PyYAML (YAML 1.1) takes 1e3, 2e-3 or 5.e8 for text
+# and writes it bare: kubectl would read --cpu 2e-3 (taken since a stranger trial) or the argument 1e-05 as a
+# number, which the CRDs refuse.
+_GO_YAML_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as block YAML that kubectl reads back as written: a string it would take for a number is quoted."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _GO_YAML_FLOAT, list("-+.0123456789"))
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, default_flow_style=False)
 
 
 def to_plain(obj: Any) -> Any:

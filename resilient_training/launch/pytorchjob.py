@@ -103,6 +103,4 @@ def to_dict(job: Any) -> dict[str, Any]:
 
 
 def to_yaml(job: Any) -> str:
-    import yaml
-
-    return yaml.safe_dump(to_dict(job), sort_keys=False, default_flow_style=False)
+    return jobshape.dump_yaml(to_dict(job))

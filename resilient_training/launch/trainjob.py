@@ -184,9 +184,7 @@ def to_dict(obj: Any) -> dict[str, Any]:
 
 
 def to_yaml(obj: Any) -> str:
-    import yaml
-
-    return yaml.safe_dump(to_dict(obj), sort_keys=False, default_flow_style=False)
+    return jobshape.dump_yaml(to_dict(obj))
 
 
 def runtime_yaml() -> str:
