@@ -181,6 +181,8 @@ def _kubeconfig_token(path: str, context: str | None) -> Auth:
         # YAML garbage, binary bytes (UnicodeDecodeError) or a document that is not a mapping: the
         # kubernetes client raises these as they come (stranger trial: three different tracebacks).
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if isinstance(exc, TypeError | AttributeError | KeyError):  # said "'str' object does not support item
+            first = "not a mapping of clusters, contexts and users"  # assignment" of a plain file (stranger trial)
         raise AuthError(f"cannot read a token from kubeconfig {path}: not a kubeconfig ({type(exc).__name__}"
                         f"{': ' + first if first else ''})") from None
     bearer = configuration.api_key.get("authorization", "")
