@@ -143,7 +143,7 @@ CASES: list[tuple[str, list[str], str]] = [
      "export_format hf: the run's task ("),
     ("train-export-format-unknown", ["train", "--run-dir", "r", "--export-format", "onnx"],
      "export_format 'onnx': choose one of dcp, torch, safetensors, hf"),
-    ("run-overrides-export-format", ["run", "--train-overrides", '{"export_format": "hf"}'],
+    ("run-overrides-export-format", ["run", "--train-overrides", '{"export_format": "safetensors"}'],
      "train_overrides sets 'export_format', which the pipeline's export parameter overwrites"),
     ("run-promote-to-non-empty", ["run", "--promote-to", "{run}"], "exists and is not an empty directory"),
     ("run-output-proc", ["run", "--output-dir", "/proc/rt-x"], "/proc"),  # root: access() says yes there
@@ -394,7 +394,28 @@ CASES: list[tuple[str, list[str], str]] = [
      "loop-a is a symbolic link to"),
     ("render-job-out-dangling-link", [*RENDER, "-o", "{work}/loop-a/x.yaml"],
      "which leads nowhere (a dangling link or a loop)"),
+    # stranger trial: `compile -o LINK` to a missing directory created the link's target with the YAML in it
+    ("compile-out-dangling-link", ["compile", "-o", "{work}/dangling"], "which leads nowhere"),
     ("validate-link-loop", ["validate-checkpoint", "{work}/loop-a"], "too many levels of symbolic links"),
+    # stranger trial: malformed s3: targets became local directories ./s3:/bucket/x, exit 0
+    ("promote-s3-one-slash", ["promote", "{run}", "s3:/bucket/x"], "s3:/bucket/x is not an s3://bucket/prefix URL"),
+    ("promote-s3-no-slash", ["promote", "{run}", "s3:bucket"], "s3:bucket is not an s3://bucket/prefix URL"),
+    # stranger trial: outputs that take only local paths wrote local files named s3:...
+    ("export-o-s3", ["export", "{run}", "--format", "torch", "-o", "s3://bucket/y.pt"],
+     "-o takes a local path, not an s3:// URL"),
+    ("report-o-s3", ["report", "{run}", "-o", "s3://bucket/r.html"], "-o takes a local path, not an s3:// URL"),
+    ("report-json-s3", ["report", "{run}", "--json", "s3:bucket/m.json"], "--json takes a local path, not an s3://"),
+    ("render-job-o-s3", [*RENDER, "-o", "s3://bucket/job.yaml"], "-o takes a local path, not an s3:// URL"),
+    ("compile-o-s3", ["compile", "-o", "s3://bucket/compiled"], "-o takes a local path, not an s3:// URL"),
+    ("compile-argo-o-s3", ["compile", "--format", "argo", "-o", "s3://bucket/argo"],
+     "-o takes a local path, not an s3:// URL"),
+    # stranger trial: S3 destinations S3 itself would refuse, or that lose a part, were accepted
+    ("promote-s3-double-slash", ["promote", "{run}", "s3://models//x"], "the prefix has an empty, '.' or '..' part"),
+    ("promote-s3-ip-bucket", ["promote", "{run}", "s3://192.168.1.1/x"], "an IP address"),
+    ("promote-s3-dotdot-bucket", ["promote", "{run}", "s3://bu..cket/x"], "two adjacent periods"),
+    ("promote-s3-xn-bucket", ["promote", "{run}", "s3://xn--bucket/x"], "begins with 'xn--'"),
+    ("promote-s3-long-prefix", ["promote", "{run}", "s3://models/" + "p/" * 460 + "x"],
+     "S3 keys are at most 1024 bytes"),
     ("validate-empty", ["validate-checkpoint", ""], "RUN_OR_CHECKPOINT is empty"),
     ("convergence-reference-empty", ["check-convergence", "{run}", "--no-record", "--reference", ""],
      "--reference is empty"),
@@ -447,6 +468,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(
     (work / "a-link").symlink_to(work / "a-file")
     (work / "loop-a").symlink_to(work / "loop-b")
     (work / "loop-b").symlink_to(work / "loop-a")
+    (work / "dangling").symlink_to(tmp_path / "nowhere" / "deeper")
     places = {"work": str(work), "dir": str(work / "dir"), "file": str(work / "a-file"), "run": str(shared_run),
               "locked": str(locked)}
     args = []

@@ -68,6 +68,16 @@ RUN_ID_FIELD = "{run_id}"
 # What check_dest_text puts in RUN_ID_FIELD's place to check the rest (a run id's shape and length).
 _SAMPLE_RUN_ID = "00000000-0000-0000-0000-000000000000"
 _READ_CHUNK = 8 << 20
+# Bounds on waiting for S3 (a stranger trial: an endpoint that accepted connections and never answered
+# hung promote for 181 s under botocore's defaults, 60 s reads retried): each request is given up
+# after S3_MAX_ATTEMPTS attempts of at most these many seconds to connect and between bytes read.
+S3_CONNECT_TIMEOUT_S = 10.0
+S3_READ_TIMEOUT_S = 30.0
+S3_MAX_ATTEMPTS = 3
+# S3 keys are at most 1024 bytes: a longer prefix leaves no room for the promoted files' names.
+S3_MAX_PREFIX_BYTES = 900
+# Bucket names S3 reserves (its bucket naming rules): these would be refused, or name something else.
+_S3_RESERVED_PREFIXES = ("xn--", "sthree-")
 
 
 class PromotionUsageError(ValueError):
@@ -192,6 +202,8 @@ def promote(checkpoint: str | os.PathLike[str], dest: str, *, s3_client: Any = N
     """Copy a gated checkpoint to ``dest`` (directory or ``s3://bucket/prefix``); see the module doc."""
     dest = check_dest_text(str(dest))
     to_s3 = dest.startswith("s3://")
+    if to_s3 and s3_client is None:  # its settings' problems (AWS_ENDPOINT_URL) before the gates are read
+        s3_client = new_s3_client()
     ckpt_dir = resolve_checkpoint(checkpoint)
     run_dir = gate_records.run_dir_of(ckpt_dir)
     if RUN_ID_FIELD in dest:
@@ -237,6 +249,9 @@ def check_dest_text(dest: str) -> str:
                                   "of the run's directory; the only field)")
     if "://" in dest and not dest.startswith("s3://"):
         raise PromotionUsageError(f"DEST {dest!r}: only a directory or s3://bucket/prefix (lowercase s3://)")
+    if dest[:3].lower() == "s3:" and not dest.startswith("s3://"):  # a stranger trial: made ./s3:/bucket/x
+        raise PromotionUsageError(f"DEST {dest} is not an s3://bucket/prefix URL (for a local directory whose "
+                                  f"name starts with s3:, write ./{dest})")
     if dest.startswith("s3://"):  # a bad URL is a usage error before the checkpoint is even read
         if RUN_ID_FIELD in dest.removeprefix("s3://").partition("/")[0]:
             raise PromotionUsageError(f"DEST {dest!r}: {RUN_ID_FIELD} belongs in the prefix, not the bucket name")
@@ -495,14 +510,63 @@ def _promote_local(ckpt_dir: Path, dest: Path, record: dict[str, Any]) -> dict[s
 def parse_s3(url: str) -> tuple[str, str]:
     rest = url.removeprefix("s3://")
     bucket, _, prefix = rest.partition("/")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
-        raise PromotionUsageError(f"{url!r} names no valid bucket (expected s3://bucket/prefix, bucket 3-63 of "
-                                  "a-z 0-9 . -)")
-    prefix = prefix.strip("/")
-    bad_part = bool(prefix) and any(part in ("", ".", "..") for part in prefix.split("/"))
+    if problem := _bucket_problem(bucket):
+        raise PromotionUsageError(f"{url!r} names no valid bucket ({problem})")
+    # One trailing '/' is a spelling of the same prefix; '//' elsewhere is an empty part (a stranger
+    # trial: s3://bucket//x was promoted to s3://bucket/x), refused as '..' is.
+    prefix = prefix.removesuffix("/")
+    bad_part = rest.partition("/")[2] != "" and any(part in ("", ".", "..") for part in prefix.split("/"))
     if bad_part or any(c in prefix for c in "\n\r\0"):
         raise PromotionUsageError(f"{url!r}: the prefix has an empty, '.' or '..' part or a control character")
+    if len(prefix.encode()) > S3_MAX_PREFIX_BYTES:
+        raise PromotionUsageError(f"{url!r}: the prefix is {len(prefix.encode())} bytes; S3 keys are at most 1024 "
+                                  f"bytes, and the promoted files' names need room after it: keep it within "
+                                  f"{S3_MAX_PREFIX_BYTES}")
     return bucket, prefix
+
+
+def _bucket_problem(bucket: str) -> str | None:
+    """Why S3's bucket naming rules refuse ``bucket`` (a stranger trial: s3://192.168.1.1/x passed), else None."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+        return ("expected s3://bucket/prefix, bucket 3-63 of a-z 0-9 . -, beginning and ending with a letter "
+                "or digit")
+    if ".." in bucket:
+        return f"{bucket!r} has two adjacent periods"
+    if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", bucket):
+        return f"{bucket!r} is formatted as an IP address"
+    if reserved := next((p for p in _S3_RESERVED_PREFIXES if bucket.startswith(p)), None):
+        return f"{bucket!r} begins with {reserved!r}, which S3 reserves"
+    # (Names ending -s3alias or --ol-s3 are access point aliases, which S3 takes wherever a bucket is.)
+    return None
+
+
+def new_s3_client() -> Any:
+    """A boto3 S3 client whose every request is bounded in time (S3_*_TIMEOUT_S, S3_MAX_ATTEMPTS).
+
+    Raises:
+        PromotionUsageError: the endpoint it is given (AWS_ENDPOINT_URL) is not an http(s) URL, or
+            the AWS settings cannot be read.
+
+    """
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError
+
+    config = Config(connect_timeout=S3_CONNECT_TIMEOUT_S, read_timeout=S3_READ_TIMEOUT_S,
+                    retries={"total_max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"})
+    source = next((name for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(name)),
+                  "the AWS config's endpoint_url")
+    try:
+        client = boto3.client("s3", config=config)
+    except ValueError as exc:  # a stranger trial: "Invalid endpoint: not a url" was a traceback
+        given = f" {os.environ[source]!r}" if source in os.environ else ""
+        raise PromotionUsageError(f"{source}{given} is not an http(s) URL ({exc})") from None
+    except BotoCoreError as exc:  # a missing AWS_PROFILE, a config file that does not parse
+        raise PromotionUsageError(f"cannot use the AWS settings for S3: {exc}") from None
+    endpoint = str(client.meta.endpoint_url)
+    if not re.match(r"https?://", endpoint):  # ftp://host passes boto3.client, to fail at the first request
+        raise PromotionUsageError(f"{source} {endpoint!r} is not an http(s) URL")
+    return client
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -550,23 +614,42 @@ def _read_source(path: Path) -> _S3Expect:
     return _S3Expect(read, hasher.hexdigest(), _b64_crc(zlib.crc32(bytes(parts))))
 
 
-def _s3_code(exc: Exception) -> str:
-    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__))
+def _s3_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)  # None on a timeout (a stranger trial's crash), absent on most
+    if response is None and isinstance(getattr(exc.__context__, "response", None), dict):
+        return _s3_code(exc.__context__)  # boto3's S3UploadFailedError, raised while handling S3's error
+    error = response.get("Error") if isinstance(response, dict) else None
+    return str((error.get("Code") if isinstance(error, dict) else None) or type(exc).__name__)
+
+
+def _s3_unavailable(exc: BaseException) -> bool:
+    """S3, or the way to it, failed (no answer, a cut connection, a 5xx after retries): exit 1, not bad input."""
+    from botocore.exceptions import ConnectionError as S3ConnectionError
+    from botocore.exceptions import HTTPClientError
+
+    if isinstance(exc, (S3ConnectionError, HTTPClientError)):
+        return True
+    response = getattr(exc, "response", None)
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") if isinstance(response, dict) else None
+    return isinstance(status, int) and status >= 500
 
 
 def _promote_s3(ckpt_dir: Path, url: str, record: dict[str, Any], client: Any) -> dict[str, Any]:
-    import boto3
+    from boto3.exceptions import S3UploadFailedError
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, prefix = parse_s3(url)
-    client = client or boto3.client("s3")
+    client = client or new_s3_client()
     files = _files_to_copy(record) + [PROMOTION_NAME]
 
     def key(name: str) -> str:
         return f"{prefix}/{name}" if prefix else name
 
-    def usage(exc: Exception) -> PromotionUsageError:
+    def unwritable(exc: Exception) -> PromotionUsageError | PromotionRefused:
+        if _s3_unavailable(exc):
+            return PromotionRefused(f"S3 did not answer for {url} ({_s3_code(exc)}: {exc}; tried {S3_MAX_ATTEMPTS} "
+                                    "times); nothing was written: promote again when S3 is reachable")
         code = _s3_code(exc)
         hint = {"404": "no such bucket", "NoSuchBucket": "no such bucket", "403": "permission denied",
                 "AccessDenied": "permission denied"}.get(code, code)
@@ -608,7 +691,7 @@ def _promote_s3(ckpt_dir: Path, url: str, record: dict[str, Any], client: Any) -
     try:
         client.head_bucket(Bucket=bucket)
     except (ClientError, BotoCoreError) as exc:
-        raise usage(exc) from None
+        raise unwritable(exc) from None
     # Verify every byte against the manifest before anything is locked or lands (a reread of cached pages).
     expect: dict[str, _S3Expect] = {}
     for name in _files_to_copy(record):
@@ -657,9 +740,9 @@ def _promote_s3(ckpt_dir: Path, url: str, record: dict[str, Any], client: Any) -
         if not conditional_put(PROMOTION_NAME, body):  # a concurrent attempt of this checkpoint committed first
             _promotion_of(get_text(PROMOTION_NAME) or "", record, url)
             return {"already_promoted": True, "files": files}
-    except (ClientError, BotoCoreError) as exc:
+    except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
         if not lock_taken:
-            raise usage(exc) from None  # nothing written: the destination is unusable as given
+            raise unwritable(exc) from None  # nothing written: the destination is unusable as given
         raise PromotionRefused(f"promotion to {url} failed midway ({_s3_code(exc)}: {exc}); nothing was committed "
                                f"(no {PROMOTION_NAME}): promote again to complete it") from None
     finally:
@@ -673,11 +756,10 @@ def _promote_s3(ckpt_dir: Path, url: str, record: dict[str, Any], client: Any) -
 def read_promotion(dest: str, *, s3_client: Any = None) -> dict[str, Any] | None:
     """The promotion record at ``dest``, or None when nothing (complete) was promoted there."""
     if dest.startswith("s3://"):
-        import boto3
         from botocore.exceptions import ClientError
 
         bucket, prefix = parse_s3(dest)
-        client = s3_client or boto3.client("s3")
+        client = s3_client or new_s3_client()
         try:
             body = client.get_object(Bucket=bucket, Key=f"{prefix}/{PROMOTION_NAME}" if prefix else PROMOTION_NAME)
         except ClientError:

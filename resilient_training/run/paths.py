@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import unicodedata
 from pathlib import Path
 
@@ -98,6 +99,11 @@ def check_writable(path: str | os.PathLike[str], what: str, *, directory: bool) 
         raise ValueError(f"{what} {text!r} contains a control character (a newline?)")
     if text != text.strip():  # as promote's DEST: "runs/x " made a directory whose name ends in a space
         raise ValueError(f"{what} {text!r} has leading or trailing whitespace: remove it")
+    if text[:3].lower() == "s3:" or re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
+        # A stranger trial: `report -o s3://bucket/r.html` wrote ./s3:/bucket/r.html, and said "wrote s3://...".
+        kind = "an s3:// URL" if text[:3].lower() == "s3:" else "a URL"
+        hint = "" if "://" in text else f" (a local name that starts with s3:? write ./{text})"
+        raise ValueError(f"{what} takes a local path, not {kind}: {text}{hint}")
     target = Path(os.path.abspath(text))
     ancestor = target
     while not os.path.exists(ancestor):  # os.path: False (not an error) for a name too long to stat

@@ -1,13 +1,16 @@
 """Gated, atomic, idempotent promotion to a directory and to S3 (moto)."""
 
+import contextlib
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -409,3 +412,142 @@ def test_dot_dot_after_run_id_is_refused(gated_run: Path, tmp_path: Path, dest: 
     target = dest if dest.startswith("s3://") else str(tmp_path / dest)
     with pytest.raises(PromotionUsageError, match=r"'\.\.' after \{run_id\}"):
         promote(gated_run / CKPT, target)
+
+
+# --------------------------------------------------------------------------- a stranger trial: S3 endpoints
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """Credentials from the environment only (no config file, no instance metadata)."""
+    for name, value in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                        "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_an_s3_endpoint_that_never_answers_fails_in_bounded_time_in_one_line(
+        gated_run: Path, aws_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger trial: an endpoint that accepts connections and never replies hung `promote` for 181 s
+    (botocore's 60 s reads, retried), then crashed in _s3_code on an error without a response."""
+    import socket
+    import threading
+
+    from resilient_training.cli.main import main
+    from resilient_training.gates import promote as promote_mod
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(silent.accept()[0])  # kept open, never answered
+
+    threading.Thread(target=accept, daemon=True).start()
+    aws_env.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    aws_env.setattr(promote_mod, "S3_READ_TIMEOUT_S", 1.0, raising=False)  # the defaults are tens of seconds
+    started = time.monotonic()
+    try:
+        code = main(["promote", str(gated_run), "s3://models/x"])
+    finally:
+        silent.close()
+        for conn in held:
+            conn.close()
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "S3 did not answer for s3://models/x (ReadTimeoutError: Read timeout" in err, err
+    assert "nothing was written" in err, err
+    assert time.monotonic() - started < 30
+    assert len(held) == promote_mod.S3_MAX_ATTEMPTS  # retried, a bounded number of times
+
+
+@pytest.mark.parametrize("endpoint", ["not a url", "ftp://127.0.0.1:9"])
+def test_an_invalid_aws_endpoint_url_is_a_usage_error_naming_it(
+        gated_run: Path, aws_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], endpoint: str) -> None:
+    """A stranger trial: AWS_ENDPOINT_URL='not a url' was a ValueError traceback."""
+    from resilient_training.cli.main import main
+
+    aws_env.setenv("AWS_ENDPOINT_URL", endpoint)
+    code = main(["promote", str(gated_run), "s3://models/x"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"AWS_ENDPOINT_URL {endpoint!r}" in err and "not an http(s) URL" in err, err
+
+
+def test_s3_code_of_an_error_without_a_response() -> None:
+    """A stranger trial's crash: a timeout carries ``response = None``; boto3's upload_file wraps the service's error."""
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import ClientError, ReadTimeoutError
+
+    from resilient_training.gates.promote import _s3_code
+
+    try:
+        try:
+            raise TimeoutError("timed out")
+        except TimeoutError:  # as botocore raises it: while handling urllib3's timeout
+            raise ReadTimeoutError(endpoint_url="http://127.0.0.1:9") from None
+    except ReadTimeoutError as timeout:
+        assert _s3_code(timeout) == "ReadTimeoutError"
+    try:
+        try:
+            raise ClientError({"Error": {"Code": "SlowDown"}}, "PutObject")
+        except ClientError as exc:
+            raise S3UploadFailedError(f"Failed to upload: {exc}") from None  # as boto3's upload_file: no cause
+    except S3UploadFailedError as wrapped:
+        assert _s3_code(wrapped) == "SlowDown"
+
+
+class _UploadThrottled:
+    """An S3 client whose upload_file fails as boto3's does when S3 refuses it: S3UploadFailedError."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def upload_file(self, *args: Any, **kwargs: Any) -> Any:
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import ClientError
+
+        try:
+            raise ClientError({"Error": {"Code": "SlowDown", "Message": "Please reduce your request rate."},
+                               "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
+        except ClientError as exc:
+            raise S3UploadFailedError(f"Failed to upload {args[0]}: {exc}") from None
+
+
+def test_an_upload_refused_by_s3_is_a_failure_midway_not_a_traceback(gated_run: Path, s3: Any) -> None:
+    with pytest.raises(PromotionRefused, match=r"failed midway \(SlowDown: .*nothing was committed"):
+        promote(gated_run / CKPT, "s3://models/m", s3_client=_UploadThrottled(s3))
+    assert keys(s3) == []  # the lock released, nothing else uploaded
+
+
+@pytest.mark.parametrize("dest", ["s3://models/x/{run_id}", "s3://models/{run_id}", "s3://models/x/",
+                                  "s3://models", "s3://my.models-1/a/b", "s3://models/" + "p" * 850 + "/{run_id}",
+                                  "./s3:models", "s3://my-ap-abc123-s3alias/x", "s3://my-ap--ol-s3/x"])
+def test_dests_that_must_stay_accepted(dest: str) -> None:
+    """What the stricter checks (bucket naming rules, '//', the key length) must keep: {run_id} fields too."""
+    from resilient_training.gates.promote import check_dest_text
+
+    assert check_dest_text(dest) == dest
+
+
+@pytest.mark.parametrize(("dest", "why"), [
+    ("s3://models//x", "empty, '.' or '..' part"), ("s3://models/x//y", "empty, '.' or '..' part"),
+    ("s3://models//", "empty, '.' or '..' part"), ("s3://10.0.0.1/x", "an IP address"),
+    ("s3://a..b/x", "two adjacent periods"), ("s3://xn--abc/x", "begins with 'xn--'"),
+    ("s3://sthree-abc/x", "begins with 'sthree-'"), ("s3://Models/x", "names no valid bucket"),
+    ("s3://models/" + "p" * 890 + "/{run_id}", "S3 keys are at most 1024 bytes"),
+    ("s3:/models/x", "is not an s3://bucket/prefix URL"), ("s3:models", "is not an s3://bucket/prefix URL"),
+    ("S3:/models/x", "is not an s3://bucket/prefix URL"),
+])
+def test_s3_dests_s3_would_refuse_are_usage_errors(dest: str, why: str) -> None:
+    from resilient_training.gates.promote import check_dest_text
+
+    with pytest.raises(PromotionUsageError, match=re.escape(why)):
+        check_dest_text(dest)
