@@ -176,6 +176,10 @@ CASES: list[tuple[str, list[str], str]] = [
     # found by a stranger trial: an empty --promote-to ran the whole pipeline into the default place
     ("run-promote-to-empty", ["run", "--promote-to", ""], "--promote-to is empty"),
     ("run-promote-to-blank", ["run", "--promote-to", " \n"], "--promote-to is empty"),
+    # A fourth stranger trial: each trained the built-in task with no overrides, exit 0.
+    ("run-task-empty", ["run", "--task", ""], "--task is empty: give a task MODULE:ATTR or path/to/file.py:ATTR"),
+    ("run-train-overrides-blank", ["run", "--train-overrides", " "], "--train-overrides is empty: give a JSON object"),
+    ("bench-task-empty", ["bench", "--task", ""], "--task is empty"),
     ("run-promote-to-newline", ["run", "--promote-to", "{work}/model\n"], "control character"),
     ("run-promote-to-misspelt-field", ["run", "--promote-to", "{work}/models/{runid}"], "not the field {run_id}"),
     # stranger trial: each trained the whole run, then failed at promotion with a traceback

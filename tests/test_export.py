@@ -313,3 +313,53 @@ def test_a_torch_export_to_a_name_without_a_suffix_works_and_is_recognised_again
     assert main(["export", str(gpt_run), "--format", "torch", "-o", str(other)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "already exists" in err and other.read_text() == "hi"
+
+
+def test_an_export_to_where_another_export_or_promotion_is_writing_is_refused(gpt_run, tmp_path, capsys):
+    """A fourth stranger trial: two exports to one file both said "exported" while one replaced the
+    other; two to one directory left the winner missing files, "exported": true. One destination
+    lock for promotions and exports alike."""
+    from resilient_training.gates import promote
+
+    out = tmp_path / "model.safetensors"
+    holder = {"source": {"step": 1, "run_dir": "other", "manifest_checksum": "x"}}
+    with promote.destination_lock(out, holder):
+        refused(["export", str(gpt_run), "--format", "safetensors", "-o", str(out)], capsys,
+                f"another promotion or export to {out} is in progress", out)
+    assert main(["export", str(gpt_run), "--format", "safetensors", "-o", str(out)]) == 0
+    capsys.readouterr()
+
+
+def test_a_file_put_at_the_output_meanwhile_is_not_replaced(gpt_run, tmp_path, capsys, monkeypatch):
+    from resilient_training.gates import export as ex
+
+    out = tmp_path / "model.pt"
+    write = ex.WRITERS["torch"]
+
+    def racing(ckpt_dir, staging, record):  # something else writes OUT while the export is written
+        write(ckpt_dir, staging, record)
+        out.write_bytes(b"someone else's")
+
+    monkeypatch.setitem(ex.WRITERS, "torch", racing)
+    assert main(["export", str(gpt_run), "--format", "torch", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"refused: {out} appeared while this export was written") and err.count("\n") == 1, err
+    assert out.read_bytes() == b"someone else's" and not list(tmp_path.glob(".tmp-export-*"))
+
+
+def test_a_checkpoint_removed_while_it_is_exported_is_one_line(gpt_run, tmp_path, capsys, monkeypatch):
+    from resilient_training.gates import export as ex
+
+    run = Path(shutil.copytree(gpt_run, tmp_path / "run", symlinks=True))
+    out = tmp_path / "copy"
+    write = ex.WRITERS["dcp"]
+
+    def pruned(ckpt_dir, staging, record):  # the step pruned (a resume's --keep-last) mid-copy
+        shutil.rmtree(ckpt_dir)
+        write(ckpt_dir, staging, record)
+
+    monkeypatch.setitem(ex.WRITERS, "dcp", pruned)
+    assert main(["export", str(run), "--format", "dcp", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("refused: ") and "changed while it was exported" in err and err.count("\n") == 1, err
+    assert not out.exists() and not list(tmp_path.glob(".tmp-export-*"))

@@ -191,3 +191,77 @@ def test_report_json_is_strict_json_with_a_nan_loss(tmp_path: Path, capsys: pyte
     assert metrics["status"] == "completed"
     assert main(["report", str(tmp_path / "run"), "--json", str(tmp_path / "m.json")]) == 0
     json.loads((tmp_path / "m.json").read_text(), parse_constant=refuse)
+
+
+def test_gates_are_refused_while_a_training_holds_the_run_and_a_training_while_a_gate_reads_it(
+        run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fourth stranger trial: promote copied step 20 while a resume trained on, and validation
+    judged a checkpoint the training pruned meanwhile. A training holds RUN/.lock exclusively, the
+    gates shared."""
+    import os
+
+    from resilient_training.launch.local import LaunchError, claim_run_dir
+    from resilient_training.run import config as cfg
+    from resilient_training.run.gate_records import reading_run
+    from tests.support.gates import TINY
+
+    config = cfg.TrainConfig(run_dir=str(run), model=TINY, steps=30)
+    with claim_run_dir(config):
+        for argv in (["validate-checkpoint", str(run)], ["check-convergence", str(run)],
+                     ["promote", str(run / "checkpoints" / "step_30"), str(tmp_path / "dest")],
+                     ["export", str(run), "--format", "torch", "-o", str(tmp_path / "m.pt")]):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"run directory {run} is training (pid {os.getpid()}): " in err, err
+    assert not (tmp_path / "dest").exists() and not (tmp_path / "m.pt").exists()
+    with reading_run(run / "checkpoints" / "step_30", "validate it"):
+        with pytest.raises(LaunchError, match="is being read by a gate .*: wait for it to end"):
+            with claim_run_dir(config):
+                pass
+    assert main(["validate-checkpoint", str(run)]) == 0  # free again
+
+
+def test_a_training_withdraws_the_gates_earlier_verdicts(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fourth stranger trial: a resume cancelled after the gates had passed, then promote said yes on
+    their verdicts while the convergence gate now said the run ended cancelled."""
+    from resilient_training.launch.local import claim_run_dir
+    from resilient_training.run import config as cfg
+    from resilient_training.run import gate_records
+    from tests.support.gates import TINY
+
+    assert main(["validate-checkpoint", str(run)]) == 0
+    assert main(["check-convergence", str(run), "--max-final-loss", "100", "--min-improvement", "0"]) == 0
+    assert gate_records.read_record(run, gate_records.VALIDATION) is not None
+    assert gate_records.read_record(run, gate_records.CONVERGENCE) is not None
+    with claim_run_dir(cfg.TrainConfig(run_dir=str(run), model=TINY, steps=30)):
+        assert gate_records.read_record(run, gate_records.VALIDATION) is None
+        assert gate_records.read_record(run, gate_records.CONVERGENCE) is None
+    capsys.readouterr()
+
+
+def test_a_sigkilled_gate_takes_its_child_along(run: Path) -> None:
+    """A fourth stranger trial: `kill -KILL` of validate-checkpoint's process left its child (the
+    validation itself) running, which wrote a passed record seconds later."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "resilient_training.cli", "validate-checkpoint", str(run)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.monotonic() + 60
+    while not children.read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (child,) = children.read_text().split()
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break  # dead (a zombie until init reaps it)
+        except OSError:
+            break
+        time.sleep(0.05)
+    else:
+        assert not Path(f"/proc/{child}").exists(), "the validation outlived its command"
+    time.sleep(1.0)
+    assert not (run / "gates" / "validation.json").exists()

@@ -158,6 +158,13 @@ def test_a_second_training_in_the_run_directory_is_refused_and_sigterm_stops_the
         return [pid for pid in out.split() if int(pid) != proc.pid]
 
     assert workers()
+    from resilient_training.run import config as cfg
+    from resilient_training.run import layout
+
+    records = layout.worker_records(cfg.TrainConfig(run_dir=str(run_dir)))
+    while not records.exists() and time.monotonic() < deadline:  # the workers' pid records, in /dev/shm
+        time.sleep(0.2)
+    assert records.exists()
     before = {path: path.read_bytes() for path in [run_dir / "config.json", *run_dir.glob("events/*.jsonl")]}
     second = train_here(run_dir, "--nproc", "2", "--steps", "400", "--lr", "0", capsys=capsys)
     assert second.returncode == 2, second.output
@@ -181,8 +188,8 @@ def test_a_second_training_in_the_run_directory_is_refused_and_sigterm_stops_the
     assert (last.event, last.rank, last["status"]) == ("end", -1, "cancelled"), last
     assert last["reason"].startswith("cancelled (SIGTERM); the workers were stopped"), last
     assert metrics.compute_metrics(run_dir)["status"] == "cancelled"
+    assert not records.exists()  # left behind by a stopped run (a fourth stranger trial)
     from resilient_training.launch.local import claim_run_dir
-    from resilient_training.run import config as cfg
 
     with claim_run_dir(cfg.from_dict(json.loads(before[run_dir / "config.json"]))):
         pass  # free again once the launcher and its workers are gone

@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None, help="parallel file readers (default: CPU count)")
     p.add_argument("--no-record", dest="record", action="store_false",
                    help="do not write RUN/gates/validation.json (promotion needs it)")
-    p.set_defaults(func=_with_a_verdict("validate-checkpoint", validate_main))
+    p.set_defaults(func=_reading_run("path", "validate it", _with_a_verdict("validate-checkpoint", validate_main)))
 
     p = subparsers.add_parser(
         "check-convergence",
@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="relative tolerance against the reference, >= 0 (default: 0.05)")
     p.add_argument("--no-record", dest="record", action="store_false",
                    help="do not write RUN/gates/convergence.json (promotion needs it)")
-    p.set_defaults(func=convergence_main)
+    p.set_defaults(func=_reading_run("run_dir", "judge it", convergence_main))
 
     p = subparsers.add_parser(
         "promote",
@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("dest", metavar="DEST",
                    help="destination directory or s3://bucket/prefix; {run_id} in it is the run directory's name")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON (a refusal too)")
-    p.set_defaults(func=promote_main)
+    p.set_defaults(func=_reading_run("checkpoint", "promote it", promote_main, key="promoted"))
 
     p = subparsers.add_parser(
         "export",
@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", dest="fmt", default=None, metavar="{dcp,torch,safetensors,hf}", help="output format")
     p.add_argument("-o", "--output", default=None, metavar="PATH", help="file (torch, safetensors) or directory")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON (a refusal too)")
-    p.set_defaults(func=_with_a_verdict("export", export_main))
+    p.set_defaults(func=_reading_run("run", "export it", _with_a_verdict("export", export_main), key="exported"))
 
     p = subparsers.add_parser(
         "report",
@@ -104,6 +104,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the metrics as JSON to FILE (or stdout)")
     p.set_defaults(func=report_main)
+
+
+def _reading_run(attr: str, what: str, command: Callable[[argparse.Namespace], int], *,
+                 key: str | None = None) -> Callable[[argparse.Namespace], int]:
+    """``command`` holding the run's lock shared (gate_records.reading_run): refused while a training
+    runs there, and no training starts in the run until it is done.
+    """
+    @functools.wraps(command)
+    def guarded(args: argparse.Namespace) -> int:
+        from resilient_training.run.gate_records import RunInUse, reading_run
+
+        path = getattr(args, attr)
+        if not isinstance(path, str) or _plain_path(path, attr):  # the command says what is wrong with it
+            return command(args)
+        try:
+            with reading_run(path, what):
+                return command(args)
+        except RunInUse as exc:
+            if key is None:
+                return _fail_usage(str(exc))
+            return _not_done(getattr(args, "json", False), key, "usage_error", str(exc), EXIT_USAGE)
+
+    return guarded
 
 
 def _with_a_verdict(name: str, command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -123,8 +146,10 @@ def _with_a_verdict(name: str, command: Callable[[argparse.Namespace], int]) -> 
         sys.stdout.flush()
         sys.stderr.flush()
         read, write = os.pipe()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child: the command itself, as if unwrapped
+            _die_with(parent)
             os.close(read)
             atexit.register(os.write, write, b"exited")  # Python's own exit (sys.exit, a return from main)
             return command(args)
@@ -144,6 +169,20 @@ def _with_a_verdict(name: str, command: Callable[[argparse.Namespace], int]) -> 
         return code
 
     return guarded
+
+
+def _die_with(parent: int) -> None:
+    """Have the (forked) process killed when ``parent`` dies, even by SIGKILL: a stranger trial's
+    SIGKILLed `validate-checkpoint` left its child validating, which wrote a record afterwards.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the child may outlive a killed parent
+        return
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(128 + signal.SIGKILL)
 
 
 def _fail_usage(message: str) -> int:

@@ -177,7 +177,7 @@ def _clean_leftovers(spec: dict[str, Any]) -> None:
     """
     shutil.rmtree(spec["scratch"], ignore_errors=True)
     from resilient_training.run import config as cfg
-    from resilient_training.runtime.checkpointing import local_tier_base, run_key
+    from resilient_training.run.layout import local_tier_base, run_key
 
     runs = Path(spec["output"]) / "runs"
     for events in runs.glob("**/events") if runs.is_dir() else []:

@@ -21,6 +21,7 @@ safetensors file record what was exported).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -111,11 +112,24 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
         raise ExportRefused(f"{ckpt_dir / cf.MANIFEST_NAME} lists files outside the checkpoint: {names[:3]}")
     _refuse_inside_run(out, Path(record["source"]["run_dir"]))  # the run that validated it, if moved since
     _refuse_inside_promoted(out, fmt)
-    if _already_exported(out, fmt, record, ckpt_dir):
-        return _outcome(out, fmt, record, already=True)
+    try:
+        with promote.destination_lock(out, record):
+            if _already_exported(out, fmt, record, ckpt_dir):
+                return _outcome(out, fmt, record, already=True)
+            _write(ckpt_dir, out, fmt, record)
+    except promote.PromotionRefused as exc:
+        raise ExportRefused(str(exc)) from None
+    except promote.PromotionUsageError as exc:
+        raise ExportUsageError(str(exc)) from None
+    return _outcome(out, fmt, record, already=False)
+
+
+def _write(ckpt_dir: Path, out: Path, fmt: str, record: dict[str, Any]) -> None:
+    """Write OUT through a staging name beside it (the destination's lock held)."""
+    parent = out.absolute().parent
     _probe(out)
     _verify_files(ckpt_dir, record)
-    for stale in parent.glob(f"{STAGING_PREFIX}{out.name}-*"):
+    for stale in parent.glob(f"{STAGING_PREFIX}{out.name}-*"):  # a crashed export's (we hold the lock)
         shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
     staging = parent / f"{STAGING_PREFIX}{out.name}-{os.getpid()}"
     try:
@@ -127,12 +141,24 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
                 path.chmod(0o666 & ~umask)
         if staging.is_dir():
             cf.fsync_dir(staging)
-        staging.rename(out)  # atomic: OUT appears complete or not at all
+            staging.rename(out)  # atomic: OUT appears complete or not at all (an empty directory is replaced)
+        else:
+            os.link(staging, out)  # never replaces a file another writer put there meanwhile (rename would)
+            staging.unlink()
         cf.fsync_dir(parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True) if staging.is_dir() else staging.unlink(missing_ok=True)
+    except FileExistsError:
+        raise ExportRefused(f"{out} appeared while this export was written (by something other than an export "
+                            "or promotion): nothing was replaced") from None
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and exc.filename and Path(exc.filename).is_relative_to(ckpt_dir):
+            raise ExportRefused(f"{ckpt_dir} changed while it was exported ({exc.filename} is gone): nothing was "
+                                "exported") from None
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and out.exists():
+            raise ExportRefused(f"{out} appeared while this export was written (by something other than an "
+                                "export or promotion): nothing was replaced") from None
         raise
-    return _outcome(out, fmt, record, already=False)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True) if staging.is_dir() else staging.unlink(missing_ok=True)
 
 
 def _probe(out: Path) -> None:

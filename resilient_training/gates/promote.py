@@ -383,8 +383,8 @@ def _flock(path: Path, what: str, holder: dict[str, Any]) -> Iterator[None]:
             held = os.pread(fd, 4096, 0).decode(errors="replace").strip()
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise PromotionRefused(f"another promotion to {what} is in progress ({held or 'holder unknown'}); "
-                                       "this one stopped without writing anything") from None
+                raise PromotionRefused(f"another promotion or export to {what} is in progress "
+                                       f"({held or 'holder unknown'}); this one stopped without writing anything") from None
             raise PromotionUsageError(f"cannot lock {path}: {exc.strerror or exc} (promotion to a directory needs "
                                       "flock(2); on Lustre mount with -o flock)") from None
         try:
@@ -403,6 +403,14 @@ def _flock(path: Path, what: str, holder: dict[str, Any]) -> Iterator[None]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # still holding it: a waiter that opened this file re-checks and retries
         os.close(fd)
+
+
+def destination_lock(dest: Path, record: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """The lock of a local destination, one for promotions and exports to it alike: two exports to
+    one file both said "exported" while one replaced the other, and two to one directory left one's
+    files in the other's (a stranger trial). Refused (PromotionRefused) while another holds it.
+    """
+    return _flock(dest.absolute().parent / f"{STAGING_PREFIX}{dest.name}.lock", str(dest), _holder(record))
 
 
 def _holder(record: dict[str, Any]) -> dict[str, Any]:
@@ -468,7 +476,7 @@ def _promote_local(ckpt_dir: Path, dest: Path, record: dict[str, Any]) -> dict[s
         raise PromotionUsageError(f"cannot write to {parent}: {exc.strerror or exc}") from None
     if not parent.is_dir():
         raise PromotionUsageError(f"cannot write to {parent}: not a directory")
-    with _flock(parent / f"{STAGING_PREFIX}{dest.name}.lock", str(dest), _holder(record)):
+    with destination_lock(dest, record):
         marker = dest / PROMOTION_NAME
         if marker.is_file():
             try:
@@ -498,6 +506,10 @@ def _promote_local(ckpt_dir: Path, dest: Path, record: dict[str, Any]) -> dict[s
             cf.fsync_dir(staging)
             staging.rename(dest)  # atomic: DEST appears complete or not at all (an empty DEST is replaced)
             cf.fsync_dir(parent)
+        except FileNotFoundError as exc:  # a traceback (a stranger trial removed the step mid-copy)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise PromotionRefused(f"{ckpt_dir} changed while it was copied ({exc.filename} is gone): nothing "
+                                   "was promoted") from None
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import config as cfg
 from resilient_training.run import events as ev
 from resilient_training.run import faults as flt
-from resilient_training.run import layout, paths
+from resilient_training.run import gate_records, layout, paths
 
 # Causes a rank reports when a peer failed or a restart was requested of it: never a root cause.
 SECONDARY_CAUSES = ("peer_failure", "restart_requested")
@@ -106,8 +107,6 @@ def check_committed_by_run(run_dir: Path, latest: Path, manifest: dict) -> None:
     promoted. A step whose commit rank 0 did not live to log is refused too (it cannot be told
     from a planted one); the refusal says how to resume from the step before.
     """
-    from resilient_training.run import gate_records
-
     step = manifest.get("step")
     commit, _, why = gate_records.recorded_commit(run_dir, step) if isinstance(step, int) else (None, None, "")
     if commit is None:
@@ -254,6 +253,15 @@ def check_not_in_use(config: cfg.TrainConfig) -> None:
 
 
 def _in_use(config: cfg.TrainConfig, fd: int) -> str:
+    import fcntl
+
+    try:  # only gates hold it shared (gate_records.reading_run): one is reading the run
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return (f"run directory {config.run_dir} is being read by a gate (validate-checkpoint, check-convergence, "
+                "promote or export): wait for it to end, or train in another --run-dir")
+    except OSError:
+        pass
     holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
     return (f"run directory {config.run_dir} is in use by another training (pid {holder}): "
             "wait for it to end, or train in another --run-dir")
@@ -300,6 +308,13 @@ def claim_run_dir(config: cfg.TrainConfig) -> Iterator[RunDirClaim]:
                   "nothing stops a second training from using it at the same time", file=sys.stderr)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # The gates' verdicts were on the run before this training: promote went on from them while
+        # a resume trained, or after it was cancelled (a stranger trial). Gate it again once done.
+        try:
+            for gate in gate_records.GATES:
+                gate_records.withdraw(run_dir, gate)
+        except gate_records.RecordError as exc:
+            raise LaunchError(str(exc)) from None
         layout.config_path(run_dir).write_text(cfg.dumps(config))
         yield RunDirClaim(run_dir, fd)
     finally:
@@ -407,6 +422,9 @@ def _run_local(config: cfg.TrainConfig, claim: RunDirClaim, *, nproc: int, progr
             raise
         finally:
             watcher.stop()
+            # The workers' pid records: a completed run's workers remove them, a stopped or failed
+            # run's were left in /dev/shm (a stranger trial). Its workers are gone by now.
+            shutil.rmtree(layout.worker_records(config), ignore_errors=True)
             if stopped is not None:  # after the workers: the end is the run's last event
                 record_stopped(run_dir, stopped)
     reason = outcome(run_dir, config.steps, exit_code, since=started, log=log_path)

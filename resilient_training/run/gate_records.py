@@ -8,6 +8,7 @@ xxh3_128 digest of its ``manifest.json`` (which in turn holds every file's check
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -193,6 +194,50 @@ def write_record(run_dir: str | os.PathLike[str], gate: str, record: dict[str, A
         tmp.unlink(missing_ok=True)
         raise RecordError(f"the {gate} record cannot be written to {path}: {exc.strerror or exc}") from None
     return path
+
+
+class RunInUse(ValueError):
+    """A training holds the run directory (:func:`reading_run`)."""
+
+
+GATES = (VALIDATION, CONVERGENCE)
+
+
+@contextlib.contextmanager
+def reading_run(path: str | os.PathLike[str], what: str) -> Iterator[None]:
+    """Hold the lock of the run ``path`` is or lies in (``RUN/.lock``) shared while a gate reads the run
+    and writes its record. A training holds it exclusively from before its first write until its
+    workers are gone, and withdraws the gates' records when it takes it (``launch.local.claim_run_dir``).
+
+    A stranger trial promoted step 20 while a resume trained on (the convergence gate said no 0.7 s
+    later), and validated a checkpoint that the training pruned meanwhile ("metadata_invalid").
+    Raises :class:`RunInUse` while a training runs there. A run no training locked here (a cluster's,
+    a copy on a read-only mount) is read as it is.
+    """
+    import fcntl
+
+    run_dir = layout.run_dir_around(path)
+    fd = -1
+    for flags in ((os.O_RDWR | os.O_CREAT), os.O_RDONLY) if run_dir is not None else ():
+        try:
+            fd = os.open(layout.lock_path(run_dir), flags, 0o644)
+            break
+        except OSError:
+            continue
+    try:
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+                raise RunInUse(f"run directory {run_dir} is training (pid {holder}): {what} once the training "
+                               "has ended") from None
+            except OSError:  # a file system without flock: as the training does, go on unguarded
+                pass
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def withdraw(run_dir: str | os.PathLike[str], gate: str) -> None:

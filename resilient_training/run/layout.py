@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 CONFIG_NAME = "config.json"
 CHECKPOINTS_DIRNAME = "checkpoints"
@@ -72,3 +73,20 @@ def evidence_holding(run_dir: PathLike, path: PathLike) -> str | None:
         if target == where or where in target.parents:
             return str(Path(record.name, target.relative_to(where)))
     return None
+
+
+def local_tier_base(config: Any) -> Path:
+    """The node-local tier's directory, which every run's folder is in (node-local by design)."""
+    return Path(config.checkpoint.local_dir) if config.checkpoint.local_dir else Path("/dev/shm") / "resilient-training"
+
+
+def run_key(run_dir: str) -> str:
+    """A run directory's folders in the node-local tier are named ``<run key>-...``."""
+    import hashlib
+
+    return hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:12]
+
+
+def worker_records(config: Any) -> Path:
+    """Where the run's workers record their pids (runtime/gpu_reclaim.py), one folder per run."""
+    return local_tier_base(config) / f"{run_key(config.run_dir)}-workers"

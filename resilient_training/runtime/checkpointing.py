@@ -44,6 +44,7 @@ from torch import nn
 from resilient_training.run import checkpoint_format as fmt
 from resilient_training.run import gate_records, layout
 from resilient_training.run.config import DEFAULT_TASK, TrainConfig
+from resilient_training.run.layout import local_tier_base, run_key
 from resilient_training.run.paths import low_space
 from resilient_training.run.tensor_read import read_into
 from resilient_training.runtime.nvrx_adapter import CheckpointWriterDied
@@ -1207,17 +1208,6 @@ def local_tier_root(config: TrainConfig, rank: int) -> Path:
     """
     lineage = f"{run_key(config.run_dir)}-{fmt.run_uid(config.run_dir)[:12]}"
     return local_tier_base(config) / lineage / f"rank_{rank}"
-
-
-def local_tier_base(config: TrainConfig) -> Path:
-    """The node-local tier's directory, which every run's folder is in (node-local by design)."""
-    return Path(config.checkpoint.local_dir) if config.checkpoint.local_dir else Path("/dev/shm") / "resilient-training"
-
-
-def run_key(run_dir: str) -> str:
-    import hashlib
-
-    return hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:12]
 
 
 # A rank's done flag when its writer died with its shard: however many peers report done, the

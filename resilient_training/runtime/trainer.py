@@ -43,9 +43,7 @@ from resilient_training.runtime.checkpointing import (
     StagingBuffers,
     StoreGather,
     local_tensors,
-    local_tier_base,
     local_tier_root,
-    run_key,
     state_dict,
     warm_up_writer,
 )
@@ -490,7 +488,7 @@ class Trainer:
         """
         if not (self.config.restart.worker_gpu_reclaim and self.agent and "?" not in self.agent):
             return None
-        run_folder = local_tier_base(self.config) / f"{run_key(self.config.run_dir)}-workers"
+        run_folder = layout.worker_records(self.config)
         return gpu_reclaim.record_path(run_folder, self.agent, self.local_rank)
 
     def _round_tag(self) -> str:

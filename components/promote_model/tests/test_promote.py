@@ -551,3 +551,23 @@ def test_s3_dests_s3_would_refuse_are_usage_errors(dest: str, why: str) -> None:
 
     with pytest.raises(PromotionUsageError, match=re.escape(why)):
         check_dest_text(dest)
+
+
+def test_a_checkpoint_removed_while_it_is_copied_is_one_refusal(gated_run: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fourth stranger trial removed the step mid-copy (as a resume's pruning would): a traceback."""
+    import shutil
+
+    from resilient_training.gates import promote as pm
+
+    copy = pm._copy_hashing
+
+    def pruned(src: Path, dst: Path) -> Any:
+        shutil.rmtree(gated_run / CKPT, ignore_errors=True)
+        return copy(src, dst)
+
+    monkeypatch.setattr(pm, "_copy_hashing", pruned)
+    dest = tmp_path / "dest"
+    with pytest.raises(PromotionRefused, match=r"changed while it was copied \(.* is gone\): nothing was promoted"):
+        promote(gated_run / CKPT, str(dest))
+    assert not dest.exists() and not list(tmp_path.glob(".tmp-promote-*"))

@@ -167,7 +167,7 @@ def test_racing_directory_promoters_one_wins_the_other_exits_1(big_gated_run: Pa
         first.send_signal(signal.SIGCONT)
     out, err = first.communicate(timeout=120)
     assert second.returncode == 1, second.stderr
-    assert "another promotion to" in second.stderr and "in progress" in second.stderr
+    assert "another promotion or export to" in second.stderr and "in progress" in second.stderr
     assert second.stderr.count("\n") == 1 and "Traceback" not in second.stderr
     assert listing == sorted([".tmp-promote-dest.lock", f".tmp-promote-dest-{first.pid}"])  # nothing of the loser's
     assert first.returncode == 0, err
