@@ -520,10 +520,8 @@ def export_promoted(checkpoint: str | os.PathLike[str], dest: str, fmt: str, *, 
                       step=cf.parse_step_dirname(ckpt_dir.name))
     import tempfile
 
-    import boto3
-
     bucket, prefix = promote.parse_s3(dest)
-    client = s3_client or boto3.client("s3")
+    client = s3_client or promote.new_s3_client()  # every request bounded in time, as promote's
     with tempfile.TemporaryDirectory() as scratch:
         local = Path(scratch) / PROMOTED_NAMES[fmt]
         outcome = export(ckpt_dir.parent.parent, fmt=fmt, out=local, step=cf.parse_step_dirname(ckpt_dir.name))

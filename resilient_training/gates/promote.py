@@ -445,7 +445,10 @@ def _verify_local_copy(dest: Path, record: dict[str, Any]) -> None:
     present = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if not p.is_dir()}
     # An export of this checkpoint that promote_model's export option wrote inside DEST (export.py
     # PROMOTED_NAMES) is not foreign content: export verifies its own record on a repeat.
-    extra = sorted(name for name in present - expected if name.split("/", 1)[0] not in EXPORTS_INSIDE_DEST)
+    # So is what such an export killed midway left (its lock, its staging): the next export removes it.
+    leftovers = tuple(f"{prefix}{name}" for name in EXPORTS_INSIDE_DEST for prefix in (STAGING_PREFIX, ".tmp-export-"))
+    extra = sorted(name for name in present - expected if name.split("/", 1)[0] not in EXPORTS_INSIDE_DEST
+                   and not name.split("/", 1)[0].startswith(leftovers))
     if extra:
         raise PromotionRefused(f"{dest} is marked as this checkpoint's promotion but also holds {', '.join(extra[:5])}; "
                                "remove DEST and promote again")

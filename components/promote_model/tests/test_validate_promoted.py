@@ -166,3 +166,19 @@ def test_another_promotions_record_does_not_vouch(promoted: Path, other_gated_ru
 def test_without_a_record_it_stays_unverified(promoted: Path) -> None:
     (promoted / PROMOTION_NAME).unlink()
     assert _codes(promoted) == ["world_size_unverified"]
+
+
+def test_what_a_killed_export_inside_dest_left_does_not_refuse_the_promotion_again(gated_run: Path,
+                                                                                   promoted: Path) -> None:
+    """An export into DEST holds DEST's lock for its file (`.tmp-promote-model.safetensors.lock`) and
+    writes through `.tmp-export-model.safetensors-PID`: a SIGKILL leaves them, the next export
+    removes them, and the promotion's repeat must not call them foreign content."""
+    from resilient_training.gates.export import export_promoted
+
+    export_promoted(str(gated_run / CKPT), str(promoted), "safetensors")
+    (promoted / ".tmp-promote-model.safetensors.lock").write_text("{}")
+    (promoted / ".tmp-export-model.safetensors-4242").write_bytes(b"torn")
+    assert promote(gated_run / CKPT, str(promoted))["already_promoted"]
+    (promoted / ".tmp-other").write_text("x")  # anything else still is
+    with pytest.raises(Exception, match=r"also holds \.tmp-other"):
+        promote(gated_run / CKPT, str(promoted))
