@@ -211,19 +211,18 @@ def reading_run(path: str | os.PathLike[str], what: str) -> Iterator[None]:
 
     A stranger trial promoted step 20 while a resume trained on (the convergence gate said no 0.7 s
     later), and validated a checkpoint that the training pruned meanwhile ("metadata_invalid").
-    Raises :class:`RunInUse` while a training runs there. A run no training locked here (a cluster's,
-    a copy on a read-only mount) is read as it is.
+    Raises :class:`RunInUse` while a training runs there. A run no local training held (a cluster's)
+    is read as it is.
     """
     import fcntl
 
     run_dir = layout.run_dir_around(path)
     fd = -1
-    for flags in ((os.O_RDWR | os.O_CREAT), os.O_RDONLY) if run_dir is not None else ():
-        try:
-            fd = os.open(layout.lock_path(run_dir), flags, 0o644)
-            break
-        except OSError:
-            continue
+    if run_dir is not None:
+        # Read-only, never made here (a gate refusing bad input writes nothing): every run a local
+        # training ever held has the file, which the training makes and keeps.
+        with contextlib.suppress(OSError):
+            fd = os.open(layout.lock_path(run_dir), os.O_RDONLY)
     try:
         if fd >= 0:
             try:
