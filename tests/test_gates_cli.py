@@ -212,7 +212,8 @@ def test_gates_are_refused_while_a_training_holds_the_run_and_a_training_while_a
                      ["export", str(run), "--format", "torch", "-o", str(tmp_path / "m.pt")]):
             assert main(argv) == 2, argv
             err = capsys.readouterr().err
-            assert err.count("\n") == 1 and f"run directory {run} is training (pid {os.getpid()}): " in err, err
+            said = f"run directory {run} is training (pid {os.getpid()}, or the workers it started): "
+            assert err.count("\n") == 1 and said in err, err
     assert not (tmp_path / "dest").exists() and not (tmp_path / "m.pt").exists()
     with reading_run(run / "checkpoints" / "step_30", "validate it"):
         with pytest.raises(LaunchError, match="is being read by a gate .*: wait for it to end"):
@@ -265,3 +266,42 @@ def test_a_sigkilled_gate_takes_its_child_along(run: Path) -> None:
         assert not Path(f"/proc/{child}").exists(), "the validation outlived its command"
     time.sleep(1.0)
     assert not (run / "gates" / "validation.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_a_run_lock_that_is_no_regular_file_is_named_not_followed_or_waited_on(
+        run: Path, tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fourth stranger trial's re-trial: a FIFO at RUN/.lock hung every gate and `train` silently;
+    `train` wrote its pid through a symbolic link there into the link's target."""
+    import os
+
+    from resilient_training.launch.local import LaunchError, claim_run_dir, preflight
+    from resilient_training.run import config as cfg
+    from tests.support.gates import TINY
+
+    lock, target = run / ".lock", tmp_path / "target"
+    target.write_text("999999\n")
+    {"fifo": lambda: os.mkfifo(lock), "symlink": lambda: lock.symlink_to(target), "directory": lock.mkdir}[kind]()
+    assert main(["check-convergence", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {lock} is not a regular file") and err.count("\n") == 1, err
+    assert err.endswith(": it is the run's training lock; remove it\n"), err
+    config = cfg.TrainConfig(run_dir=str(run), model=TINY, steps=40)
+    with pytest.raises(LaunchError, match=r"\.lock is not a regular file.*remove it"):
+        preflight(config, world_size=1)
+    with pytest.raises(LaunchError, match=r"\.lock is not a regular file.*remove it"):
+        with claim_run_dir(config):
+            pass
+    assert target.read_text() == "999999\n"
+
+
+def test_a_run_directory_inside_another_run_is_refused(run: Path) -> None:
+    """A fourth stranger trial's re-trial trained into RUN/checkpoints/step_20 (a committed
+    checkpoint, then found damaged), outside the lock of the run around it."""
+    from resilient_training.launch.local import LaunchError, preflight
+    from resilient_training.run import config as cfg
+
+    for inner in (run / "checkpoints" / "step_30", run / "checkpoints", run / "sub" / "run"):
+        with pytest.raises(LaunchError, match=f"lies inside the run {run}: train in a directory of its own"):
+            preflight(cfg.TrainConfig(run_dir=str(inner), steps=40), world_size=1)
+    assert not (run / "sub").exists()

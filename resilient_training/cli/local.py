@@ -199,8 +199,10 @@ def _in_use(run_dir: Path) -> bool:
     from resilient_training.run import layout
 
     try:
-        fd = os.open(layout.lock_path(run_dir), os.O_RDONLY)
-    except OSError:
+        fd = layout.open_lock(run_dir, create=False)
+    except (OSError, ValueError):  # (LockFileError: no training holds what is not a lock)
+        return False
+    if fd is None:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -46,6 +46,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 import uuid
 import zlib
@@ -374,9 +375,17 @@ def _flock(path: Path, what: str, holder: dict[str, Any]) -> Iterator[None]:
     while True:
         try:
             # O_NOFOLLOW: a symlink planted at the lock's name must not make us truncate what it points to.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            # O_NONBLOCK: a FIFO planted there blocked (or, opened, was a traceback: a stranger trial).
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR):
+                raise PromotionUsageError(f"{path} is not a regular file: it is the lock of promotions and exports "
+                                          f"to {what}; remove it") from None
             raise PromotionUsageError(f"cannot write to {path.parent}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise PromotionUsageError(f"{path} is not a regular file: it is the lock of promotions and exports to "
+                                      f"{what}; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

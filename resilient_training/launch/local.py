@@ -73,6 +73,11 @@ def preflight(config: cfg.TrainConfig, *, world_size: int, nodes: int = 0) -> li
         run_dir = paths.check_writable(config.run_dir, "run directory", directory=True)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
+    if (outer := layout.run_dir_around(Path(os.path.abspath(run_dir)).parent)) is not None:
+        # A stranger trial's --run-dir RUN/checkpoints/step_20 trained into a committed checkpoint
+        # (validation then found it damaged), outside the lock of the run around it.
+        raise LaunchError(f"run directory {config.run_dir} lies inside the run {outer}: train in a directory of "
+                          "its own")
     check_not_in_use(config)  # first: what follows reads what a running training writes
     check_same_task(config, run_dir)
     try:
@@ -239,8 +244,12 @@ def check_not_in_use(config: cfg.TrainConfig) -> None:
     import fcntl
 
     try:
-        fd = os.open(layout.lock_path(config.run_dir), os.O_RDONLY)
+        fd = layout.open_lock(config.run_dir, create=False)
+    except layout.LockFileError as exc:
+        raise LaunchError(str(exc)) from None
     except OSError:
+        fd = None
+    if fd is None:
         return  # no lock file yet (or none that can be read): claim_run_dir decides
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -289,7 +298,9 @@ def claim_run_dir(config: cfg.TrainConfig) -> Iterator[RunDirClaim]:
     try:
         layout.logs_dir(run_dir).mkdir(parents=True, exist_ok=True)
         paths.probe_writable(layout.config_path(run_dir), "run directory")
-        fd = os.open(layout.lock_path(run_dir), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = layout.open_lock(run_dir, create=True)
+    except layout.LockFileError as exc:
+        raise LaunchError(str(exc)) from None
     except (OSError, ValueError) as exc:
         for path in made:  # deepest first
             try:

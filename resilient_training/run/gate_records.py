@@ -221,16 +221,21 @@ def reading_run(path: str | os.PathLike[str], what: str) -> Iterator[None]:
     if run_dir is not None:
         # Read-only, never made here (a gate refusing bad input writes nothing): every run a local
         # training ever held has the file, which the training makes and keeps.
-        with contextlib.suppress(OSError):
-            fd = os.open(layout.lock_path(run_dir), os.O_RDONLY)
+        try:
+            opened = layout.open_lock(run_dir, create=False)
+        except layout.LockFileError as exc:
+            raise RunInUse(str(exc)) from None
+        except OSError:
+            opened = None
+        fd = -1 if opened is None else opened
     try:
         if fd >= 0:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-                raise RunInUse(f"run directory {run_dir} is training (pid {holder}): {what} once the training "
-                               "has ended") from None
+                raise RunInUse(f"run directory {run_dir} is training (pid {holder}, or the workers it started): "
+                               f"{what} once the training has ended") from None
             except OSError:  # a file system without flock: as the training does, go on unguarded
                 pass
         yield

@@ -90,3 +90,41 @@ def run_key(run_dir: str) -> str:
 def worker_records(config: Any) -> Path:
     """Where the run's workers record their pids (runtime/gpu_reclaim.py), one folder per run."""
     return local_tier_base(config) / f"{run_key(config.run_dir)}-workers"
+
+
+class LockFileError(ValueError):
+    """``RUN/.lock`` is there but is no regular file (a symbolic link, a directory, a FIFO)."""
+
+
+def open_lock(run_dir: PathLike, *, create: bool) -> int | None:
+    """The run's lock file (``RUN/.lock``) opened, read-write and made if ``create``, else read-only
+    (None when there is none). Never through a symbolic link (``train`` overwrote a link's target)
+    and never blocking (a FIFO put there hung every gate and ``train``, silently): a stranger trial.
+
+    Raises:
+        LockFileError: it is not a regular file: it names it and says to remove it.
+        OSError: it cannot be opened (or made).
+
+    """
+    import errno
+    import stat
+
+    path = lock_path(run_dir)
+    flags = (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR):
+            kind = "a symbolic link" if exc.errno == errno.ELOOP else "a directory"
+            raise LockFileError(f"{path} is not a regular file ({kind}): it is the run's training lock; "
+                                "remove it") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise LockFileError(f"{path} is not a regular file: it is the run's training lock; remove it")
+    return fd

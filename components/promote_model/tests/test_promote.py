@@ -571,3 +571,16 @@ def test_a_checkpoint_removed_while_it_is_copied_is_one_refusal(gated_run: Path,
     with pytest.raises(PromotionRefused, match=r"changed while it was copied \(.* is gone\): nothing was promoted"):
         promote(gated_run / CKPT, str(dest))
     assert not dest.exists() and not list(tmp_path.glob(".tmp-promote-*"))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink"])
+def test_a_destination_lock_that_is_no_regular_file_is_named(gated_run: Path, tmp_path: Path, kind: str) -> None:
+    """A fourth stranger trial's re-trial: a FIFO there was a traceback; a directory or link said only
+    "cannot write to PARENT", so every retry failed the same way with no way out given."""
+    lock = tmp_path / ".tmp-promote-dest.lock"
+    {"fifo": lambda: os.mkfifo(lock), "directory": lock.mkdir,
+     "symlink": lambda: lock.symlink_to(tmp_path / "elsewhere")}[kind]()
+    with pytest.raises(PromotionUsageError, match=re.escape(f"{lock} is not a regular file: it is the lock of "
+                                                            "promotions and exports to") + ".*remove it"):
+        promote(gated_run / CKPT, str(tmp_path / "dest"))
+    assert not (tmp_path / "dest").exists() and not (tmp_path / "elsewhere").exists()
