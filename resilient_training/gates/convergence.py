@@ -377,8 +377,23 @@ def _recent_pace(before: list[Any], restored: int) -> float:
     return max(changes, default=0.0)  # (a step event's loss is a JSON number: the event log says so)
 
 
+def _world_sizes(events: list[Any]) -> dict[int, list[tuple[float, Any]]]:
+    """Each rank's ``start`` events as (time, world size), in order."""
+    out: dict[int, list[tuple[float, Any]]] = {}
+    for e in events:
+        if e.event == "start" and e.rank >= 0:
+            out.setdefault(e.rank, []).append((e.ts, e.get("world_size")))
+    return out
+
+
+def _world_at(starts: list[tuple[float, Any]], ts: float) -> Any:
+    """The world size of the process that logged at ``ts`` (its last ``start`` before), or None."""
+    return next((size for at, size in reversed(starts) if at <= ts), None)
+
+
 def _continuity(events: list[Any], config: ConvergenceConfig) -> tuple[Check, list[dict[str, Any]]]:
     timed: list[tuple[float, dict[str, Any]]] = _unlogged_restores(events)
+    worlds = _world_sizes(events)
     for load in metrics.restores(events):
         rank = load.rank
         before = [e for e in events if e.event == "step" and e.rank == rank and e.ts < load.ts]
@@ -400,6 +415,15 @@ def _continuity(events: list[Any], config: ConvergenceConfig) -> tuple[Check, li
             continue
         same = [e for e in before if e.step == after.step]
         prior = [e for e in before if e.step == restored]
+        now = _world_at(worlds.get(rank, []), load.ts)
+        then = _world_at(worlds.get(rank, []), (same or prior or [load])[-1].ts)
+        if now is not None and then is not None and now != then:
+            # At another world size a rank's batches and the reduction differ: its losses are not the
+            # same numbers (a stranger trial's resume at 1 rank of a 2-rank run: 0.5 % off at once,
+            # an elastic run's 3 % by the 7th step; a task sharding its data by rank: 12 %). The
+            # restored step's own loss, within the jump tolerance, is the basis; no replay.
+            entry["world_sizes"] = [then, now]
+            same = []
         if same:
             expected = float(same[-1].get("loss", math.nan))
             entry.update(basis="replayed step", expected=expected)
@@ -428,6 +452,8 @@ def _continuity(events: list[Any], config: ConvergenceConfig) -> tuple[Check, li
         entry["reason"] = (f"rank {rank} step {after.step}: loss {loss:.6g} vs {expected:.6g} before the fault "
                            f"({entry['basis']}), relative deviation {entry['deviation']:.3g} "
                            f"{'within' if ok else 'exceeds'} {tol}")
+        if "world_sizes" in entry:
+            entry["reason"] += f" (world size {entry['world_sizes'][0]} before the fault, {entry['world_sizes'][1]} after)"
         if ok and same:
             _check_replay(entry, load, before, events, config)
     recoveries = [entry for _, entry in sorted(timed, key=lambda t: t[0])]

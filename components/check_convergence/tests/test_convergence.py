@@ -76,6 +76,31 @@ def test_a_replay_drifting_as_on_gpus_passes(tmp_path: Path, drift: float) -> No
     assert "4 replayed steps within 0.0045" in c.reason
 
 
+def test_a_resume_at_another_world_size_is_judged_by_the_restored_step_not_as_a_replay(tmp_path: Path) -> None:
+    """A fourth stranger trial's re-trial: a 2-rank run resumed at 1 rank (or an elastic one going on
+    without a node) logs other numbers for the same steps (other batches per rank, another
+    reduction): 0.5 % off at once, 3 % by the 7th step; the gate blamed the task's own state."""
+    log = ScriptedLog(tmp_path, world_size=2)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 12, checkpoint_every=5)
+    log.emit("fault_injected", 13, rank=0, fault="exception@13:0")
+    log.end("failed", "gave up")
+    log.attempt += 1
+    log.world_size = 1
+    log.wait(3.0)
+    log.start()
+    log.emit("load_done", 10, path="checkpoints/step_10", seconds=0.1)
+    log.steps(11, 30, loss=lambda s: scripted_loss(s) * (1.005 if s == 11 else 1.03))
+    log.end()
+    log.close()
+    c = check_convergence(tmp_path, GATE).check("continuity")
+    assert c.passed, c.reason
+    (entry,) = check_convergence(tmp_path, GATE).recoveries
+    assert entry["basis"] == "restored step" and entry["world_sizes"] == [2, 1]
+    assert "(world size 2 before the fault, 1 after)" in entry["reason"] and "replayed" not in entry
+
+
 def test_steps_past_the_fault_are_no_replay(tmp_path: Path) -> None:
     """Steps the fault cut short before they were logged are new: nothing to compare them with."""
     run_with_restore(tmp_path, after_restore=lambda s: scripted_loss(s) * (1.2 if s >= 13 else 1.0))
