@@ -236,8 +236,10 @@ def _finite(runs: list[metrics.StepRun], curve: list[tuple[int, float]], events:
     # (every rank's, at one step of one attempt and iteration). "All finite" said nothing of five.
     seen = {(e.attempt, e.iteration, e.step) for e in events
             if e.event == "step" and not math.isfinite(e.get("loss", math.nan))}
+    # Rolled back and replayed: training went on after it (a NaN that ended the run was counted too).
+    last = max((e.ts for e in events if e.event == "step"), default=-math.inf)
     caught = len({(e.attempt, e.iteration, e.step) for e in events
-                  if e.event == "failure_detected" and e.get("cause") == "nan"} - seen)
+                  if e.event == "failure_detected" and e.get("cause") == "nan" and e.ts < last} - seen)
     values = {"steps": len(curve), "non_finite_in_curve": len(bad), "non_finite_logged": logged,
               "non_finite_caught": caught, "first_bad_step": bad[0][0] if bad else None}
     if bad:

@@ -672,7 +672,10 @@ def _promote_s3(ckpt_dir: Path, url: str, record: dict[str, Any], client: Any) -
 
     def unwritable(exc: Exception) -> PromotionUsageError | PromotionRefused:
         if _s3_unavailable(exc):
-            return PromotionRefused(f"S3 did not answer for {url} ({_s3_code(exc)}: {exc}; tried {S3_MAX_ATTEMPTS} "
+            # A 5xx is an answer: a server error, not silence (a stranger trial's 501 was "did not answer").
+            said = "answered with a server error" if isinstance(getattr(exc, "response", None), dict) \
+                else "did not answer"
+            return PromotionRefused(f"S3 {said} for {url} ({_s3_code(exc)}: {exc}; tried {S3_MAX_ATTEMPTS} "
                                     "times); nothing was written: promote again when S3 is reachable")
         code = _s3_code(exc)
         hint = {"404": "no such bucket", "NoSuchBucket": "no such bucket", "403": "permission denied",

@@ -76,6 +76,22 @@ def test_a_replay_drifting_as_on_gpus_passes(tmp_path: Path, drift: float) -> No
     assert "4 replayed steps within 0.0045" in c.reason
 
 
+def test_a_nan_that_ended_the_run_is_not_counted_as_replayed(tmp_path: Path) -> None:
+    """A fourth stranger trial's re-trial: 9 NaNs "were rolled back and replayed finite", the 9th of
+    which ended the run (in-process restarts exhausted)."""
+    log = ScriptedLog(tmp_path)
+    log.steps(1, 7, checkpoint_every=5)
+    log.emit("failure_detected", 8, cause="nan", message="loss is nan")
+    log.iteration += 1
+    log.emit("load_done", 5, path="checkpoints/step_5", seconds=0.1)
+    log.steps(6, 12)
+    log.emit("failure_detected", 13, cause="nan", message="loss is nan")
+    log.end("failed", "in-process restart gave up")
+    log.close()
+    finite = check_convergence(tmp_path, GATE).check("finite")
+    assert finite.values["non_finite_caught"] == 1, finite
+
+
 def test_a_resume_at_another_world_size_is_judged_by_the_restored_step_not_as_a_replay(tmp_path: Path) -> None:
     """A fourth stranger trial's re-trial: a 2-rank run resumed at 1 rank (or an elastic one going on
     without a node) logs other numbers for the same steps (other batches per rank, another

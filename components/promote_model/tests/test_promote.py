@@ -584,3 +584,20 @@ def test_a_destination_lock_that_is_no_regular_file_is_named(gated_run: Path, tm
                                                             "promotions and exports to") + ".*remove it"):
         promote(gated_run / CKPT, str(tmp_path / "dest"))
     assert not (tmp_path / "dest").exists() and not (tmp_path / "elsewhere").exists()
+
+
+class _ServerError(_UploadThrottled):
+    """An S3 endpoint that answers 501 (Not Implemented) to HEAD: an answer, a server error."""
+
+    def head_bucket(self, **kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError
+
+        raise ClientError({"Error": {"Code": "501", "Message": "Not Implemented"},
+                           "ResponseMetadata": {"HTTPStatusCode": 501}}, "HeadBucket")
+
+
+def test_a_server_error_is_said_to_be_one_not_silence(gated_run: Path, s3: Any) -> None:
+    """A fourth stranger trial's re-trial: a 501 was "S3 did not answer"."""
+    with pytest.raises(PromotionRefused, match=r"S3 answered with a server error for s3://models/m \(501: "):
+        promote(gated_run / CKPT, "s3://models/m", s3_client=_ServerError(s3))
+    assert keys(s3) == []

@@ -126,7 +126,7 @@ def test_a_symlink_planted_at_the_lock_name_is_not_followed(gated_run: Path, tmp
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     (tmp_path / ".tmp-promote-dest.lock").symlink_to(victim)
-    with pytest.raises(PromotionUsageError, match="is not a regular file: it is the lock of promotions and exports to .*; remove it"):
+    with pytest.raises(PromotionUsageError, match="is not a regular file: it is the lock of promotions and exports"):
         promote(gated_run, str(tmp_path / "dest"))
     assert victim.read_text() == "precious" and not (tmp_path / "dest").exists()
 
