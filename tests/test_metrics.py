@@ -1002,3 +1002,24 @@ def test_the_status_of_an_earlier_launch_is_not_a_later_killed_one_s(tmp_path: P
     log.close()
     m = compute_metrics(tmp_path)
     assert m["status"] == "unknown" and "an earlier one ended completed" in m["end_reason"]
+
+
+def test_a_fault_spec_in_the_log_naming_a_file_is_never_read(tmp_path: Path) -> None:
+    """The report reads a checkpoint fault's scheduled step from its spec in the event log, which is
+    input: a spec naming a YAML file (what `--faults` may) must not make the report open it."""
+    (tmp_path / "sched.yaml").write_text("faults: [{type: ckpt-kill, step: 2, rank: 0}]\n")
+    log = ScriptedLog(tmp_path / "run")
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 10, checkpoint_every=5)
+    log.emit("fault_injected", 10, rank=1, fault=str(tmp_path / "sched.yaml"), type="ckpt-kill")
+    log.emit("restart_begin", 10, rank=0, layer="launcher", cause="peer_failure")
+    log.attempt += 1
+    log.wait(3.0)
+    log.emit("restart_done", layer="launcher")
+    log.emit("load_done", 5, path="checkpoints/step_5", seconds=0.1)
+    log.steps(6, 10)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path / "run")["faults"]
+    assert "scheduled_step" not in fault["root_cause"]

@@ -9,6 +9,10 @@ from resilient_training.launch import cancel
 from resilient_training.launch.local import LaunchError, run_local
 from resilient_training.run import config as cfg
 
+# The simulated cluster's flags and the ClusterSpec fields they set.
+CLUSTER_FLAGS = (("--min-nodes", "min_nodes"), ("--pod-restart-delay", "pod_restart_delay"), ("--network", "network"),
+                 ("--rdzv-last-call", "last_call_timeout"))
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -37,15 +41,13 @@ def _main(args: argparse.Namespace) -> int:
         config = cfg.from_namespace(args)
         config.task = cfg.absolute_task(config.task)  # the workers may start in another directory
         config.faults = cfg.absolute_faults(config.faults)
-        cluster = {"min_nodes": args.min_nodes, "pod_restart_delay": args.pod_restart_delay, "network": args.network,
-                   "last_call_timeout": args.rdzv_last_call}
-        given = {key: value for key, value in cluster.items() if value is not None}
+        given = {field: value for flag, field in CLUSTER_FLAGS
+                 if (value := getattr(args, flag.removeprefix("--").replace("-", "_"))) is not None}
         if args.nodes is None:
             if given:
-                flags = {"min_nodes": "--min-nodes", "pod_restart_delay": "--pod-restart-delay", "network": "--network",
-                         "last_call_timeout": "--rdzv-last-call"}
-                raise LaunchError(f"{', '.join(flags[key] for key in given)}: a setting of the simulated cluster, "
-                                  "which runs only with --nodes N")
+                flags = [flag for flag, field in CLUSTER_FLAGS if field in given]
+                raise LaunchError(f"{', '.join(flags)}: a setting of the simulated cluster, which runs only with "
+                                  "--nodes N")
             result = run_local(config, nproc=args.nproc)
         else:
             from resilient_training.launch import simulated_cluster as sim

@@ -451,7 +451,7 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
         also = [e.get("fault") for e in inside if e.event == "fault_injected" and e is not injected]
         if also:
             root["also_injected"] = also
-        scheduled = _scheduled_step(injected.get("fault"))
+        scheduled = flt.step_of(str(injected.get("fault")))
         if root["kind"] in flt.CHECKPOINT_FAULTS and scheduled is not None and scheduled != injected.step:
             # It acts at the first save at or after its step: deferred saves put a stranger trial's
             # ckpt-kill@10 and writer-kill@20 both at step 30, with no word of it.
@@ -526,14 +526,6 @@ def _hang_found(inside: list[ev.Event], events: list[ev.Event], episode: Episode
         return (f"rank {report.rank} at step {report.step}: {report.get('cause')}"
                 + (f" ({report.get('message')})" if report.get("message") else ""))[:300]
     return None
-
-
-def _scheduled_step(spec: Any) -> int | None:
-    """The step a ``fault_injected`` event's spec (``TYPE@STEP:RANK``) scheduled it at."""
-    try:
-        return flt.parse(str(spec))[0].step
-    except (flt.FaultSpecError, IndexError, OSError):
-        return None
 
 
 def _node_of(rank: int, events: list[ev.Event], before: float) -> tuple[Any, list[int]]:

@@ -271,8 +271,7 @@ def _in_use(config: cfg.TrainConfig, fd: int) -> str:
                 "promote or export): wait for it to end, or train in another --run-dir")
     except OSError:
         pass
-    holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-    return (f"run directory {config.run_dir} is in use by another training (pid {holder}): "
+    return (f"run directory {config.run_dir} is in use by another training (pid {layout.lock_holder(fd)}): "
             "wait for it to end, or train in another --run-dir")
 
 

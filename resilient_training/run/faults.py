@@ -106,6 +106,14 @@ def parse(spec: str) -> list[Fault]:
     return _sorted_unique(faults)
 
 
+def step_of(spec: str) -> int | None:
+    """The STEP of one ``TYPE@STEP:RANK[xCOUNT]`` (as a ``fault_injected`` event names it), else None.
+    Never a file: an event log is input, and a spec there naming one must not make a report read it.
+    """
+    match = _SPEC.fullmatch(spec)
+    return int(match["step"]) if match else None
+
+
 def _make(kind: str, step: int, rank: int, count: int) -> Fault:
     if kind not in FAULT_TYPES:
         raise FaultSpecError(f"unknown fault type {kind!r}; known: {', '.join(FAULT_TYPES)}")

@@ -217,30 +217,28 @@ def reading_run(path: str | os.PathLike[str], what: str) -> Iterator[None]:
     import fcntl
 
     run_dir = layout.run_dir_around(path)
-    fd = -1
+    fd = None
     if run_dir is not None:
         # Read-only, never made here (a gate refusing bad input writes nothing): every run a local
         # training ever held has the file, which the training makes and keeps.
         try:
-            opened = layout.open_lock(run_dir, create=False)
+            fd = layout.open_lock(run_dir, create=False)
         except layout.LockFileError as exc:
             raise RunInUse(str(exc)) from None
         except OSError:
-            opened = None
-        fd = -1 if opened is None else opened
+            pass
     try:
-        if fd >= 0:
+        if fd is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-                raise RunInUse(f"run directory {run_dir} is training (pid {holder}, or the workers it started): "
-                               f"{what} once the training has ended") from None
+                raise RunInUse(f"run directory {run_dir} is training (pid {layout.lock_holder(fd)}, or the workers "
+                               f"it started): {what} once the training has ended") from None
             except OSError:  # a file system without flock: as the training does, go on unguarded
                 pass
         yield
     finally:
-        if fd >= 0:
+        if fd is not None:
             os.close(fd)
 
 

@@ -92,6 +92,11 @@ def worker_records(config: Any) -> Path:
     return local_tier_base(config) / f"{run_key(config.run_dir)}-workers"
 
 
+def lock_holder(fd: int) -> str:
+    """The pid the training that last took the lock wrote into it ("unknown" if none)."""
+    return os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+
+
 class LockFileError(ValueError):
     """``RUN/.lock`` is there but is no regular file (a symbolic link, a directory, a FIFO)."""
 

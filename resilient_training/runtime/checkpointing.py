@@ -1696,11 +1696,7 @@ class Checkpointer:
         in_flight = self._in_flight or self._carried  # (one carried in, not yet decided: passed on)
         if in_flight is None:
             return None
-        why = (in_flight.reason or "its writer died" if in_flight.abandoned
-               else "the final step's save, written again after the restore" if in_flight.step >= self.config.steps
-               else f"writer died on this rank ({self._lost})" if self._lost
-               else "its copies to host memory were unfinished at the failure"
-               if in_flight.job is not None and not self._staging.ready() else None)
+        why = self._not_carried(in_flight)
         if why is None:
             return in_flight
         if not in_flight.said_abandoned:
@@ -1708,6 +1704,18 @@ class Checkpointer:
             # the place of the failure being handled.
             with contextlib.suppress(OSError):
                 self._say_abandoned(in_flight, f"save dropped at the in-process restart: {why}")
+        return None
+
+    def _not_carried(self, in_flight: _InFlight) -> str | None:
+        """Why the save in flight cannot be carried into the next iteration, or None."""
+        if in_flight.abandoned:
+            return in_flight.reason or "its writer died"
+        if in_flight.step >= self.config.steps:
+            return "the final step's save, written again after the restore"
+        if self._lost:
+            return f"writer died on this rank ({self._lost})"
+        if in_flight.job is not None and not self._staging.ready():
+            return "its copies to host memory were unfinished at the failure"
         return None
 
     def _say_abandoned(self, in_flight: _InFlight, reason: str) -> None:
