@@ -344,15 +344,20 @@ def test_repeated_failure_without_inprocess_exhausts_launcher_restarts(tmp_path,
     assert metrics["status"] == "failed" and said in metrics["end_reason"], metrics["end_reason"]
 
 
-def test_node_local_tier_shortens_the_rollback_after_a_process_restart(tmp_path):
+# One rank too: its node-local manifest names no ``ranks`` (it holds every rank's files), and the
+# restore took it for a persistent checkpoint that the event log never committed and refused it
+# (one H200, benchmarks call79).
+@pytest.mark.parametrize("nproc", [2, 1])
+def test_node_local_tier_shortens_the_rollback_after_a_process_restart(tmp_path, nproc):
     local = tmp_path / "local"
+    fault = f"sigkill@13:{nproc - 1}"
     # Synchronous saves: step 12's node-local save is committed before step 13, however loaded the
     # machine. (With the async writer, a process of its own that imports torch first, which step
     # was committed by the fault depended on the load: the test had to run alone.)
-    run = train(tmp_path / "run", "--nproc", "2", "--steps", "16", "--checkpoint-every", "20",
+    run = train(tmp_path / "run", "--nproc", str(nproc), "--steps", "16", "--checkpoint-every", "20",
                 "--local-checkpoint-every", "2", "--local-checkpoint-dir", str(local), "--no-async-checkpoint",
-                "--faults", "sigkill@13:1")
-    found = check_recovered(run, "sigkill@13:1", layer="launcher", cause=None)
+                "--faults", fault)
+    found = check_recovered(run, fault, layer="launcher", cause=None)
     # No persistent checkpoint exists before step 16: the new processes restored the node-local
     # save of step 12, one step before the fault.
     assert found["restored"] == 12, found["restored"]

@@ -1552,7 +1552,9 @@ class Checkpointer:
         source = "storage" if same_world else "storage (resharded)"
         data_state = fmt.load_data_state(path, self.rank if same_world else min(manifest.get("ranks") or [0]))
         # A node-local checkpoint lists this rank's files only; the persistent one is shared out.
-        persistent = manifest.get("ranks") is None
+        # Told by where it lies: at world size 1 a node-local manifest names no ``ranks`` either, and
+        # was checked against the persistent tier's commits and refused (one H200, benchmarks call79).
+        persistent = self.local_root is None or path.parent != self.local_root
         # Rank 0 also reads the run's event log for this commit (see RestoreCheck): one reader.
         self.restore_check.start(path, manifest, manifest["step"], (self.rank, self.world_size) if persistent else None,
                                  Path(self.config.run_dir) if persistent and self.rank == 0 else None)
