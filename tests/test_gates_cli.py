@@ -222,6 +222,62 @@ def test_gates_are_refused_while_a_training_holds_the_run_and_a_training_while_a
     assert main(["validate-checkpoint", str(run)]) == 0  # free again
 
 
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_run_lock_removed_or_replaced_mid_training_is_made_again(
+        run: Path, how: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Earlier stranger trials: deleting RUN/.lock while a training ran let every gate read the run
+    (a lock on a file no longer at that path keeps nobody out). The training makes it again."""
+    import os
+    import time
+
+    from resilient_training.launch.local import LockKeeper, claim_run_dir
+    from resilient_training.run import config as cfg
+    from tests.support.gates import TINY
+
+    lock = run / ".lock"
+    with claim_run_dir(cfg.TrainConfig(run_dir=str(run), model=TINY, steps=30)):
+        lock.unlink()
+        if how == "replaced":
+            lock.write_text("")  # a file nobody holds: a gate could lock it shared
+        deadline = time.monotonic() + 10 * LockKeeper.INTERVAL_S
+        while main(["check-convergence", str(run), "--no-record"]) != 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        err = capsys.readouterr().err
+        assert f"run directory {run} is training (pid {os.getpid()}" in err.splitlines()[-1], err
+        assert f"warning: {lock} was removed or replaced while this training ran: made again" in err, err
+    assert main(["check-convergence", str(run), "--no-record"]) in (0, 1)  # free again
+    assert not list(run.glob(".lock.*")), list(run.iterdir())
+
+
+def test_a_gate_whose_run_lock_was_replaced_records_no_verdict(run: Path) -> None:
+    """A gate that locked a file the training then replaced (see LockKeeper), or found no lock file
+    while a training has taken one since, records nothing: the training may have changed the run."""
+    import fcntl
+    import os
+
+    from resilient_training.run import gate_records
+
+    lock = run / ".lock"
+    lock.write_text("")
+    with gate_records.reading_run(run, "judge it"):
+        lock.unlink()
+        lock.write_text("")
+        with pytest.raises(gate_records.RecordError, match=r"\.lock was removed or replaced while this gate read "
+                           r"the run: a training may have taken it meanwhile; judge it again"):
+            gate_records.write_record(run, gate_records.CONVERGENCE, {"passed": True})
+    lock.unlink()
+    with gate_records.reading_run(run, "judge it"):
+        gate_records.write_record(run, gate_records.CONVERGENCE, {"passed": True})  # no training: recorded
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # as a training that began meanwhile
+            with pytest.raises(gate_records.RecordError, match="a training may have taken it meanwhile"):
+                gate_records.write_record(run, gate_records.CONVERGENCE, {"passed": True})
+        finally:
+            os.close(fd)
+    assert gate_records._guards == []
+
+
 def test_a_training_withdraws_the_gates_earlier_verdicts(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A fourth stranger trial: a resume cancelled after the gates had passed, then promote said yes on
     their verdicts while the convergence gate now said the run ended cancelled."""

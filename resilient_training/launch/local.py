@@ -326,9 +326,80 @@ def claim_run_dir(config: cfg.TrainConfig) -> Iterator[RunDirClaim]:
         except gate_records.RecordError as exc:
             raise LaunchError(str(exc)) from None
         layout.config_path(run_dir).write_text(cfg.dumps(config))
-        yield RunDirClaim(run_dir, fd)
+        keeper = LockKeeper(run_dir, fd)
+        keeper.start()
+        try:
+            yield RunDirClaim(run_dir, fd)
+        finally:
+            keeper.stop()
     finally:
         os.close(fd)
+
+
+class LockKeeper(threading.Thread):
+    """Makes ``RUN/.lock`` again, locked, when it is removed or replaced while the training holds
+    it: a lock on a file no longer at that path kept nobody out (a stranger trial deleted it and
+    the gates read the run mid-training). A gate that locked a file since replaced notices before
+    it records a verdict (``gate_records.write_record``). Another training that took a new lock
+    file meanwhile is named, not fought over.
+    """
+
+    INTERVAL_S = 0.5
+
+    def __init__(self, run_dir: Path, fd: int) -> None:
+        super().__init__(name="run-lock", daemon=True)
+        self.run_dir, self.fds = run_dir, [fd]
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.INTERVAL_S):
+            if not layout.names_lock(self.run_dir, self.fds[-1]) and not self._relock():
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=5)
+        for fd in self.fds[1:]:
+            os.close(fd)
+
+    def _relock(self) -> bool:
+        """Put a new locked file in place; False to stop keeping (another training holds the path)."""
+        import fcntl
+
+        path = layout.lock_path(self.run_dir)
+        try:
+            other = layout.open_lock(self.run_dir, create=False)
+        except (layout.LockFileError, OSError):
+            other = None  # not a regular file: replaced below (a directory cannot be, and is said)
+        if other is not None:
+            try:
+                fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"warning: {path} was replaced while this training ran, and another training (pid "
+                      f"{layout.lock_holder(other)}) holds it now: two trainings use {self.run_dir}", file=sys.stderr)
+                return False
+            except OSError:
+                pass
+            finally:
+                os.close(other)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        fd = None
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            os.replace(tmp, path)
+        except OSError as exc:
+            if fd is not None:
+                os.close(fd)
+            tmp.unlink(missing_ok=True)
+            print(f"warning: {path} was removed or replaced while this training ran and cannot be made again "
+                  f"({exc.strerror or exc}): nothing keeps the gates out of the run until it ends", file=sys.stderr)
+            return False
+        self.fds.append(fd)
+        print(f"warning: {path} was removed or replaced while this training ran: made again (it keeps the gates "
+              "and other trainings out of the run)", file=sys.stderr)
+        return True
 
 
 @dataclasses.dataclass(frozen=True)

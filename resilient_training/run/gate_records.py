@@ -177,8 +177,12 @@ def check_recordable(run_dir: str | os.PathLike[str], gate: str) -> None:
 
 
 def write_record(run_dir: str | os.PathLike[str], gate: str, record: dict[str, Any]) -> Path:
-    """Replace the gate's record atomically (a crash leaves the old record or the new one)."""
+    """Replace the gate's record atomically (a crash leaves the old record or the new one); refused
+    when the run's lock was lost while the gate read it (:func:`_lock_lost`).
+    """
     check_recordable(run_dir, gate)
+    if problem := _lock_lost():
+        raise RecordError(problem)
     directory = gates_dir(run_dir)
     path = record_path(run_dir, gate)
     body = {"gate": gate, "created": time.time(), **record}
@@ -227,6 +231,7 @@ def reading_run(path: str | os.PathLike[str], what: str) -> Iterator[None]:
             raise RunInUse(str(exc)) from None
         except OSError:
             pass
+    guard = (run_dir, fd, what)
     try:
         if fd is not None:
             try:
@@ -235,11 +240,53 @@ def reading_run(path: str | os.PathLike[str], what: str) -> Iterator[None]:
                 raise RunInUse(f"run directory {run_dir} is training (pid {layout.lock_holder(fd)}, or the workers "
                                f"it started): {what} once the training has ended") from None
             except OSError:  # a file system without flock: as the training does, go on unguarded
-                pass
+                guard = None
+        _guards.append(guard)
         yield
     finally:
+        if guard in _guards:
+            _guards.remove(guard)
         if fd is not None:
             os.close(fd)
+
+
+# What reading_run holds in this process: (run directory, lock fd or None, what the gate does).
+_guards: list[tuple[Path | None, int | None, str] | None] = []
+
+
+def _lock_lost() -> str | None:
+    """Why the run a gate reads may have been taken by a training since the gate locked it, or None:
+    ``RUN/.lock`` was removed or replaced (the training makes it again, see launch.local.LockKeeper),
+    or it was absent and a training holds one now.
+    """
+    import fcntl
+
+    for guard in _guards:
+        if guard is None or guard[0] is None:
+            continue
+        run_dir, fd, what = guard
+        if fd is not None:
+            if layout.names_lock(run_dir, fd):
+                continue
+        else:
+            try:
+                now = layout.open_lock(run_dir, create=False)
+            except (layout.LockFileError, OSError):
+                now = None
+            if now is None:
+                continue
+            try:
+                fcntl.flock(now, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                continue
+            finally:
+                os.close(now)
+        return (f"{layout.lock_path(run_dir)} was removed or replaced while this gate read the run: a training "
+                f"may have taken it meanwhile; {what} again once no training runs there")
+    return None
 
 
 def withdraw(run_dir: str | os.PathLike[str], gate: str) -> None:

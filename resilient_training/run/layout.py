@@ -97,6 +97,18 @@ def lock_holder(fd: int) -> str:
     return os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
 
 
+def names_lock(run_dir: PathLike, fd: int) -> bool:
+    """Whether ``RUN/.lock`` is still the file ``fd`` holds: not removed or replaced since it was
+    opened (a lock on a file no longer at that path keeps nobody out).
+    """
+    try:
+        now = os.stat(lock_path(run_dir), follow_symlinks=False)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
 class LockFileError(ValueError):
     """``RUN/.lock`` is there but is no regular file (a symbolic link, a directory, a FIFO)."""
 
