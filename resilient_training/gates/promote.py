@@ -531,15 +531,29 @@ def _promote_local(ckpt_dir: Path, dest: Path, record: dict[str, Any]) -> dict[s
 # --------------------------------------------------------------------------- S3
 
 
+# An S3 access point's ARN, which boto3 takes wherever a bucket name goes (as the AWS CLI takes
+# s3://arn:aws:s3:REGION:ACCOUNT:accesspoint/NAME/KEY); names are 3-50 of a-z 0-9 -.
+_ACCESS_POINT_ARN = re.compile(r"arn:aws(?:-cn|-us-gov)?:s3:[a-z]{2}(?:-[a-z]+)+-\d:\d{12}:accesspoint/"
+                               r"[a-z0-9][a-z0-9-]{1,48}[a-z0-9]")
+
+
 def parse_s3(url: str) -> tuple[str, str]:
+    """(bucket, prefix) of ``s3://BUCKET/PREFIX``; BUCKET may be an access point's ARN (or alias)."""
     rest = url.removeprefix("s3://")
-    bucket, _, prefix = rest.partition("/")
-    if problem := _bucket_problem(bucket):
-        raise PromotionUsageError(f"{url!r} names no valid bucket ({problem})")
+    arn = _ACCESS_POINT_ARN.match(rest)
+    if arn and rest[arn.end():arn.end() + 1] in ("", "/"):
+        bucket, after = arn.group(), rest[arn.end() + 1:]
+    else:
+        bucket, _, after = rest.partition("/")
+        if rest.startswith("arn:"):
+            raise PromotionUsageError(f"{url!r} names no valid bucket (an access point's ARN is "
+                                      "arn:aws:s3:REGION:ACCOUNT:accesspoint/NAME, NAME 3-50 of a-z 0-9 -)")
+        if problem := _bucket_problem(bucket):
+            raise PromotionUsageError(f"{url!r} names no valid bucket ({problem})")
     # One trailing '/' is a spelling of the same prefix; '//' elsewhere is an empty part (a stranger
     # trial: s3://bucket//x was promoted to s3://bucket/x), refused as '..' is.
-    prefix = prefix.removesuffix("/")
-    bad_part = rest.partition("/")[2] != "" and any(part in ("", ".", "..") for part in prefix.split("/"))
+    prefix = after.removesuffix("/")
+    bad_part = after != "" and any(part in ("", ".", "..") for part in prefix.split("/"))
     if bad_part or any(c in prefix for c in "\n\r\0"):
         raise PromotionUsageError(f"{url!r}: the prefix has an empty, '.' or '..' part or a control character")
     if len(prefix.encode()) > S3_MAX_PREFIX_BYTES:

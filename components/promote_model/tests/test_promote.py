@@ -260,6 +260,22 @@ def test_promotes_to_s3_idempotently(gated_run: Path, s3) -> None:
     assert {k: s3.head_object(Bucket="models", Key=k)["LastModified"] for k in keys(s3)} == versions
 
 
+def test_promotes_through_an_s3_access_point_arn(gated_run: Path, s3) -> None:
+    """A stranger trial: DEST s3://arn:aws:s3:REGION:ACCOUNT:accesspoint/NAME/PREFIX (as the AWS CLI
+    takes it) was refused as no valid bucket, though boto3 takes the ARN wherever a bucket goes."""
+    boto3.client("s3control", region_name="us-east-1").create_access_point(
+        AccountId="123456789012", Name="models-ap", Bucket="models")
+    dest = "s3://arn:aws:s3:us-east-1:123456789012:accesspoint/models-ap/gpt/v1"
+    assert promote(gated_run / CKPT, dest, s3_client=s3)["already_promoted"] is False
+    assert f"gpt/v1/{PROMOTION_NAME}" in keys(s3)  # in the bucket behind the access point
+    assert read_promotion(dest, s3_client=s3)["source"]["step"] == 4
+    assert promote(gated_run / CKPT, dest, s3_client=s3)["already_promoted"] is True
+    for bad in ("s3://arn:aws:s3:us-east-1:123456789012:accesspoint/AP/x", "s3://arn:aws:s3:::models/x",
+                "s3://arn:aws:s3:us-east-1:12345:accesspoint/models-ap/x"):
+        with pytest.raises(PromotionUsageError, match="names no valid bucket .*an access point's ARN is"):
+            promote(gated_run / CKPT, bad, s3_client=s3)
+
+
 def test_s3_leftovers_of_a_crashed_upload_are_not_a_promotion(gated_run: Path, s3) -> None:
     s3.put_object(Bucket="models", Key="gpt/v1/__0_0.distcp", Body=b"half a shard")
     assert read_promotion("s3://models/gpt/v1", s3_client=s3) is None
