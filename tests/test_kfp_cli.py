@@ -999,6 +999,18 @@ def test_every_request_is_bounded_by_the_timeout(cli, tmp_path, paths, command, 
                     and not r.path.endswith("/healthz")]) == 1  # not retried
 
 
+@pytest.mark.parametrize(("paths", "action"), [(("/healthz",), "health check"), (("/runs",), "listing runs")])
+def test_a_server_that_trickles_its_answer_is_bounded_per_request(cli, paths, action):
+    # urllib3's timeouts bound each read: a byte every 0.2 s kept `runs` going for 40 s at --timeout 1.
+    with FakeKfpServer(broken="trickle", broken_paths=paths) as server:
+        started = time.monotonic()
+        code, _, err = cli("runs", "--host", server.url, "--timeout", "1")
+        elapsed = time.monotonic() - started
+    assert code == 1 and err == (f"error: {server.url} did not finish answering within 2 s, twice --timeout (to "
+                                 f"connect, then to answer) ({action})\n"), err
+    assert elapsed < 5, elapsed
+
+
 @pytest.mark.parametrize("value", ["1e10", "99999999999", "86400.5"])
 @pytest.mark.parametrize("command", ["runs", "schedules", "upload", "submit", "schedule"])
 def test_a_timeout_past_a_day_is_bad_input(cli, command, value):

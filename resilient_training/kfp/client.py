@@ -53,6 +53,35 @@ class _NotTheApi(Exception):
     """A 2xx answer whose body is not a JSON object (its content type is the message)."""
 
 
+class _TooSlow(Exception):
+    """A whole request (connection and answer) took longer than its deadline (:func:`_deadline`)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`_TooSlow` in the block after ``seconds``. urllib3's timeouts bound each socket
+    operation, so a server sending a byte a second kept a request going for as long as it liked (a
+    stranger trial). By SIGALRM, so in the main thread only (where the CLI sends its requests).
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise _TooSlow(seconds)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Auth:
     """A bearer token (or none) and where it came from, for messages."""
@@ -260,11 +289,12 @@ def connect(host: str, auth: Auth, *, namespace: str | None = None, timeout: flo
         configuration.api_key["authorization"] = auth.token
         configuration.api_key_prefix["authorization"] = "Bearer"
     healthz = kfp_server_api.HealthzServiceApi(kfp_server_api.ApiClient(configuration))
-    with api_errors(host, "health check", auth):
+    with api_errors(host, "health check", auth), _deadline(2 * timeout):
         # Raw answer: the generated client turns any non-JSON page into an empty healthz object.
         raw = healthz.healthz_service_get_healthz(_request_timeout=(timeout, timeout), _preload_content=False)
+        data = raw.data
     try:
-        answer = json.loads(raw.data)
+        answer = json.loads(data)
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
@@ -309,9 +339,10 @@ def _bound_requests(client: kfp.Client, timeout: float) -> None:
     send = rest.request
 
     def request(*args: Any, _request_timeout: Any = None, _preload_content: bool = True, **kwargs: Any) -> Any:
-        # A (connect, read) pair: the generated client drops a lone float.
-        response = send(*args, _request_timeout=_request_timeout or (timeout, timeout),
-                        _preload_content=_preload_content, **kwargs)
+        # A (connect, read) pair: the generated client drops a lone float. Both at most, whole.
+        with _deadline(2 * timeout):
+            response = send(*args, _request_timeout=_request_timeout or (timeout, timeout),
+                            _preload_content=_preload_content, **kwargs)
         if _preload_content:  # only 2xx answers come back; the others are ApiExceptions
             try:
                 answer = json.loads(response.data)
@@ -340,6 +371,9 @@ def api_errors(host: str, action: str, auth: Auth | None = None, timeout: float 
         raise KfpError(_http_error_message(host, action, exc, auth)) from None
     except _NotTheApi as exc:
         raise KfpError(f"{host} answered with {exc}, not the KFP API's JSON ({action})") from None
+    except _TooSlow as exc:
+        raise KfpError(f"{host} did not finish answering within {exc.args[0]:g} s, twice --timeout (to connect, "
+                       f"then to answer) ({action})") from None
     except urllib3.exceptions.HTTPError as exc:
         if timeout is not None and isinstance(getattr(exc, "reason", None) or exc, urllib3.exceptions.ReadTimeoutError):
             raise KfpError(f"{host} did not answer within {timeout:g} s ({action})") from None

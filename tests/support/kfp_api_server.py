@@ -59,7 +59,8 @@ class FakeKfpServer:
         # Not quite the KFP API (stranger trial): healthz answers as the API does, every other endpoint
         # "hang"s (hang_s, or until the server stops, then closes without an answer), answers "empty" JSON
         # {} or an "html" page, each with 200; only those under API + one of broken_paths, when given.
-        assert broken in (None, "hang", "empty", "html"), broken
+        # "trickle": a JSON answer one byte every 0.2 s (healthz too), each byte well within any read timeout.
+        assert broken in (None, "hang", "empty", "html", "trickle"), broken
         self.broken = broken
         self.broken_paths = broken_paths
         self.hang_s = hang_s
@@ -293,6 +294,23 @@ def _handler(server: FakeKfpServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", str(len(page)))
                 self.end_headers()
                 self.wfile.write(page)
+                return
+            if server.broken == "trickle" and url.path.startswith(tuple(API + p for p in server.broken_paths)):
+                server.requests.append(request)
+                data = b"{" + b" " * 200 + b"}"
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                for byte in data:
+                    if server._release.wait(0.2):
+                        break
+                    try:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    except OSError:
+                        break
+                self.close_connection = True
                 return
             if (server.broken and not url.path.endswith("/healthz")
                     and url.path.startswith(tuple(API + p for p in server.broken_paths))):
