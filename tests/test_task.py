@@ -6,6 +6,7 @@ with faults, validated, read back by plain torch and resumed at other world size
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -365,6 +366,27 @@ def test_a_task_that_breaks_its_interface_while_training_stops_at_once(tmp_path)
     # Each rank finds it at its own step 1 (no collective before the check); one may be stopped first.
     assert {e.rank for e in events if e.event == "failure_detected" and e["cause"] == "TaskError"} <= {0, 1}
     assert [e for e in events if e.event == "failure_detected" and e["cause"] == "TaskError"]
+
+
+@pytest.mark.slow
+def test_a_task_bug_met_again_at_every_replay_stops_after_three_tries(tmp_path):
+    """Found by a stranger trial: a KeyError in the task's code, met at the same step after every
+    restore, was retried by the in-process layer up to its limit (8), then reported as a gave-up
+    restart. The third identical try stops the run, naming it a bug."""
+    from resilient_training.run import events as ev
+
+    run = train(tmp_path / "run", "--nproc", "2", "--steps", "20", "--checkpoint-every", "2",
+                "--task", f"{USER_TASK}:bad_sample")
+    assert run.returncode != 0
+    said = re.search(r"the same failure at step (\d+) in 3 tries in a row \(KeyError: 'sample 100 is missing'\): "
+                     r"a bug in the task's code or data, not a fault \(the task's code: retrying cannot help\)",
+                     run.output)
+    assert said, run.output[-3000:]
+    events = ev.read_events(tmp_path / "run")
+    failed = [e for e in events if e.event == "failure_detected" and e["cause"] == "KeyError"]
+    assert len(failed) == 3 and {(e.rank, e.step) for e in failed} == {(failed[0].rank, int(said[1]))}, failed
+    assert len([e for e in events if e.event == "restart_begin" and e.rank == failed[0].rank]) == 2
+    assert {e.attempt for e in events} == {0}  # no launcher restart either
 
 
 def test_a_task_file_imports_the_modules_beside_it(tmp_path, monkeypatch):

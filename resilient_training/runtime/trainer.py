@@ -109,6 +109,8 @@ class Trainer:
         self._save_phase: tuple[Any, int] | None = None  # (phase token, step saved) until the next step ends
         self.last_cause: str | None = None
         self.last_kind: str | None = None  # classify() of the last failure
+        self._same_failures = 0  # tries in a row in this process that failed the same way (see _on_failure)
+        self._last_failure: tuple[int, str] | None = None
         self.completed = False
         self.step = 0  # the step being trained (after a restore: the step restored)
         self.iteration = 0  # in-process restart iteration last entered
@@ -650,7 +652,13 @@ class Trainer:
     def _on_failure(self, exc: BaseException, step: int) -> None:
         cause = self.last_kind = self.classify(exc)
         self.last_cause = f"{cause}: {exc}" if str(exc) else cause
-        self.events.emit("failure_detected", step or None, cause=cause, message=f"{type(exc).__name__}: {exc}"[:500])
+        message = f"{type(exc).__name__}: {exc}"[:500]
+        self.events.emit("failure_detected", step or None, cause=cause, message=message)
+        if self._repeats(step, cause, message, exc) >= SAME_FAILURE_TRIES:
+            # A bug in the task's code (a KeyError in loss()): each in-process restart replays
+            # to it and meets it again (a stranger trial watched it retried up to the limit).
+            exc = tk.TaskError(f"the same failure at step {step} in {SAME_FAILURE_TRIES} tries in a row ({message}): "
+                               "a bug in the task's code or data, not a fault")
         if cause in HANDED_OVER and self.config.restart.inprocess:
             # This process cannot train again: every later iteration finds the same half-imported
             # module, or waits on the same stuck commit. A new one can, so hand over to the
@@ -681,6 +689,18 @@ class Trainer:
             # a restart that overruns this is caught by ft_launcher.
             self.heartbeats.cover(self.config.timeouts.hard + 30.0)
             self.events.emit("restart_begin", step or None, layer="inprocess", cause=cause)
+
+    def _repeats(self, step: int, cause: str, message: str, exc: BaseException) -> int:
+        """How many tries in a row, this one included, failed with this exception at this step. Only
+        an exception of the task's own (cause: its type's name): an injected fault, an OOM, a NaN, a
+        hang or a peer's failure may well pass on the next try.
+        """
+        if cause != type(exc).__name__ or isinstance(exc, flt.InjectedFault):
+            self._last_failure, self._same_failures = None, 0
+            return 0
+        same = self._last_failure == (step, message)
+        self._last_failure, self._same_failures = (step, message), (self._same_failures + 1 if same else 1)
+        return self._same_failures
 
     def _drop_stale_write(self) -> None:
         """Recovery does not wait for a write left running by a failed iteration: the next
@@ -765,6 +785,11 @@ def half_imported(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+# Tries in a row that fail with the same exception of the task's at the same step before the run
+# stops (retrying cannot help): the first and two in-process restarts.
+SAME_FAILURE_TRIES = 3
 
 
 def retrying_cannot_help(exc: BaseException) -> bool:

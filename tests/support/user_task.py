@@ -128,6 +128,25 @@ class Settings(_Broken):
             setattr(self, name, value)
 
 
+class _MissingSample(TensorDataset):
+    def __getitem__(self, index):
+        if index == 100:
+            raise KeyError("sample 100 is missing")
+        return super().__getitem__(index)
+
+
+class BadSample(Task):
+    """A bug in the task's data: one sample cannot be read, at the same step of every replay."""
+
+    def build_data(self, rank: int, world_size: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(512, 8, generator=gen)
+        dataset = _MissingSample(x, x.sum(dim=1, keepdim=True))
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
+        return StatefulDataLoader(dataset, batch_size=16, sampler=sampler)
+
+
+bad_sample = BadSample(16, 0.05)
 model_not_a_module = ModelNotAModule()
 optimizer_over_other_tensors = OptimizerOverOtherTensors()
 scheduler_it_steps = SchedulerItSteps()
