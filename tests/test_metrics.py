@@ -1023,3 +1023,135 @@ def test_a_fault_spec_in_the_log_naming_a_file_is_never_read(tmp_path: Path) -> 
     log.close()
     (fault,) = compute_metrics(tmp_path / "run")["faults"]
     assert "scheduled_step" not in fault["root_cause"]
+
+
+# --- a stranger trial audited the report against its own sums --------------------------------------
+
+
+def _start(log: ScriptedLog, agent: str) -> None:
+    log.emit("start", world_size=log.world_size, pid=1, host="test", agent=agent, layers=[], nvrx_version="0",
+             torch_version="0")
+
+
+def test_a_fault_the_run_gave_up_on_gets_nothing_of_the_resume_s_restore(tmp_path: Path) -> None:
+    """The next `train`'s restore gave the unrecovered fault a rollback of 6 steps and phases that
+    ran through the 106 s between the two launches."""
+    log = ScriptedLog(tmp_path)
+    _start(log, "agent-1")
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 12, checkpoint_every=5)
+    log.emit("fault_injected", 13, rank=1, fault="exception@13:1", type="exception")
+    log.emit("failure_detected", 13, rank=1, cause="exception", message="InjectedFault")
+    log.emit("end", 13, status="failed", reason="in-process restart gave up")
+    log.wait(100.0)
+    _start(log, "agent-2")
+    log.emit("load_done", 10, path="checkpoints/step_10", source="storage", seconds=0.2)
+    log.steps(11, 20)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    (fault,) = m["faults"]
+    assert (fault["layer"], fault["recovered"]) == ("unrecovered", False)
+    assert (fault["restored_step"], fault["rollback_steps"], fault["phases"]) == (None, None, {})
+    assert m["rollback_steps"]["count"] == 0
+    assert m["launches"] == 2 and m["attempts"] == 2  # attempt 0 of each launch
+
+
+def _writer_death_then_launcher_restart(log: ScriptedLog, *, new_writer: bool) -> None:
+    _start(log, "agent-1")
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 20, checkpoint_every=10)
+    log.emit("fault_injected", 20, rank=1, fault="writer-kill@20:1", type="writer-kill")
+    log.emit("failure_detected", 21, rank=1, cause="writer_died", message="killed by SIGKILL", signal="SIGKILL")
+    log.steps(21, 24)
+    log.emit("fault_injected", 25, rank=0, fault="ckpt-kill@25:0", type="ckpt-kill")
+    log.attempt += 1
+    log.wait(3.0)
+    _start(log, "agent-1")
+    log.emit("restart_done", layer="launcher")
+    log.emit("load_done", 20, path="checkpoints/step_20", source="storage", seconds=0.2)
+    log.steps(21, 30)
+    if new_writer:
+        log.emit("writer_ready", 30, rank=1, seconds=5.0, pid=7)
+    log.steps(31, 33)
+    log.end()
+    log.close()
+
+
+@pytest.mark.parametrize("new_writer", [True, False])
+def test_a_writer_death_cut_by_a_launcher_restart_runs_to_the_new_process_s_writer(
+        tmp_path: Path, new_writer: bool) -> None:
+    """It said "writer, recovered, 0.97 s" when no writer was ready for 11 s (a new process's
+    writer logs writer_ready, not writer_restarted); one never replaced is not recovered."""
+    log = ScriptedLog(tmp_path)
+    _writer_death_then_launcher_restart(log, new_writer=new_writer)
+    m = compute_metrics(tmp_path)
+    writer, killed = m["faults"]
+    assert (writer["fault"], writer["layer"], killed["layer"]) == ("writer-kill@20:1", "writer", "launcher")
+    assert writer["recovered"] is new_writer
+    if new_writer:
+        assert writer["recovery_seconds"] == pytest.approx(0.4 + 3.0 + 1.0, abs=0.01)  # death to readiness
+    # Training went on while it was replaced: no time lost to it, whatever its recovery took.
+    assert writer["lost_seconds"] in (0.0, None)
+    assert m["lost_seconds_per_fault"]["count"] == 1 + new_writer
+    if new_writer:
+        assert m["lost_seconds_per_fault"]["mean"] == pytest.approx(killed["lost_seconds"] / 2)
+
+
+def test_saves_begun_and_never_committed_are_failed_and_the_interval_is_the_mean_gap(tmp_path: Path) -> None:
+    """"failed" counted an event nothing logs (always 0), and the interval was the median gap,
+    which hid the deferred saves (commits at 10, 20, 50, 60 said "every 10")."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    for step in range(1, 61):
+        log.steps(step, step)
+        if step % 10 == 0:
+            log.emit("ckpt_begin", step, mode="async", tier="persistent")
+            if step in (30, 40):
+                log.emit("ckpt_abandoned", step, reason="carried save dropped", tier="persistent")
+            else:
+                log.emit("ckpt_committed", step, rank=0, bytes=1000, seconds=0.2, path=f"checkpoints/step_{step}")
+    log.end()
+    log.close()
+    ck = compute_metrics(tmp_path)["checkpoints"]
+    assert ck["steps"] == [10, 20, 50, 60] and ck["failed"] == 2
+    assert ck["interval_steps"] == pytest.approx(50 / 3) and ck["interval_steps_max"] == 30
+
+
+def test_steps_on_non_finite_weights_are_not_productive(tmp_path: Path) -> None:
+    """With --no-nan-guard the steps after a NaN trained nothing, and were counted productive."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 10, seconds=1.0, loss=lambda step: float("nan") if step > 5 else 5.0 - step * 0.1)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert m["productive_step_seconds"] == pytest.approx(5.0)
+    assert m["steps"]["completed"] == 10
+
+
+def test_a_hung_rank_s_interruption_is_not_quoted_as_its_root_cause(tmp_path: Path) -> None:
+    """The hung rank logs what NVRx raised in it to end the hang ("Interruption.EXCEPTION on
+    ranks={0}"): quoted, it read as if rank 0 had raised an exception."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 12, checkpoint_every=5)
+    log.emit("fault_injected", 13, rank=1, fault="hang@13:1", type="hang")
+    log.wait(3.0)
+    log.emit("failure_detected", 13, rank=1, cause="hang", message="RankShouldRestart: Interruption.EXCEPTION on ranks={0}")
+    log.emit("failure_detected", 13, rank=0, cause="peer_failure", message="DistBackendError: a peer failed")
+    log.emit("restart_begin", 13, layer="inprocess", cause="hang")
+    log.iteration += 1
+    log.wait(1.0)
+    log.emit("restart_done", layer="inprocess")
+    log.emit("load_done", 10, path="memory", seconds=0.1)
+    log.steps(11, 15)
+    log.end()
+    log.close()
+    (fault,) = compute_metrics(tmp_path)["faults"]
+    root = fault["root_cause"]
+    assert (root["kind"], root["rank"], fault["layer"]) == ("hang", 1, "inprocess")
+    assert "ranks={0}" not in root["detail"] and root["detail"].startswith("hang@13:1"), root["detail"]

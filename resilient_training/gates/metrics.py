@@ -122,6 +122,8 @@ class Episode:
     writer_ready: float | None = None  # a new writer was ready in place of a dead one (writer_restarted)
     symptom_only: bool = True  # every trigger so far is a rank reporting another's failure (see episodes)
     replaced_at: float | None = None  # a writer episode cut by another fault: when its new writer was ready
+    writer_rank: int | None = None  # the rank whose writer died (a writer episode)
+    never_replaced: bool = False  # a writer episode cut by another fault, and no new writer was ready after
     session_end: float | None = None  # the last event of the launch it struck in (see sessions)
     triggers: list[str] = dataclasses.field(default_factory=list)
     root_cause: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -280,6 +282,7 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
                 writer_only = False
             if e.event == "failure_detected" and e.get("cause") == "writer_died" and "restart_begin" not in current.triggers:
                 writer_only = True
+                current.writer_rank = e.rank if current.writer_rank is None else current.writer_rank
             elif e.event == "restart_begin" or (e.event == "failure_detected" and e.get("cause") != "writer_died"):
                 writer_only = False
             current.triggers.append(e.event)
@@ -290,7 +293,11 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             if e.event in ("failure_detected", "restart_begin") and current.cause is None:
                 current.cause = e.get("cause")
             continue
-        if e.event == "writer_restarted" and cut_writer is not None:
+        if e.event in ("writer_restarted", "writer_ready") and cut_writer is not None \
+                and e.rank == cut_writer.writer_rank:
+            # Replaced in the same process (writer_restarted), or by a new process's writer after a
+            # launcher restart (writer_ready): a stranger trial's cut episode said 0.97 s, recovered,
+            # while no writer was ready for 11 s.
             cut_writer.replaced_at, cut_writer = e.ts, None
         if current is not None and e.event == "writer_restarted" and current.writer_ready is None:
             current.writer_ready = e.ts
@@ -324,6 +331,8 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
                     current = None
         if e.event == "step" and e.rank == ref and e.step is not None:
             last_step, context = int(e.step), (e.attempt, e.iteration)
+    if cut_writer is not None:  # cut by another fault, and no new writer was ever ready on its rank
+        cut_writer.never_replaced = True
     # Only ranks reporting another's failure, and training went on without a restart: a report
     # logged late (a rank that finished first seen as gone by its peer; a clock a little ahead),
     # not a fault. (A stranger trial's late peer_failure was an unrecovered fault, blamed on rank 0,
@@ -341,12 +350,18 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
             episode.start = died.ts if died is not None else episode.start
             if episode.replaced_at is not None:  # named and classified up to the fault that cut it
                 episode.writer_ready = episode.end = episode.replaced_at
+            elif episode.never_replaced:
+                episode.end = None  # not recovered: no writer took the dead one's place
     for episode in found:
         episode.session_end = next((end for start, end in spans if start <= episode.start <= end), spans[-1][1])
         if episode.end is not None and episode.end > episode.session_end:
             # Closed by a later `train` of the run (a resume): the run's own layers gave up on it
             # (a third stranger trial's resumed run turned its unrecovered fault into "inprocess").
             episode.end, episode.layer = None, "unrecovered"
+        if episode.restored_at is not None and episode.restored_at > episode.session_end:
+            # Nor is that resume's restore this fault's: it gave the fault a rollback and phases
+            # that ran through the idle time between the two launches (a stranger trial: 106 s).
+            episode.restored_step = episode.restored_at = episode.last_step_before = None
     return _link_delayed(found)
 
 
@@ -444,7 +459,10 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
         root = {"kind": injected.get("type") or str(injected.get("fault", "")).split("@")[0], "rank": injected.rank,
                 "step": injected.step, "injected": True, "detail": injected.get("fault")}
         episode.fault = injected.get("fault")  # the root one: the first logged may be a delayed one, also injected
-        if primary is not None and primary.rank == injected.rank:
+        interrupted = root["kind"] in HANGS and "RankShouldRestart" in str(primary.get("message") if primary else "")
+        if primary is not None and primary.rank == injected.rank and not interrupted:
+            # (Not a hung rank's RankShouldRestart: what NVRx raised in it to end the hang, naming the
+            # peers that interrupted it, read as the peer's exception. How it was found is said below.)
             root["detail"] = f"{injected.get('fault')}: {primary.get('message') or primary.get('cause')}"
         # Another fault that struck while this one was being recovered (e.g. a load-hang in the
         # restore): named too, not counted as an episode of its own.
@@ -680,6 +698,20 @@ def checkpoint_commits(events: Iterable[ev.Event], tier: str | None = "persisten
     return out
 
 
+def saves_lost(events: list[ev.Event], ref: int | None) -> list[tuple[int, str]]:
+    """(step, tier) of each save the reference rank began that was never committed: abandoned (an
+    in-process restart or a writer death dropped it) or lost with its process. "Failed" counted an
+    event nothing logs, so it said 0 whatever was lost (a stranger trial).
+    """
+    begun: dict[tuple[int, str], float] = {}
+    for e in events:
+        if e.event == "ckpt_begin" and e.rank == ref and e.step is not None:
+            begun.setdefault((int(e.step), str(e.get("tier", "persistent"))), e.ts)
+    done = {(int(e.step), str(e.get("tier", "persistent"))) for e in events
+            if e.event == "ckpt_committed" and e.step is not None}
+    return sorted(key for key in begun if key not in done)
+
+
 def freshness(runs: list[StepRun], commits: list[ev.Event]) -> list[tuple[float, int, int]]:
     """(ts, step, steps since the newest committed checkpoint) at every reference-rank step."""
     out = []
@@ -757,7 +789,8 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     ref = reference_rank(events)
     runs = step_runs(events, ref)
     survivors = surviving(runs)
-    productive = sum(r.seconds for r in survivors.values())
+    # A step on non-finite weights (the NaN guard off) trained nothing (a stranger trial counted it).
+    productive = sum(r.seconds for r in survivors.values() if math.isfinite(r.loss))
     if productive > wall + 1.0:  # steps run one after another: their time fits in the run's
         # (one edited step's seconds gave a training goodput of 838 %: stranger trial)
         raise RunError(f"{run_dir}: the event log does not add up: its steps took {productive:.1f} s, more than the "
@@ -783,7 +816,8 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
     for key in ("young", "daly"):
         secs = interval[f"{key}_seconds"]
         interval[f"{key}_steps"] = round(secs / median_step, 1) if secs and median_step else None
-    launch_at = {e.ts: launch for e, launch in zip(events, launches(events), strict=True) if e.event == "step"}
+    launch_of = launches(events)
+    launch_at = {e.ts: launch for e, launch in zip(events, launch_of, strict=True) if e.event == "step"}
     ends = [e for e in events if e.event == "end"]
     final = next((e for e in reversed(ends) if e.rank <= 0), ends[-1] if ends else None)
     status, end_reason = (final.get("status"), final.get("reason")) if final else ("unknown", None)
@@ -800,7 +834,8 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "status": status,
         "end_reason": end_reason,
         "world_size": next((e.get("world_size") for e in events if e.event == "start"), None),
-        "attempts": len({e.attempt for e in events}),
+        # launcher attempts of all launches (each launch numbers its own from 0)
+        "attempts": len({(launch, e.attempt) for e, launch in zip(events, launch_of, strict=True)}),
         "launches": len(spans),
         "steps": {
             "completed": len(survivors),
@@ -813,8 +848,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "training_goodput": productive / wall if wall > 0 else None,
         "infrastructure_goodput": (wall - downtime) / wall if wall > 0 else None,
         "faults": [_episode_dict(p, t0, runs, events, ref) for p in found],
-        "lost_seconds_per_fault": percentiles([p.seconds + (replayed_seconds(p, runs) or 0.0)
-                                               for p in restarted if p.seconds is not None]),
+        "lost_seconds_per_fault": percentiles([lost_seconds(p, runs) for p in restarted if p.seconds is not None]),
         "recovery_seconds": {
             "all": percentiles([p.seconds for p in restarted if p.seconds is not None]),
             "by_layer": {layer: percentiles(v) for layer, v in sorted(by_layer.items())},
@@ -833,13 +867,16 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
             "committed": len(commits),
             "committed_local_tier": len(checkpoint_commits(events, tier="local")),
             "steps": [int(c.step or 0) for c in commits],
-            "failed": sum(1 for e in events if e.event == "ckpt_failed"),
+            "failed": len(saves_lost(events, ref)),
             "deferred": sum(1 for e in events if e.event == "ckpt_deferred" and e.rank == ref),
             "stall_seconds": percentiles(stalls),
             "stall_total_seconds": sum(stalls),
             "commit_seconds": percentiles([duration(c) for c in commits]),
             "bytes": percentiles([duration(c, "bytes") for c in commits]),
-            "interval_steps": statistics.median(steps_per_save) if steps_per_save else None,
+            # The achieved interval: the mean gap between persistent commits (deferred saves lengthen
+            # it; the median hid them, a stranger trial), and the largest gap.
+            "interval_steps": statistics.fmean(steps_per_save) if steps_per_save else None,
+            "interval_steps_max": max(steps_per_save) if steps_per_save else None,
         },
         "freshness_steps": {
             **percentiles([float(f) for _, _, f in fresh]),
@@ -928,6 +965,16 @@ def replayed_seconds(p: Episode, runs: list[StepRun]) -> float | None:
     return sum(lost.values())
 
 
+def lost_seconds(p: Episode, runs: list[StepRun]) -> float:
+    """What fault ``p`` cost the training: its downtime plus the step time trained again after the
+    rollback. A writer replaced while training went on cost none (a stranger trial found its
+    replacement time counted as lost); its recovery seconds say how long saves waited.
+    """
+    if p.layer in NON_STOPPING:
+        return 0.0
+    return (p.seconds or 0.0) + (replayed_seconds(p, runs) or 0.0)
+
+
 def _episode_dict(p: Episode, t0: float, runs: list[StepRun] | None = None,
                   events: list[ev.Event] | None = None, ref: int | None = None) -> dict[str, Any]:
     replayed = replayed_seconds(p, runs or [])
@@ -946,7 +993,7 @@ def _episode_dict(p: Episode, t0: float, runs: list[StepRun] | None = None,
         "recovery_seconds": p.seconds,
         "replayed_seconds": replayed,
         # what the fault cost: downtime plus the step time trained again after the rollback
-        "lost_seconds": None if p.seconds is None else p.seconds + (replayed or 0.0),
+        "lost_seconds": None if p.seconds is None else lost_seconds(p, runs or []),
         "recovered": p.recovered,
         # where the recovery went (see recovery_phases): phase -> seconds, in order
         "phases": recovery_phases(p, events or [], ref),

@@ -232,7 +232,8 @@ def render_html(m: dict[str, Any], title: str) -> str:
                   f"<b>{_fmt(interval['daly_seconds'], ' s', 1)}</b> "
                   f"(Daly; Young: {_fmt(interval['young_seconds'], ' s', 1)})"
                   f" ≈ <b>{_fmt(interval['daly_steps'], ' steps', 1)}</b>; this run saved every "
-                  f"{_fmt(ck['interval_steps'], ' steps')}.")
+                  f"{_fmt(ck['interval_steps'], ' steps', 1)} on average (at most "
+                  f"{_fmt(ck.get('interval_steps_max'), ' steps')} apart).")
     else:
         advice = "No failure or no checkpoint stall observed: no interval can be derived from this run."
     launched = f"{m.get('launches', 1)} launch(es), {m['attempts']} launcher attempt(s)"
@@ -257,7 +258,7 @@ def render_html(m: dict[str, Any], title: str) -> str:
 <img alt="checkpoint freshness over time" src="{freshness_chart(m)}">
 <table>
 <tr><th>committed</th><td>{ck['committed']} (steps {e(', '.join(map(str, ck['steps'])) or '–')})</td></tr>
-<tr><th>failed / deferred</th><td>{ck['failed']} / {ck['deferred']}</td></tr>
+<tr><th>lost (begun, never committed) / deferred</th><td>{ck['failed']} / {ck['deferred']}</td></tr>
 <tr><th>training stall per save</th><td>mean {_fmt(ck['stall_seconds']['mean'], ' s', 3)}, p95
  {_fmt(ck['stall_seconds']['p95'], ' s', 3)}, max {_fmt(ck['stall_seconds']['max'], ' s', 3)};
  total {_fmt(ck['stall_total_seconds'], ' s', 2)}</td></tr>
