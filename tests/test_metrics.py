@@ -1155,3 +1155,24 @@ def test_a_hung_rank_s_interruption_is_not_quoted_as_its_root_cause(tmp_path: Pa
     root = fault["root_cause"]
     assert (root["kind"], root["rank"], fault["layer"]) == ("hang", 1, "inprocess")
     assert "ranks={0}" not in root["detail"] and root["detail"].startswith("hang@13:1"), root["detail"]
+
+
+def test_a_run_resumed_at_another_world_size_reports_the_last_and_every_one(tmp_path: Path) -> None:
+    """A stranger trial's run went from 1 rank to 3 at a resume: the report said "world size 1"."""
+    from resilient_training.gates.report import write_report
+
+    log = ScriptedLog(tmp_path, world_size=1)
+    _start(log, "agent-1")
+    log.emit("load_done", 0, path="", seconds=0.0)
+    log.steps(1, 10, checkpoint_every=5)
+    log.end()
+    log.world_size = 3
+    log.wait(50.0)
+    _start(log, "agent-2")
+    log.emit("load_done", 10, path="checkpoints/step_10", seconds=0.1)
+    log.steps(11, 20, checkpoint_every=5)
+    log.end()
+    log.close()
+    m = compute_metrics(tmp_path)
+    assert (m["world_size"], m["world_sizes"], m["launches"]) == (3, [1, 3], 2)
+    assert "world size 1 → 3 · 2 launch(es)" in write_report(tmp_path, tmp_path / "r.html").read_text()

@@ -21,8 +21,10 @@ import pytest
 
 from resilient_training.gates import metrics
 from resilient_training.launch import simulated_cluster as sim
+from resilient_training.run import config as cfg
 from resilient_training.run import events as ev
 from resilient_training.run import faults as flt
+from resilient_training.run import layout
 from resilient_training.runtime import nvrx_adapter
 from tests.support.runs import Run, rank0_losses, train
 
@@ -79,6 +81,9 @@ def check_no_leftovers(run: Run) -> None:
     record = _cluster_record(run.run_dir)
     assert sim.pids_labelled(f"{record['cluster_id']}/") == [], "processes of the simulated cluster outlived it"
     assert not list(Path(record["tmp_base"]).glob(f"{sim.POD_TMP_PREFIX}{record['cluster_id']}-*"))
+    # Nor the workers' pid records in /dev/shm (a lost node's were left behind: a stranger trial).
+    config = cfg.TrainConfig(run_dir=str(run.run_dir))
+    assert not layout.worker_records(config).exists(), list(layout.worker_records(config).iterdir())
     if record["namespaces"]:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
         assert not set(record["namespaces"]) & {line.split()[0] for line in listed.splitlines() if line}

@@ -186,7 +186,7 @@ def check_convergence(
     survivors = metrics.surviving(runs)
     curve = [(step, run.loss) for step, run in survivors.items()]
     checkpoint, judged_step, history, unusable = _judged_history(run_dir, events, runs)
-    checks = [_finite(runs, curve, events), _completed(events, max(survivors))]
+    checks = [_finite(runs, curve, events), _completed(events, runs[-1].step)]
     if unusable:  # committed steps, but `latest` names none of them: which model would pass is unknown
         checks.append(Check("latest_checkpoint", False, f"the run's latest checkpoint cannot be judged: {unusable}"))
     learning, threshold_from = _learning(checkpoint, unusable, history, config, judged_step)
@@ -194,7 +194,7 @@ def check_convergence(
     continuity, recoveries = _continuity(events, config)
     checks.append(continuity)
     if reference_dir is not None:
-        checks.append(_reference(curve, Path(reference_dir), config))
+        checks.append(_reference(events, Path(reference_dir), config))
     thresholds = {**dataclasses.asdict(config), "max_final_loss": learning[0].values["threshold"],
                   "max_final_loss_from": threshold_from}
     return Verdict(run_dir=str(run_dir), checks=checks, recoveries=recoveries, thresholds=thresholds,
@@ -272,6 +272,8 @@ def _completed(events: list[Any], last_step: int) -> Check:
         # earlier step and its end kept said completed (a second stranger trial).
         return Check("completed", False, f"the run's end says completed at step {final.step}, but its last "
                      f"logged step is {last_step} (the event log was cut or edited)", {"status": None})
+    # (``last_step``: the last step logged, in time: a resume to fewer steps than an earlier session
+    # reached ends at its own target, a stranger trial's "cut or edited" for a correct run.)
     return Check("completed", status == "completed", f"run ended {status}" + (f" ({reason})" if reason else ""),
                  {"status": status, "reason": reason})
 
@@ -379,6 +381,11 @@ def _recent_pace(before: list[Any], restored: int) -> float:
     return max(changes, default=0.0)  # (a step event's loss is a JSON number: the event log says so)
 
 
+# Ranks log the same step within this of each other (a step is collective): a rank's execution of
+# the restored step this much before the last one of any rank is from another history.
+HISTORY_SKEW_S = 5.0
+
+
 def _world_sizes(events: list[Any]) -> dict[int, list[tuple[float, Any]]]:
     """Each rank's ``start`` events as (time, world size), in order."""
     out: dict[int, list[tuple[float, Any]]] = {}
@@ -415,10 +422,19 @@ def _continuity(events: list[Any], config: ConvergenceConfig) -> tuple[Check, li
             entry.update(passed=False, reason=f"resumed at step {after.step}, expected {restored + 1} after restoring "
                          f"step {restored}")
             continue
-        same = [e for e in before if e.step == after.step]
+        # The restored state's history: from the last execution of the restored step by any rank (a
+        # stranger trial resized 3 -> 1 -> 3 ranks: the 1-rank session's step 35 was restored, and
+        # rank 1's step 36 of the first session, another history, was taken for its replay).
+        origin = next((e for e in reversed(events) if e.event == "step" and e.step == restored and e.ts < load.ts),
+                      None)
+        since = origin.ts if origin is not None else -math.inf
+        same = [e for e in before if e.step == after.step and e.ts > since]
         prior = [e for e in before if e.step == restored]
+        if origin is not None and (not prior or prior[-1].ts < since - HISTORY_SKEW_S):
+            prior = [origin]  # this rank did not run in that history (it is new): another rank's loss
         now = _world_at(worlds.get(rank, []), load.ts)
-        then = _world_at(worlds.get(rank, []), (same or prior or [load])[-1].ts)
+        basis = (same or prior or [load])[-1]
+        then = _world_at(worlds.get(basis.rank, []), basis.ts)
         if now is not None and then is not None and now != then:
             # At another world size a rank's batches and the reduction differ: its losses are not the
             # same numbers (a stranger trial's resume at 1 rank of a 2-rank run: 0.5 % off at once,
@@ -515,19 +531,36 @@ def _check_replay(entry: dict[str, Any], load: Any, before: list[Any], events: l
     entry.update(replayed=compared, replay_deviation=worst)
 
 
-def _reference(curve: list[tuple[int, float]], reference_dir: Path, config: ConvergenceConfig) -> Check:
-    ref_events = metrics.load_events(reference_dir)
-    ref_curve = dict((s, r.loss) for s, r in metrics.surviving(
-        metrics.step_runs(ref_events, metrics.reference_rank(ref_events))).items())
-    common = [(s, v, ref_curve[s]) for s, v in curve if s in ref_curve]
+def _trained_at(events: list[Any]) -> dict[int, tuple[float, Any]]:
+    """Each surviving step of the reference rank: (loss, the world size it was trained at)."""
+    ref = metrics.reference_rank(events)
+    worlds = _world_sizes(events).get(ref, []) if ref is not None else []
+    return {s: (r.loss, _world_at(worlds, r.ts)) for s, r in metrics.surviving(metrics.step_runs(events, ref)).items()}
+
+
+def _reference(events: list[Any], reference_dir: Path, config: ConvergenceConfig) -> Check:
+    mine, theirs = _trained_at(events), _trained_at(metrics.load_events(reference_dir))
+    # At another world size a rank's losses are other numbers (its share of the batch): a stranger
+    # trial's 1-rank run against a 3-rank reference failed "deviation 0.345" without saying why.
+    def alike(a: Any, b: Any) -> bool:
+        return a == b or a is None or b is None  # (a log without start events says nothing of it)
+
+    common = [(s, v, theirs[s][0]) for s, (v, world) in mine.items() if s in theirs and alike(theirs[s][1], world)]
+    other = sorted({(world, theirs[s][1]) for s, (_, world) in mine.items()
+                    if s in theirs and not alike(theirs[s][1], world)}, key=str)
     if not common:
-        return Check("reference", False, f"no step in common with the reference run {reference_dir}",
+        why = (f": this run trained at world size {other[0][0]}, the reference at {other[0][1]} (a rank's losses "
+               "are other numbers at another world size; compare with a reference run at the same one)"
+               if other else "")
+        return Check("reference", False, f"no step in common with the reference run {reference_dir}{why}",
                      {"common_steps": 0})
     deviations = [(abs(v - r) / abs(r) if r else abs(v - r), s) for s, v, r in common]
     worst, at = max(deviations, key=lambda d: (not math.isfinite(d[0]), d[0]))
     ok = all(_close(v, r, config.reference_rtol) for _, v, r in common)
+    skipped = (f"; {sum(1 for s, (_, w) in mine.items() if s in theirs and not alike(theirs[s][1], w))} steps trained at "
+               "another world size than the reference's not compared" if other else "")
     return Check("reference", ok, f"{len(common)} common steps, worst relative deviation {worst:.3g} at step {at} "
-                 f"({'within' if ok else 'exceeds'} rtol {config.reference_rtol:g})",
+                 f"({'within' if ok else 'exceeds'} rtol {config.reference_rtol:g}){skipped}",
                  {"common_steps": len(common), "max_deviation": worst, "at_step": at,
                   "reference": str(reference_dir)})
 

@@ -206,11 +206,17 @@ def step_runs(events: Iterable[ev.Event], rank: int | None = None) -> list[StepR
 
 
 def surviving(runs: Iterable[StepRun]) -> dict[int, StepRun]:
-    """Each step's last execution: the trajectory the final model actually went through."""
-    last: dict[int, StepRun] = {}
+    """The trajectory the final model went through: each step's last execution, without the steps
+    a rollback went back past that were never executed again (a stranger trial's run stopped at
+    step 40, resumed from step 30 with ``--steps 35``: steps 36-40 counted as trained, and its
+    convergence gate said the log was cut).
+    """
+    trajectory: list[StepRun] = []
     for run in runs:
-        last[run.step] = run
-    return dict(sorted(last.items()))
+        while trajectory and trajectory[-1].step >= run.step:
+            trajectory.pop()
+        trajectory.append(run)
+    return {run.step: run for run in trajectory}
 
 
 def restores(events: Iterable[ev.Event]) -> list[ev.Event]:
@@ -833,7 +839,9 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "wall_seconds": wall,
         "status": status,
         "end_reason": end_reason,
-        "world_size": next((e.get("world_size") for e in events if e.event == "start"), None),
+        # The last launch's (the final model's); a stranger trial's run resumed from 1 rank at 3 said 1.
+        "world_size": next((e.get("world_size") for e in reversed(events) if e.event == "start"), None),
+        "world_sizes": _distinct(e.get("world_size") for e in events if e.event == "start" and e.rank == ref),
         # launcher attempts of all launches (each launch numbers its own from 0)
         "attempts": len({(launch, e.attempt) for e, launch in zip(events, launch_of, strict=True)}),
         "launches": len(spans),
@@ -963,6 +971,11 @@ def replayed_seconds(p: Episode, runs: list[StepRun]) -> float | None:
         if run.step <= p.last_step_before:
             lost.setdefault(run.step, run.seconds)
     return sum(lost.values())
+
+
+def _distinct(values: Iterable[Any]) -> list[Any]:
+    """``values`` without repeats, in their first order (the world sizes a run trained at, in turn)."""
+    return list(dict.fromkeys(v for v in values if v is not None))
 
 
 def lost_seconds(p: Episode, runs: list[StepRun]) -> float:

@@ -237,10 +237,11 @@ def render_html(m: dict[str, Any], title: str) -> str:
     else:
         advice = "No failure or no checkpoint stall observed: no interval can be derived from this run."
     launched = f"{m.get('launches', 1)} launch(es), {m['attempts']} launcher attempt(s)"
+    worlds = e(" → ".join(map(str, m.get("world_sizes") or [])) or _fmt(m["world_size"]))  # each, in turn
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title><style>{CSS}</style></head><body>
 <h1>Resilience report</h1>
-<p class="muted">{e(str(m['run_dir']))} · world size {_fmt(m['world_size'])} · {launched}</p>
+<p class="muted">{e(str(m['run_dir']))} · world size {worlds} · {launched}</p>
 <p><span class="badge {'ok' if ok else 'bad'}">{e(str(m['status']))}</span> {e(str(m['end_reason'] or ''))}</p>
 <div class="cards">{''.join(f'<div class="card"><span>{e(a)}</span><b>{e(b)}</b><span>{e(c)}</span></div>'
                              for a, b, c in cards)}</div>

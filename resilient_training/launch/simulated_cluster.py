@@ -555,6 +555,9 @@ def _run_cluster(config: cfg.TrainConfig, spec: ClusterSpec, run_dir: Path, *,
     finally:
         cluster.close()
         watcher.stop()
+        # The workers' pid records (as launch.local's run does): a lost node's were left in /dev/shm
+        # (a stranger trial). Every pod is gone by now.
+        shutil.rmtree(layout.worker_records(config), ignore_errors=True)
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
         if stopped is not None:  # after the pods: the end is the run's last event

@@ -117,6 +117,48 @@ def test_a_resume_at_another_world_size_is_judged_by_the_restored_step_not_as_a_
     assert "(world size 2 before the fault, 1 after)" in entry["reason"] and "replayed" not in entry
 
 
+def _session(log: ScriptedLog, world: int, agent: str, restored: int, last: int, scale: float, *,
+             status: str = "completed") -> None:
+    log.world_size, log.attempt = world, 0
+    log.wait(100.0)  # a new `train` of the run
+    log.emit("start", world_size=world, pid=1, host="test", agent=agent, layers=[], nvrx_version="0",
+             torch_version="0")
+    log.emit("load_done", restored, path=f"checkpoints/step_{restored}" if restored else "", seconds=0.1)
+    log.steps(restored + 1, last, checkpoint_every=5, loss=lambda s: scripted_loss(s) * scale)
+    log.emit("end", last, status=status, reason="")
+
+
+def test_resized_and_resized_back_the_replay_is_compared_with_the_restored_history_only(tmp_path: Path) -> None:
+    """A stranger trial: 3 ranks to step 36 (step 30 committed), resumed at 1 rank to step 35, then at
+    3 ranks: rank 1's step 36 of the first session, another history, was taken for the replay of the
+    1-rank session's step 35 (1.1 % off) and the gate failed a correct run."""
+    log = ScriptedLog(tmp_path, world_size=3)
+    _session(log, 3, "a", 0, 36, 1.0, status="failed")
+    _session(log, 1, "b", 30, 35, 1.011)
+    _session(log, 3, "c", 35, 45, 1.022)
+    log.close()
+    verdict = check_convergence(tmp_path, GATE)
+    c = verdict.check("continuity")
+    assert c.passed, c.reason
+    last = [r for r in verdict.recoveries if r["restored_step"] == 35]
+    assert {r["rank"] for r in last} == {0, 1, 2}
+    assert all(r["basis"] == "restored step" and r["world_sizes"] == [1, 3] for r in last), last
+    assert verdict.check("completed").passed
+
+
+def test_a_resume_to_fewer_steps_than_an_earlier_session_reached_completes(tmp_path: Path) -> None:
+    """A stranger trial: a run stopped at step 40 (step 30 committed), resumed with --steps 35: "its end
+    says completed at step 35, but its last logged step is 40 (the event log was cut or edited)"."""
+    log = ScriptedLog(tmp_path, world_size=2)
+    _session(log, 2, "a", 0, 40, 1.0, status="cancelled")
+    _session(log, 2, "b", 30, 35, 1.0)
+    log.close()
+    verdict = check_convergence(tmp_path, GATE)
+    assert verdict.check("completed").passed, verdict.check("completed").reason
+    assert verdict.check("finite").values["steps"] == 35
+    assert verdict.check("continuity").passed
+
+
 def test_steps_past_the_fault_are_no_replay(tmp_path: Path) -> None:
     """Steps the fault cut short before they were logged are new: nothing to compare them with."""
     run_with_restore(tmp_path, after_restore=lambda s: scripted_loss(s) * (1.2 if s >= 13 else 1.0))
@@ -261,6 +303,20 @@ def test_reference_curve(tmp_path: Path) -> None:
     assert check_convergence(tmp_path / "faulted", GATE, reference_dir=tmp_path / "clean").check("reference").passed
     c = check_convergence(tmp_path / "faulted", GATE, reference_dir=tmp_path / "off").check("reference")
     assert not c.passed and c.values["max_deviation"] == pytest.approx(1 / 6) and c.values["common_steps"] == 30
+
+
+def test_a_reference_at_another_world_size_is_named_not_compared(tmp_path: Path) -> None:
+    """A stranger trial: a 1-rank run against a 3-rank reference failed "worst relative deviation 0.345"
+    without saying why (a rank's losses at another world size are other numbers)."""
+    for name, world, scale in (("one", 1, 1.0), ("three", 3, 1.345), ("one-too", 1, 1.01)):
+        log = ScriptedLog(tmp_path / name, world_size=world)
+        _session(log, world, name, 0, 30, scale)
+        log.close()
+    c = check_convergence(tmp_path / "one", GATE, reference_dir=tmp_path / "three").check("reference")
+    assert not c.passed and c.reason.endswith(": this run trained at world size 1, the reference at 3 (a rank's "
+                                               "losses are other numbers at another world size; compare with a "
+                                               "reference run at the same one)"), c.reason
+    assert check_convergence(tmp_path / "one", GATE, reference_dir=tmp_path / "one-too").check("reference").passed
 
 
 def test_default_threshold_comes_from_the_manifest(tmp_path: Path) -> None:
