@@ -625,3 +625,18 @@ def test_worker_pods_get_the_pipeline_s_service_account(compiled):
     task = dag_tasks(compiled["template"], argo.ENTRYPOINT)["launch-training"]
     arguments = {p["name"]: p["value"] for p in task["arguments"]["parameters"]}
     assert arguments["service_account"] == "{{workflow.parameters.service_account}}"
+
+
+@pytest.mark.skipif(__import__("shutil").which("kubectl") is None, reason="needs kubectl (it reads the file offline)")
+def test_parameter_values_kubectl_would_read_as_numbers_or_booleans_are_quoted(tmp_path: Path) -> None:
+    """A stranger trial: --cron-param region=0o17 was written bare, and kubectl (go-yaml v2) read it
+    as 15, which the CronWorkflow's CRD refuses (parameter values are strings)."""
+    out = tmp_path / "argo"
+    assert cli(["compile", "--format", "argo", "-o", str(out), "--cron-param", "region=0o17", "--cron-param", "faults=",
+                "--cron-param", "pvc_name=y", "--cron-param", "promote_to=s3://models/x/{run_id}"]) == 0
+    read = subprocess.run(["kubectl", "label", "--local", "-f", str(out / "resilient-training.cronworkflow.yaml"),
+                           "checked=1", "-o", "json"], capture_output=True, text=True, timeout=60)
+    assert read.returncode == 0, read.stderr
+    arguments = json.loads(read.stdout)["spec"]["workflowSpec"]["arguments"]["parameters"]
+    values = {p["name"]: p["value"] for p in arguments}
+    assert (values["region"], values["pvc_name"]) == ("0o17", "y"), values

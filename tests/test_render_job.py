@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from fractions import Fraction
@@ -262,3 +263,22 @@ def test_trainer_arguments_stay_strings_for_kubectl(capsys):
     job = yaml.load(capsys.readouterr().out, Loader=_KubectlLoader)
     (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     assert all(isinstance(arg, str) for arg in container["args"]) and "1e-05" in container["args"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (it reads the file offline)")
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_strings_kubectl_would_read_as_booleans_or_numbers_are_quoted(kind, tmp_path, capsys):
+    """A stranger trial: --nodes 1 --pvc y (claimName: True), --namespace n, --run-id 0X1F, --env DEBUG=n,
+    --env MASK=0o17 and --node-selector gpu=Y were written bare; kubectl (go-yaml v2) refused the file
+    ("cannot unmarshal bool into … labels") or took 0o17 for 15."""
+    out = tmp_path / "j.yaml"
+    code = cli.main(["render-job", "--kind", kind, "--name", "y", "--namespace", "n", "--run-id", "0X1F", "--nodes", "1",
+                     "--gpus-per-node", "8", "--pvc", "y", "--env", "DEBUG=n", "--env", "MASK=0o17", "--env", "B=0B1",
+                     "--node-selector", "gpu=on", "--toleration", "dedicated=N:NoSchedule", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    read = subprocess.run(["kubectl", "label", "--local", "-f", str(out), "checked=1", "-o", "json"],
+                          capture_output=True, text=True, timeout=60)
+    assert read.returncode == 0, read.stderr
+    text = read.stdout
+    for value in ('"n"', '"0X1F"', '"y"', '"0o17"', '"0B1"', '"on"', '"N"'):
+        assert value in text, (value, text[:3000])

@@ -376,8 +376,13 @@ def write(directory: Path, schedule: Schedule) -> ArgoFiles:
     import os
 
     paths = output_paths(directory)
-    documents = {paths.workflow_template: workflow_template().to_yaml(),
-                 paths.cron_workflow: cron_workflow(schedule).to_yaml()}
+    from resilient_training.launch.jobshape import kubectl_dumper
+
+    # Quoted as kubectl reads them: a parameter value 0o17 or y was written bare and read back a number
+    # or a boolean, which the CRD refuses (a stranger trial).
+    dumper = kubectl_dumper()
+    documents = {paths.workflow_template: workflow_template().to_yaml(Dumper=dumper),
+                 paths.cron_workflow: cron_workflow(schedule).to_yaml(Dumper=dumper)}
     directory.mkdir(parents=True, exist_ok=True)
     for path in documents:
         if path.is_dir() or (path.exists() and not path.is_file()):

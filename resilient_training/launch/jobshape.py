@@ -547,15 +547,31 @@ def _snake(key: str) -> str:
 _GO_YAML_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
 
 
-def dump_yaml(data: Any) -> str:
-    """``data`` as block YAML that kubectl reads back as written: a string it would take for a number is quoted."""
+# go-yaml v2's booleans (resolve.go), and its integers as Go's strconv.ParseInt(s, 0, 64) reads them: PyYAML
+# writes y, N, on, 0o17, 0X1F or 0B1 bare, and kubectl read a label value, a claim name or an env value as a
+# bool or a number, which the API refuses (a stranger trial).
+_GO_YAML_BOOL = re.compile(r"^(y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$")
+_GO_YAML_INT = re.compile(r"^[-+]?(0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+|[0-9][0-9_]*)$")
+
+
+def kubectl_dumper() -> Any:
+    """A PyYAML dumper that quotes every string kubectl (go-yaml v2) would read as a number or a boolean."""
     import yaml
 
     class Dumper(yaml.SafeDumper):
         pass
 
     Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _GO_YAML_FLOAT, list("-+.0123456789"))
-    return yaml.dump(data, Dumper=Dumper, sort_keys=False, default_flow_style=False)
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:bool", _GO_YAML_BOOL, list("yYnNtTfFoO"))
+    Dumper.add_implicit_resolver("tag:yaml.org,2002:int", _GO_YAML_INT, list("-+0123456789"))
+    return Dumper
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as block YAML that kubectl reads back as written (see :func:`kubectl_dumper`)."""
+    import yaml
+
+    return yaml.dump(data, Dumper=kubectl_dumper(), sort_keys=False, default_flow_style=False)
 
 
 def to_plain(obj: Any) -> Any:
