@@ -282,3 +282,24 @@ def test_strings_kubectl_would_read_as_booleans_or_numbers_are_quoted(kind, tmp_
     text = read.stdout
     for value in ('"n"', '"0X1F"', '"y"', '"0o17"', '"0B1"', '"on"', '"N"'):
         assert value in text, (value, text[:3000])
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_worker_pods_ask_for_no_istio_sidecar(kind, shared_schemas, capsys):
+    """A stranger trial: in a Kubeflow profile's namespace Istio injects a sidecar, which keeps a pod
+    running after the trainer exits (the job never completes): the Training Operator's docs ask for
+    sidecar.istio.io/inject "false" on the pods, and no job carried it."""
+    code = cli.main(["render-job", "--kind", kind, "--name", "j", "--nodes", "2", "--gpus-per-node", "8", "--pvc", "c",
+                     "-o", "-"])
+    assert code == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    if kind == "pytorchjob":
+        template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+        schema = crd_schema.load_crd_schema(shared_schemas / "kubeflow.org_pytorchjobs.yaml")
+    else:
+        (patch,) = job["spec"]["runtimePatches"]
+        (replicated,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        template = replicated["template"]["spec"]["template"]
+        schema = crd_schema.load_crd_schema(shared_schemas / "trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")
+    assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+    assert crd_schema.schema_errors(job, schema) == []

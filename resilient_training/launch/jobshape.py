@@ -484,6 +484,12 @@ def labels(spec: JobSpec) -> dict[str, str]:
     return out
 
 
+# Istio's sidecar, injected into the pods of a Kubeflow profile's namespace, keeps a pod running after
+# its trainer exits (the job never completes) and sits in the c10d/NCCL path: the Training Operator's own
+# docs ask for this annotation on PyTorchJobs in user namespaces (a stranger trial found none).
+POD_ANNOTATIONS = {"sidecar.istio.io/inject": "false"}
+
+
 def rendezvous_id(spec: JobSpec) -> str:
     return _run_label(spec.run_id) or spec.name
 

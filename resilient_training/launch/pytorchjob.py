@@ -66,7 +66,9 @@ def build_job(spec: JobSpec) -> Any:
     worker = models.KubeflowOrgV1ReplicaSpec(
         replicas=spec.nodes,
         restart_policy="ExitCode",
-        template=k8s.V1PodTemplateSpec(metadata=k8s.V1ObjectMeta(labels=dict(labels)), spec=pod_spec),
+        template=k8s.V1PodTemplateSpec(metadata=k8s.V1ObjectMeta(labels=dict(labels),
+                                                                   annotations=dict(jobshape.POD_ANNOTATIONS)),
+                                       spec=pod_spec),
     )
     elastic = models.KubeflowOrgV1ElasticPolicy(
         rdzv_backend="c10d",

@@ -146,7 +146,9 @@ def build_job(spec: JobSpec, *, runtime: str = RUNTIME_NAME) -> Any:
         pod_spec["serviceAccountName"] = spec.service_account
     patch = {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
         "name": REPLICATED_JOB,
-        "template": {"spec": {"template": {"metadata": {"labels": jobshape.labels(spec)}, "spec": pod_spec}}},
+        "template": {"spec": {"template": {"metadata": {"labels": jobshape.labels(spec),
+                                                         "annotations": dict(jobshape.POD_ANNOTATIONS)},
+                                            "spec": pod_spec}}},
     }]}}}}
     job: dict[str, Any] = {
         "apiVersion": API_VERSION,
