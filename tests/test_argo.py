@@ -26,7 +26,7 @@ from resilient_training.pipelines.resilient_training import resilient_training
 from tests.support import crd_schema, runs
 
 CRON_FLAGS = ["--schedule", "15 4 * * 1-5", "--schedule", "@every 12h", "--timezone", "Europe/Berlin",
-              "--concurrency-policy", "Replace", "--starting-deadline", "900",
+              "--concurrency-policy", "Allow", "--starting-deadline", "900",
               "--cron-param", "storage=fsx", "--cron-param", "fsx_file_system_id=fs-0123456789abcdef0",
               "--cron-param", "steps=400", "--cron-param", 'train_overrides={"lr": 0.001}',
               "--cron-param", "promote_to=/mnt/run/promoted/{run_id}"]
@@ -78,7 +78,7 @@ def test_cron_fields_come_from_the_flags_and_it_starts_the_template(compiled):
     spec = compiled["cron"]["spec"]
     assert spec["schedules"] == ["15 4 * * 1-5", "@every 12h"]
     assert spec["timezone"] == "Europe/Berlin"
-    assert spec["concurrencyPolicy"] == "Replace"
+    assert spec["concurrencyPolicy"] == "Allow"
     assert spec["startingDeadlineSeconds"] == 900
     assert "schedule" not in spec  # removed in Argo v4
     assert spec["workflowSpec"] == {
@@ -103,6 +103,35 @@ def test_cron_defaults(tmp_path):
 # --- the same pipeline as KFP -------------------------------------------------------------------
 
 
+Retry = tuple[int, float, float, float]  # (retries, first backoff s, factor, window s)
+
+
+def _argo_seconds(text: str) -> float:
+    """A duration as Argo reads a backoff's: a bare integer is seconds, else a Go duration (60s, 1h30m)."""
+    if text.isdigit():
+        return float(text)
+    parts = re.findall(r"([0-9]+)(h|m|s)", text)
+    assert "".join(n + u for n, u in parts) == text, text
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+def kfp_retry(policy: dict[str, Any] | None) -> Retry | None:
+    """A task's retryPolicy in the KFP IR (durations are protobuf JSON: "60s")."""
+    if policy is None:
+        return None
+    return (int(policy["maxRetryCount"]), float(policy["backoffDuration"].removesuffix("s")),
+            float(policy["backoffFactor"]), float(policy["backoffMaxDuration"].removesuffix("s")))
+
+
+def argo_retry(strategy: dict[str, Any] | None) -> Retry | None:
+    """A template's retryStrategy in the WorkflowTemplate."""
+    if strategy is None:
+        return None
+    backoff = strategy["backoff"]
+    return (int(strategy["limit"]), _argo_seconds(backoff["duration"]), float(backoff["factor"]),
+            _argo_seconds(backoff["maxDuration"]))
+
+
 def _kfp_source(spec: dict[str, Any], env: dict[str, tuple]) -> tuple:
     if "componentInputParameter" in spec:
         return env[spec["componentInputParameter"]]
@@ -114,7 +143,7 @@ def _kfp_source(spec: dict[str, Any], env: dict[str, tuple]) -> tuple:
 
 
 def kfp_tasks(ir: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Every component task of the KFP IR: component, inputs by source, guards, exit handler or not."""
+    """Every component task of the KFP IR: component, inputs by source, guards, exit handler or not, retries."""
     spec, platform = ir[0], (ir[1] if len(ir) > 1 else {})
     executors = platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get("executors", {})
     found: dict[str, dict[str, Any]] = {}
@@ -139,7 +168,8 @@ def kfp_tasks(ir: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             claims = [(_kfp_source(m["pvcNameParameter"], env), m["mountPath"]) for m in mounts]
             found[name] = {"component": task["componentRef"]["name"].removeprefix("comp-"), "inputs": inputs,
                            "guards": inner, "exit": exit_task, "claims": claims,
-                           "after": frozenset(task_after) if not exit_task else frozenset()}
+                           "after": frozenset(task_after) if not exit_task else frozenset(),
+                           "retry": kfp_retry(task.get("retryPolicy"))}
 
     walk(spec["root"]["dag"], {name: ("param", name) for name in spec["root"]["inputDefinitions"]["parameters"]},
          frozenset(), False)
@@ -181,6 +211,7 @@ def argo_tasks(wt: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "inputs": {k: _argo_source(v) for k, v in args.items()}, "guards": guards, "exit": is_exit,
                 "claims": [(_argo_source(claim), m["mountPath"]) for m in template["container"].get("volumeMounts", [])],
                 "after": frozenset(re.findall(r"[a-z][\w-]*", task.get("depends", ""))),
+                "retry": argo_retry(template.get("retryStrategy")),
             }
     return with_ancestors(found)
 
@@ -212,6 +243,34 @@ def test_the_comparison_notices_a_changed_wiring_or_order(compiled, kfp_ir):
     assert changed["check-convergence"]["inputs"] != kfp["check-convergence"]["inputs"]
     assert changed["resilience-report"]["after"] == {"launch-training", "provision-storage", "check-arguments"}
     assert changed["resilience-report"] != kfp["resilience-report"]
+
+
+def test_the_same_steps_retry_with_the_kfp_pipeline_s_count_backoff_and_window(compiled, kfp_ir):
+    """Argo retried nothing while KFP retried three steps: a transient failure (cloud throttling, an API
+    blip while launch watched its job) failed the whole Argo run and tore its training job down."""
+    kfp, argo_view = kfp_tasks(kfp_ir), argo_tasks(compiled["template"])
+    assert {name: argo_view[name]["retry"] for name in argo_view} == {name: kfp[name]["retry"] for name in kfp}
+    assert {name: task["retry"] for name, task in argo_view.items() if task["retry"]} == {
+        "provision-storage": (3, 60.0, 2.0, 10800.0), "launch-training": (2, 60.0, 2.0, 93600.0),
+        "teardown-storage": (3, 60.0, 2.0, 10800.0)}
+    by_name = templates(compiled["template"])
+    # An attempt whose pod was lost (an Argo Error, not a Failure) is retried too: these steps are idempotent.
+    assert {by_name[name]["retryStrategy"]["retryPolicy"] for name in ("provision-storage", "launch-training",
+                                                                      "teardown-storage")} == {"Always"}
+    # The window counts from the first attempt: it outlasts the launch step's own job limit.
+    job_limit = argo_step.load_component("launch_training").component_spec.inputs["timeout_seconds"].default
+    assert argo_view["launch-training"]["retry"][3] > job_limit
+    # The comparison notices a changed limit.
+    planted = json.loads(json.dumps(compiled["template"]))
+    templates(planted)["launch-training"]["retryStrategy"]["limit"] = 3
+    assert argo_tasks(planted)["launch-training"]["retry"] != kfp["launch-training"]["retry"]
+
+
+def test_a_fractional_backoff_factor_is_refused_not_rounded():
+    # Argo's backoff.factor is an integer; pipelines/defaults.py could say 1.5 for KFP.
+    assert argo.retry_strategy((2, "60s", 2.0, "600s")).backoff.factor.root == 2
+    with pytest.raises(ValueError, match="retry backoff factor 1.5: Argo takes a whole number"):
+        argo.retry_strategy((2, "60s", 1.5, "600s"))
 
 
 def test_promotion_is_guarded_by_both_gates_and_waits_for_both(compiled):
@@ -284,8 +343,9 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_run(runs.two_rank_gpt_run(tmp_path_factory.getbasetemp()), tmp_path_factory.mktemp("argo-run") / "run")
 
 
-def run_argo_task(wt: dict[str, Any], task_name: str, context: dict[str, str], work: Path) -> dict[str, str]:
-    """Start one DAG task's container command the way Argo would, here; return its output parameters."""
+def argo_task_command(wt: dict[str, Any], task_name: str, context: dict[str, str], work: Path,
+                      extra: tuple[str, ...] = ()) -> list[str]:
+    """One DAG task's container command as Argo would start it, here (``extra``: more NAME=VALUE items)."""
     task = dag_tasks(wt, "main")[task_name]
     template = templates(wt)[task["template"]]
 
@@ -299,16 +359,27 @@ def run_argo_task(wt: dict[str, Any], task_name: str, context: dict[str, str], w
               for p in task["arguments"]["parameters"]}
     outputs_dir = work / task_name
     command = [substitute(part, inputs) for part in template["container"]["command"] + template["container"]["args"]]
-    command = [sys.executable if part == "python" else str(outputs_dir) if part == argo.OUTPUTS_DIR else part
-               for part in command]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return [sys.executable if part == "python" else str(outputs_dir) if part == argo.OUTPUTS_DIR else part
+            for part in command] + list(extra)
+
+
+def task_outputs(wt: dict[str, Any], task_name: str, context: dict[str, str], work: Path) -> dict[str, str]:
+    """The output parameters a task's command wrote, read as Argo reads them (and added to ``context``)."""
+    template = templates(wt)[dag_tasks(wt, "main")[task_name]["template"]]
+    outputs_dir = work / task_name
     found = {}
     for p in template["outputs"]["parameters"]:
         path = Path(p["valueFrom"]["path"].replace(argo.OUTPUTS_DIR, str(outputs_dir)))
         found[p["name"]] = path.read_text()
         context[f"tasks.{task_name}.outputs.parameters.{p['name']}"] = found[p["name"]]
     return found
+
+
+def run_argo_task(wt: dict[str, Any], task_name: str, context: dict[str, str], work: Path) -> dict[str, str]:
+    """Start one DAG task's container command the way Argo would, here; return its output parameters."""
+    proc = subprocess.run(argo_task_command(wt, task_name, context, work), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return task_outputs(wt, task_name, context, work)
 
 
 def when_holds(expression: str, context: dict[str, str]) -> bool:
@@ -346,6 +417,60 @@ def test_gate_promotion_and_report_steps_run_as_argo_starts_them(compiled, tiny_
     context |= {"workflow.parameters.max_final_loss": "-1.0", "workflow.parameters.min_improvement": "0.5"}
     assert run_argo_task(wt, "check-convergence", context, tmp_path / "strict") == {"Output": "false"}
     assert not when_holds(promote["when"], context)
+
+
+def test_a_retried_launch_step_attaches_to_the_job_its_lost_attempt_started(compiled, tmp_path, monkeypatch):
+    """Argo retries launch-training in a new pod with the same arguments. The job's name derives from
+    {{workflow.uid}}, the same in every attempt, so the retry attaches to the running job instead of
+    starting a second one. The first attempt's pod is lost here (SIGKILL) while its PyTorchJob runs.
+    """
+    import os
+    import signal
+    import time
+
+    from resilient_training.launch.jobshape import job_name_for_run
+    from resilient_training.run.storage_ref import StorageRef
+    from tests.support import kube_api
+    from tests.support.kube_api import Phase
+
+    wt = compiled["template"]
+    uid = "6f1d2c3b-4a59-4e8f-9d7c-0b1a2e3f4d5c"
+    ref = StorageRef(backend="pvc", run_dir=f"/mnt/run/runs/{uid}", mount_path="/mnt/run", namespace="team-a",
+                     pvc_name="training-data")
+    context = {f"workflow.parameters.{p['name']}": p["value"] for p in wt["spec"]["arguments"]["parameters"]}
+    context |= {"workflow.uid": uid, "tasks.provision-storage.outputs.parameters.storage_ref": ref.to_json(),
+                "tasks.provision-storage.outputs.parameters.pvc_name": ref.pvc_name}
+    fast = ("poll_seconds=0.05",)  # the template's default polls every 15 s
+    name = job_name_for_run(uid)
+    with kube_api.running() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.write_kubeconfig(tmp_path / "kubeconfig", namespace="team-a")))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        server.state.job_timeline = [Phase("Created"), Phase("Running")]  # runs until the retry
+        first = subprocess.Popen(argo_task_command(wt, "launch-training", context, tmp_path / "attempt-1", fast),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while not any(c["type"] == "Running" and c["status"] == "True"
+                          for c in ((server.get("pytorchjobs", name, "team-a") or {}).get("status") or {})
+                          .get("conditions", [])):
+                assert first.poll() is None and time.monotonic() < deadline, "the first attempt never saw its job run"
+                time.sleep(0.05)
+        finally:
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait()
+        job_uid = server.get("pytorchjobs", name, "team-a")["metadata"]["uid"]
+        server.state.job_timeline += [Phase("Running"), Phase("Succeeded", reason="PyTorchJobSucceeded")]
+
+        retry = subprocess.run(argo_task_command(wt, "launch-training", context, tmp_path / "attempt-2", fast),
+                               capture_output=True, text=True, timeout=240)
+        assert retry.returncode == 0, retry.stdout[-2000:] + retry.stderr[-3000:]
+        assert f"PyTorchJob team-a/{name} already exists (Running, a retried step): attaching to it" in retry.stdout
+        assert task_outputs(wt, "launch-training", context, tmp_path / "attempt-2") == {
+            "job_name": name, "run_dir": ref.run_dir}
+        assert server.names("pytorchjobs") == [name]
+        assert server.get("pytorchjobs", name, "team-a")["metadata"]["uid"] == job_uid  # the same job throughout
+        calls = [method for method, path in server.state.requests if "/pytorchjobs" in path]
+        assert calls.count("POST") == 2 and "DELETE" not in calls  # the retry's create was answered 409
 
 
 # --- the step entry point -----------------------------------------------------------------------
@@ -412,8 +537,8 @@ def test_step_refuses_unusable_arguments_with_one_line_and_writes_nothing(argv, 
     (["--schedule", "@every 1 h"], "@every needs one duration"),
     (["--timezone", "Mars/Olympus"], "unknown time zone 'Mars/Olympus'"),
     (["--timezone", "../../etc/passwd"], "unknown time zone"),
-    (["--concurrency-policy", "forbid"], "concurrency policy must be one of Allow, Forbid, Replace"),
-    (["--concurrency-policy", ""], "concurrency policy must be one of Allow, Forbid, Replace, got ''"),  # was Forbid
+    (["--concurrency-policy", "forbid"], "concurrency policy must be one of Allow, Forbid, got 'forbid'"),
+    (["--concurrency-policy", ""], "concurrency policy must be one of Allow, Forbid, got ''"),  # was Forbid
     (["--starting-deadline", "-5"], "--starting-deadline must be a positive number of seconds"),
     (["--starting-deadline", "0"], "--starting-deadline must be a positive number of seconds, got 0"),
     (["--pipeline", "recovery-benchmark"], "writes the 'resilient-training' pipeline only"),
@@ -494,6 +619,18 @@ def test_compile_argo_refuses_bad_flags_with_one_line_and_writes_nothing(flags, 
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_concurrency_policy_replace_is_refused_its_runs_would_never_be_torn_down(tmp_path, capsys, monkeypatch):
+    """Argo's cron controller terminates the running workflow for Replace, and a terminated workflow
+    runs no onExit handler: teardown-storage would never delete the job, claim and FSx file system."""
+    monkeypatch.chdir(tmp_path)
+    assert cli(["compile", "--format", "argo", "-o", "out", "--concurrency-policy", "Replace"]) == 2
+    out, err = capsys.readouterr()
+    assert err == ("error: concurrency policy Replace terminates the running workflow, and a terminated workflow "
+                   "runs no exit handler: teardown-storage would never delete its job, claim and FSx file system; "
+                   "use Forbid (the default: skip a start while a run is active) or Allow\n")
+    assert out == "" and list(tmp_path.iterdir()) == []
 
 
 def test_launcher_local_is_scheduled_only_with_a_components_image_of_the_users_own(tmp_path, capsys, monkeypatch):

@@ -14,7 +14,11 @@ import zoneinfo
 
 from resilient_training.kfp.cron import DESCRIPTORS, FIELDS, CronError, check_days, check_field
 
-CONCURRENCY_POLICIES: tuple[str, ...] = ("Allow", "Forbid", "Replace")
+CONCURRENCY_POLICIES: tuple[str, ...] = ("Allow", "Forbid")
+# Argo's third policy, refused: the cron controller terminates the running workflow for it, and a
+# terminated workflow runs no onExit handler, so teardown-storage never deletes the job, the claim
+# or the FSx file system that run created.
+REPLACE = "Replace"
 # Go durations as the CronWorkflow CRD's pattern takes them: 90m, 1h30m, 2h (whole numbers, no
 # sign, at least one unit). Go parses 0.5h too, but the CRD refuses it (stranger trial: written).
 _GO_DURATION = re.compile(r"^([0-9]+(ns|us|µs|ms|s|m|h))+$")
@@ -96,12 +100,17 @@ def validate_timezone(name: str) -> str:
 
 
 def validate_concurrency_policy(policy: str) -> str:
-    """Allow, Forbid or Replace, spelt as Argo spells them.
+    """Allow or Forbid, spelt as Argo spells them.
 
     Raises:
-        CronError: any other value (a wrong case too: the controller compares exactly).
+        CronError: Replace (its runs' resources would leak), or any other value (a wrong case too:
+            the controller compares exactly).
 
     """
+    if policy == REPLACE:
+        raise CronError("concurrency policy Replace terminates the running workflow, and a terminated workflow "
+                        "runs no exit handler: teardown-storage would never delete its job, claim and FSx file "
+                        "system; use Forbid (the default: skip a start while a run is active) or Allow")
     if policy not in CONCURRENCY_POLICIES:
         raise CronError(f"concurrency policy must be one of {', '.join(CONCURRENCY_POLICIES)}, got {policy!r}")
     return policy

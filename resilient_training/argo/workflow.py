@@ -7,7 +7,8 @@ cannot drift:
   as KFP parses them from its signature and docstring;
 - every step runs a component's own function through KFP's executor
   (``python -m resilient_training.argo.step COMPONENT ...``, :mod:`resilient_training.argo.step`)
-  in the components image.
+  in the components image;
+- the retried steps and their retry policies are the KFP pipeline's (``pipelines/defaults.py``).
 
 The graph is :func:`pipeline_steps`: the same tasks, inputs and conditions as
 ``pipelines/resilient_training.py`` (``tests/test_argo.py`` compares the two through the compiled
@@ -95,6 +96,8 @@ class RunId:
 
 
 Source = Param | Output | Const | RunId
+# KFP's set_retry arguments as pipelines/defaults.py keeps them: (retries, first backoff, factor, max duration).
+Retry = tuple[int, str, float, str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,6 +114,8 @@ class Step:
     """Where the step's output artifacts go (under RUN/argo/<task>); None keeps them in the pod."""
     depends: str = ""
     when: str = ""
+    retry: Retry | None = None
+    """The KFP pipeline's retry policy of this step (None: not retried)."""
 
 
 def _params(*names: str) -> dict[str, Source]:
@@ -128,6 +133,7 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
     A function, not a constant: it imports the KFP pipeline module (kfp), which ``--help`` must not.
     """
     from resilient_training.pipelines.check_step import check_arguments
+    from resilient_training.pipelines.defaults import LAUNCH_RETRY, PROVISION_RETRY, TEARDOWN_RETRY
     from resilient_training.pipelines.resilient_training import MOUNT_PATH
 
     claim = Output("provision-storage", "pvc_name")
@@ -139,7 +145,9 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
             "run_id": RunId(), **_params("storage", "namespace"), "mount_path": Const(MOUNT_PATH),
             **_params("local_root", "pvc_name", "fsx_file_system_id", "fsx_subnet_id", "fsx_security_group_ids",
                       "fsx_capacity_gib", "fsx_deployment_type", "fsx_per_unit_throughput", "region"),
-        }, depends="check-arguments"),
+        }, depends="check-arguments", retry=PROVISION_RETRY),
+        # Retried like KFP's: the job's name derives from run_id ({{workflow.uid}}, the same in every
+        # attempt), so a retry attaches to the job its earlier attempt started instead of starting another.
         Step("launch-training", "launch_training", {
             "storage_ref": Output("provision-storage", "storage_ref"), "run_id": RunId(),
             **_params("launcher", "steps", "checkpoint_every", "faults", "async_checkpoint", "inprocess",
@@ -147,7 +155,7 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
                       "procs_per_node", "efa_per_node", "node_selector", "tolerations", "cpu", "memory",
                       "shm_size"),
             "image": Param("trainer_image"), "service_account": Param("service_account"),
-        }, claim=claim, depends="provision-storage"),
+        }, claim=claim, depends="provision-storage", retry=LAUNCH_RETRY),
         Step("validate-checkpoint", "validate_checkpoint", {"run_dir": run_dir},
              claim=claim, run_dir=run_dir, depends="launch-training"),
         Step("check-convergence", "check_convergence", {"run_dir": run_dir, **_params("max_final_loss", "min_improvement")},
@@ -163,7 +171,7 @@ def pipeline_steps() -> tuple[tuple[Step, ...], Step]:
     teardown = Step("teardown-storage", "teardown_storage", {
         "run_id": RunId(), **_params("storage", "namespace", "pvc_name", "fsx_file_system_id", "region",
                                      "delete_file_system"),
-    })
+    }, retry=TEARDOWN_RETRY)
     return steps, teardown
 
 
@@ -213,6 +221,26 @@ def _component_outputs(component: str) -> list[str]:
     return [name for name, spec in outputs.items() if "@" not in spec.type]
 
 
+def retry_strategy(retry: Retry) -> Any:
+    """Argo's ``retryStrategy`` for a KFP retry policy: the same count, first backoff, factor and window.
+
+    ``Always``, not Argo's default ``OnFailure``: a retried step is idempotent, so an attempt whose
+    pod was lost (deleted, its node gone: an Argo *Error*) is retried too, not only one that failed.
+
+    Raises:
+        ValueError: a backoff factor that is not a whole number (Argo's ``backoff.factor`` is an integer).
+
+    """
+    from hera.workflows import RetryPolicy, RetryStrategy
+    from hera.workflows.models import Backoff
+
+    num_retries, backoff, factor, max_duration = retry
+    if factor != int(factor):
+        raise ValueError(f"retry backoff factor {factor}: Argo takes a whole number")
+    return RetryStrategy(limit=num_retries, retry_policy=RetryPolicy.always,
+                         backoff=Backoff(duration=backoff, factor=int(factor), max_duration=max_duration))
+
+
 def _template(step: Step) -> Any:
     from hera.workflows import Container, ExistingVolume, Parameter
     from hera.workflows.models import ValueFrom
@@ -238,6 +266,7 @@ def _template(step: Step) -> Any:
         outputs=[Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS_DIR}/{name}"))
                  for name in _component_outputs(step.component)],
         volumes=volumes,
+        retry_strategy=retry_strategy(step.retry) if step.retry is not None else None,
     ), extra
 
 

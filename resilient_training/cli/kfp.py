@@ -72,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cron.add_argument("--timezone", metavar="TZ",
                       help=f"IANA time zone of the schedule (default {ARGO_DEFAULT_SCHEDULE.timezone})")
     cron.add_argument("--concurrency-policy", metavar="POLICY",
-                      help="Allow, Forbid (skip a start while a run is active) or Replace "
+                      help="Forbid (skip a start while a run is active) or Allow; not Replace, which "
+                      "terminates the running workflow without its teardown "
                       f"(default {ARGO_DEFAULT_SCHEDULE.concurrency_policy})")
     cron.add_argument("--starting-deadline", type=int, metavar="SECONDS",
                       help="start a missed run only within this many seconds of its time (default: no limit)")
