@@ -410,6 +410,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("report-o-s3", ["report", "{run}", "-o", "s3://bucket/r.html"], "-o takes a local path, not an s3:// URL"),
     ("report-json-s3", ["report", "{run}", "--json", "s3:bucket/m.json"], "--json takes a local path, not an s3://"),
     ("render-job-o-s3", [*RENDER, "-o", "s3://bucket/job.yaml"], "-o takes a local path, not an s3:// URL"),
+    # A stranger trial: taken, and every worker of the built-in task then exited 93 (compile refuses it).
+    ("render-job-hf-of-the-gpt-task", [*RENDER, "--export-format", "hf"],
+     "export_format hf writes a transformers model, and the built-in GPT task's is not one"),
     ("compile-o-s3", ["compile", "-o", "s3://bucket/compiled"], "-o takes a local path, not an s3:// URL"),
     ("compile-argo-o-s3", ["compile", "--format", "argo", "-o", "s3://bucket/argo"],
      "-o takes a local path, not an s3:// URL"),

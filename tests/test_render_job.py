@@ -167,6 +167,17 @@ def test_toleration_seconds_only_with_no_execute(tol, ok):
             jobshape._check_toleration(tol)
 
 
+@pytest.mark.parametrize("tol", [{"operator": "Exists"}, {"key": "", "operator": "Exists"},
+                                 {"operator": "Exists", "effect": "NoExecute"}])
+def test_a_toleration_of_every_taint_is_refused_from_a_pipeline_parameter_too(tol):
+    """A stranger trial: tolerations=[{"operator": "Exists"}] compiled (every taint tolerated, NoExecute
+    too), which render-job's --toleration ':NoSchedule' refuses."""
+    from resilient_training.launch import jobshape
+
+    with pytest.raises(ValueError, match="Exists without a key tolerates every taint"):
+        jobshape._check_toleration(tol)
+
+
 def test_ascii_counts_and_a_toleration_without_colon_still_render(capsys):
     code = cli.main(["render-job", "--name", "j", "--nodes", "2", "--gpus-per-node", "8", "--pvc", "c", "--efa", "3",
                      "--toleration", "a", "--toleration", "b=c:NoExecute", "-o", "-"])

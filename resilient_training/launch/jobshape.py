@@ -263,6 +263,10 @@ def validate(spec: JobSpec) -> None:
         raise ValueError(f"run_dir {spec.train.run_dir!r} must lie under the storage mount {mount!r}")
     if spec.train.checkpoint.local_dir:  # a relative one would be read from the pod's working directory
         _check_pod_path(spec.train.checkpoint.local_dir, "local_checkpoint_dir")
+    if spec.train.export_format == "hf" and spec.train.task == train_config.DEFAULT_TASK:
+        # As the pipelines refuse it (a stranger trial: render-job took it, and every worker then exited 93).
+        raise ValueError("export_format hf writes a transformers model, and the built-in GPT task's is not one: "
+                         "use safetensors or torch, or a transformers task (--task)")
     for key, value in spec.node_selector.items():
         if not isinstance(key, str) or not isinstance(value, str):  # from a pipeline's JSON parameter
             raise ValueError(f"node selector {{{key!r}: {value!r}}}: labels and values are strings")
@@ -385,6 +389,11 @@ def _check_toleration(tol: dict[str, Any]) -> None:
         raise ValueError(f"toleration {tol}: operator Exists takes no value")
     if operator == "Equal" and not tol.get("key"):
         raise ValueError(f"toleration {tol}: operator Equal needs a key")
+    if operator == "Exists" and not tol.get("key"):
+        # As render-job's KEY[=VALUE][:EFFECT] refuses it: every taint, NoExecute too (pods stay on a node
+        # being drained); the pipelines' JSON parameter took it (a stranger trial).
+        raise ValueError(f"toleration {tol}: operator Exists without a key tolerates every taint, NoExecute "
+                         "included; name the taint's key")
     if tol.get("key"):
         k8s_names.check_label_key(tol["key"], "toleration key")
     if tol.get("value"):

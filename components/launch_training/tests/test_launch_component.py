@@ -55,7 +55,8 @@ def test_trainjob_backend_through_the_local_runner(kfp_local, cluster):
     task = launch_training(storage_ref=REF.to_json(), run_id="run-7", launcher="trainjob", nodes=8, steps=100,
                            faults="sigkill@50:9", efa_per_node=32, train_overrides={"heartbeat_timeout": 120.0},
                            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                           service_account="trainer-s3", poll_seconds=0.05, timeout_seconds=30, export="hf")
+                           service_account="trainer-s3", poll_seconds=0.05, timeout_seconds=30, export="hf",
+                           task="resilient_training.tasks.llama:LlamaTask")  # (hf of the built-in task: refused)
     assert task.outputs["job_name"] == job_name_for_run("run-7")
     job = cluster.get("trainjobs", job_name_for_run("run-7"), "team-a")
     trainer = job["spec"]["trainer"]
