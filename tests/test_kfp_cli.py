@@ -1097,3 +1097,18 @@ def test_the_health_check_is_asked_once_with_the_timeout(cli, server):
     code, out, err = cli("runs", "--host", server.url, "--timeout", "1")
     assert (code, out) == (0, "no runs\n"), err
     assert [r.path for r in server.requests] == [f"{API}/healthz", f"{API}/runs"]
+
+
+def test_submit_and_schedule_run_the_steps_as_the_service_account_given(cli, server):
+    """A stranger trial: nothing made a KFP run's steps use resilient-training-launcher (the account
+    manifests/base binds); on a single-user install they ran as pipeline-runner, granted nothing."""
+    args = ["--host", server.url, "--package", "--param", "storage=pvc", "--param", "pvc_name=data",
+            "--param", "launcher=pytorchjob", "--service-account", "resilient-training-launcher"]
+    code, _, err = cli("submit", *args, "--param", "promote_to=s3://models/x")
+    assert code == 0, err
+    assert list(server.runs.values())[-1]["service_account"] == "resilient-training-launcher"
+    code, _, err = cli("schedule", *args, "--cron", "0 0 2 * * *", "--param", "promote_to=s3://models/x/{run_id}")
+    assert code == 0, err
+    assert list(server.recurring_runs.values())[-1]["service_account"] == "resilient-training-launcher"
+    code, _, err = cli("submit", *args[:-1], "Launcher_SA", "--param", "promote_to=s3://models/x")
+    assert code == 2 and err.startswith("error: --service-account") and err.count("\n") == 1, err

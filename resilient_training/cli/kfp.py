@@ -164,6 +164,10 @@ def _add_run_args(parser: argparse.ArgumentParser) -> None:
                         help=f"experiment (default {DEFAULT_EXPERIMENT}; created when missing)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="pipeline parameter, repeatable; typed by the pipeline's inputs (JSON for lists and dicts)")
+    parser.add_argument("--service-account", metavar="NAME", default=None,
+                        help="Kubernetes service account the run's steps run as (default: the KFP server's, "
+                        "pipeline-runner on a single-user install, which manifests/ grants nothing; "
+                        "resilient-training-launcher is the one manifests/base binds)")
     _add_server_args(parser)
 
 
@@ -501,6 +505,13 @@ def _prepare_run(args: argparse.Namespace, workdir: Path, *, recurring: bool = F
     compiled = _local_pipeline(args, workdir, args.package)
     params = kfp_params.parse_params(args.param, compiled.inputs)
     _check_arguments(compiled, params, recurring=recurring)
+    if args.service_account is not None:
+        from resilient_training.launch import k8s_names
+
+        try:
+            k8s_names.check_dns1123_subdomain(args.service_account, "--service-account")
+        except ValueError as exc:
+            raise _InputError(str(exc)) from None
     return compiled, params, _auth(args)
 
 
@@ -518,7 +529,8 @@ def _submit(args: argparse.Namespace) -> int:
             conn = _connect(args, auth)
             source = _source(args, conn, compiled)
             experiment_id, created = kfp_client.ensure_experiment(conn, args.experiment)
-            run = kfp_client.submit(conn, experiment_id=experiment_id, run_name=run_name, source=source, params=params)
+            run = kfp_client.submit(conn, experiment_id=experiment_id, run_name=run_name, source=source, params=params,
+                                    service_account=args.service_account)
         print(f"{'created' if created else 'using'} experiment {args.experiment!r} (id {experiment_id})")
         print(f"run {run_name!r} created (id {run.run_id}) from {source.label}")
         print(f"parameters: {_format_params(params)}")
@@ -544,7 +556,7 @@ def _schedule(args: argparse.Namespace) -> int:
             experiment_id, created = kfp_client.ensure_experiment(conn, args.experiment)
             job = kfp_client.schedule(
                 conn, experiment_id=experiment_id, job_name=job_name, cron=cron, max_concurrency=args.max_concurrency,
-                no_catchup=args.no_catchup, source=source, params=params,
+                no_catchup=args.no_catchup, source=source, params=params, service_account=args.service_account,
             )
         print(f"{'created' if created else 'using'} experiment {args.experiment!r} (id {experiment_id})")
         print(f"recurring run {job_name!r} created (id {job.recurring_run_id}) from {source.label}")

@@ -598,9 +598,10 @@ def _source_kwargs(source: RunSource) -> dict[str, Any]:
 
 
 def submit(
-    conn: Connection, *, experiment_id: str, run_name: str, source: RunSource, params: Mapping[str, Any]
+    conn: Connection, *, experiment_id: str, run_name: str, source: RunSource, params: Mapping[str, Any],
+    service_account: str | None = None,
 ) -> kfp_server_api.V2beta1Run:
-    """Create one run of ``source`` in an experiment.
+    """Create one run of ``source`` in an experiment, its steps run as ``service_account`` (None: the server's).
 
     Returns:
         The run as the server created it.
@@ -612,7 +613,7 @@ def submit(
         # what was compiled in, which is off for every step of this project's pipelines).
         run = conn.client.run_pipeline(
             experiment_id=experiment_id, job_name=run_name, params=dict(params), enable_caching=False,
-            **_source_kwargs(source)
+            service_account=service_account, **_source_kwargs(source)
         )
     _answered_id(conn, action, run.run_id, "a run")
     return run
@@ -636,8 +637,10 @@ def schedule(
     no_catchup: bool,
     source: RunSource,
     params: Mapping[str, Any],
+    service_account: str | None = None,
 ) -> kfp_server_api.V2beta1RecurringRun:
-    """Create an enabled recurring run (cron already checked by :func:`kfp_cron.validate_cron`).
+    """Create an enabled recurring run (cron already checked by :func:`kfp_cron.validate_cron`), its
+    steps run as ``service_account`` (None: the server's).
 
     Raises:
         KfpError: a recurring run of that name exists in the experiment, or the server refused.
@@ -660,6 +663,7 @@ def schedule(
             params=dict(params),
             enabled=True,
             enable_caching=False,  # as in submit
+            service_account=service_account,
             **_source_kwargs(source),
         )
     _answered_id(conn, action, job.recurring_run_id, "a recurring run")
