@@ -206,7 +206,9 @@ def _check(values: Mapping[str, Any], *, cluster: bool, recurring: bool, local_l
 
         if problem := hf_export_problem(config.task, config.task_args):
             raise ValueError(f"export 'hf': {problem}")
-    _check_promote_to(values["promote_to"], ref, recurring=recurring)
+    _check_scheduled_claim(values, recurring=recurring)
+    _check_promote_to(values["promote_to"], ref, recurring=recurring,
+                      deleted_after=_deleted_file_system(values))
     _check_local_root(values, cluster=cluster)
     _check_on_a_cluster(values, cluster=cluster, local_launcher=local_launcher)
 
@@ -393,10 +395,31 @@ def _check_on_a_cluster(values: Mapping[str, Any], *, cluster: bool, local_launc
                          "`resilient-training run`")
 
 
-def _check_promote_to(dest: str, ref: Any, *, recurring: bool) -> None:
+def _check_scheduled_claim(values: Mapping[str, Any], *, recurring: bool) -> None:
+    """storage=fsx makes a claim named ``pvc_name``: on a schedule every run would make the same one.
+    The second of two overlapping runs (or the run after one whose teardown failed) finds it taken
+    and fails; empty names each run's claim from its run id. (A claim name takes no ``{run_id}``: it
+    is a DNS-1123 name, checked as such.)
+    """
+    if recurring and values["storage"] == "fsx" and values["pvc_name"]:
+        raise ValueError(f"pvc_name {values['pvc_name']!r} is the claim every scheduled run would create "
+                         "(storage=fsx): a run that overlaps another, or follows one whose teardown failed, finds it "
+                         "taken and fails; leave pvc_name empty (each run's claim is then named from its run id)")
+
+
+def _deleted_file_system(values: Mapping[str, Any]) -> bool:
+    """Whether the run's claim goes with the run: storage=fsx makes a file system for the run (none
+    is reused) and the exit handler deletes it (delete_file_system, the default).
+    """
+    return (values["storage"] == "fsx" and not values["fsx_file_system_id"]
+            and bool(values.get("delete_file_system", True)))
+
+
+def _check_promote_to(dest: str, ref: Any, *, recurring: bool, deleted_after: bool = False) -> None:
     """What the promote step refuses about DEST's spelling, and, on shared storage, what loses the
     model or cannot work: a relative path (the step pod's own disk), the run's claim around the run,
-    a place inside the run; on a schedule, a DEST without ``{run_id}`` (taken after the first run).
+    a place inside the run, any path when the claim's file system is deleted after the run
+    (``deleted_after``); on a schedule, a DEST without ``{run_id}`` (taken after the first run).
     """
     from resilient_training.gates.promote import RUN_ID_FIELD, check_dest_text
 
@@ -404,6 +427,11 @@ def _check_promote_to(dest: str, ref: Any, *, recurring: bool) -> None:
         check_dest_text(dest)
     except ValueError as exc:
         raise ValueError(f"promote_to: {exc}") from None
+    if not dest.startswith("s3://") and ref.shared and deleted_after:
+        # The same loss as a relative path's, minutes later: teardown deletes PVC, PV and file system.
+        raise ValueError(f"promote_to {dest!r} is not in S3, and with storage=fsx the run's file system (the claim "
+                         f"at {ref.mount_path}) is deleted when the run ends, the promoted model with it: promote to "
+                         "s3://bucket/prefix, or keep the file system (delete_file_system=false)")
     if not dest.startswith("s3://") and ref.shared:
         _check_promote_path(dest, ref)
     elif not dest.startswith("s3://") and ref.backend == "local":

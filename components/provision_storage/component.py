@@ -42,7 +42,8 @@ def provision_storage(
         run_subdir: Run directory under the mount or ``local_root``; empty = ``runs/<run_id>``.
         local_root: Root directory for ``storage=local``.
         pvc_name: ``pvc``: the existing claim (ReadWriteMany for several nodes). ``fsx``: name of
-            the claim to create; empty = derived from the run id.
+            the claim to create; empty = derived from the run id. Refused if a claim of that name
+            exists that this run did not create (another run's: teardown deletes only its own).
         fsx_file_system_id: Reuse this FSx file system (``fs-...``); it is never deleted.
         fsx_subnet_id: Subnet of the new file system (same AZ as the GPU nodes).
         fsx_security_group_ids: Comma-separated security groups; they must allow Lustre (TCP 988).

@@ -24,7 +24,9 @@ def teardown_storage(
     exit task cannot take other tasks' outputs: give it the run id and the same storage parameters
     as ``provision_storage``; what the run created is found from them (derived names, the run's
     FSx token tag), even if provisioning was killed half-way. A reused file system or a claim the
-    user supplied is never deleted.
+    user supplied is never deleted, nor a PVC or PV without this run's label
+    (``resilient-training.io/run-token``): another run's claim of the same ``pvc_name`` is left
+    alone with one line, and the step succeeds.
 
     Args:
         run_id: The same run id given to ``provision_storage`` and ``launch_training``.

@@ -3,6 +3,8 @@
 Everything is validated before the first call. For ``fsx``, anything this call created is
 deleted again if a later step fails (timeout, FAILED file system, PV refused), so a failed
 provisioning leaves nothing billing; the exit handler's teardown covers the rest of the run.
+The PV and PVC carry the run's mark (:func:`volumes.run_marks`), and a claim name that exists
+without this run's mark is refused before anything is created: teardown deletes only marked objects.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class ProvisionRequest:
     """Run directory under the mount (pvc/fsx) or under ``local_root``; default ``runs/<run id>``."""
     local_root: str = "runs"
     pvc_name: str = ""
-    """pvc: the existing claim; fsx: name of the claim to create (default derived from the run id)."""
+    """pvc: the existing claim; fsx: name of the claim to create (default derived from the run id),
+    refused when it exists and another run (or no run) made it."""
     existing_fsx_id: str = ""
     """fsx: reuse this file system instead of creating one (never deleted by teardown)."""
     fsx: fsx.FsxRequest | None = None
@@ -131,7 +134,12 @@ def _provision_fsx(request: ProvisionRequest, *, core_api: Any, fsx_client: Any,
                    progress: Callable[[str], None]) -> StorageRef:
     created: dict[str, Any] = {}
     pv_name, pvc_name = request.volume_names
-    labels = {**request.labels, **volumes.LABELS}  # ours last: a caller's label cannot unset the policy's one
+    run_labels, annotations = volumes.run_marks(request.run_id)
+    # Ours last: a caller's label cannot unset the policy's one, nor the run's mark teardown reads.
+    labels = {**request.labels, **run_labels, **volumes.LABELS}
+    # A claim name taken by another run (a fixed pvc_name in overlapping runs) fails the run here,
+    # before a file system is made for nothing; create_pvc checks again (a claim made meanwhile).
+    volumes.check_claim_free(core_api, pvc_name, request.namespace, run_labels[volumes.RUN_TOKEN_LABEL])
     try:
         if request.existing_fsx_id:
             progress(f"fsx: reusing existing file system {request.existing_fsx_id} (teardown will not delete it)")
@@ -148,11 +156,11 @@ def _provision_fsx(request: ProvisionRequest, *, core_api: Any, fsx_client: Any,
         capacity = int(fs.get("StorageCapacity") or (request.fsx.capacity_gib if request.fsx else 1200))
         if volumes.create_pv(core_api, volumes.pv_manifest(
                 name=pv_name, claim=pvc_name, namespace=request.namespace, fs_id=fs_id, dns_name=dns_name,
-                mount_name=mount_name, capacity_gib=capacity, labels=labels), progress):
+                mount_name=mount_name, capacity_gib=capacity, labels=labels, annotations=annotations), progress):
             created["pv"] = pv_name
         if volumes.create_pvc(core_api, volumes.pvc_manifest(
-                name=pvc_name, namespace=request.namespace, volume=pv_name, capacity_gib=capacity, labels=labels),
-                progress):
+                name=pvc_name, namespace=request.namespace, volume=pv_name, capacity_gib=capacity, labels=labels,
+                annotations=annotations), progress):
             created["pvc"] = pvc_name
         volumes.wait_bound(core_api, pvc_name, request.namespace, timeout_s=request.bind_timeout_s,
                            poll_s=request.bind_poll_s, progress=progress)
@@ -160,7 +168,7 @@ def _provision_fsx(request: ProvisionRequest, *, core_api: Any, fsx_client: Any,
         progress(f"provisioning failed; removing what it created: {created or 'nothing'}")
         _undo(created, request, core_api=core_api, fsx_client=fsx_client, progress=progress)
         raise
-    # A PV/PVC found from an earlier attempt of this run points at the run's volume: it is the run's too.
+    # A PV/PVC found from an earlier attempt of this run (its run mark) is the run's too.
     return StorageRef(
         backend="fsx", run_dir=request.run_dir(request.mount_path), mount_path=request.mount_path,
         namespace=request.namespace, pvc_name=pvc_name, pv_name=pv_name, fsx_id=fs_id, fsx_dns_name=dns_name,

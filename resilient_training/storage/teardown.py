@@ -7,8 +7,11 @@ whose provisioning step was killed before it could report it is deleted. Given a
 instead (:meth:`Owned.from_ref`), exactly what it lists.
 
 Safe to call twice: anything already gone counts as done. A reused file system or a user's own
-claim is never touched, and a file system is deleted only if it carries the run's token tag.
-Every step is attempted even when one fails; the failures are raised together at the end.
+claim is never touched, a file system is deleted only if it carries the run's token tag, and a
+PV or PVC only if it carries the run's mark (label ``resilient-training.io/run-token``): a fixed
+``pvc_name`` in overlapping runs names the first run's claim in the second run's teardown, which
+leaves it alone (``kept``) and says which run made it. Every step is attempted even when one
+fails; the failures are raised together at the end.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ def teardown(
     fsx_client: Any = None,
     progress: Callable[[str], None] = print,
 ) -> dict[str, str]:
-    """Returns what happened to each object (``deleted``, ``gone``, ``deleting``, ``kept``).
+    """Returns what happened to each object (``deleted``, ``gone``, ``deleting``, ``kept``: a reused file system,
+    a user's claim, or a PV/PVC without this run's mark).
 
     The job is deleted through ``training_client`` (PyTorchJob) and ``trainjob_api`` (a
     :class:`~resilient_training.launch.watch.TrainJobs`, default: through ``training_client``'s API client).
@@ -107,10 +111,12 @@ def teardown(
                           ("trainjob", trainjob_api)):
             if api is not None:
                 attempt(f"{kind}/{job_name}", lambda api=api: watch.delete_job(api, job_name, progress))
+    # By name, but only what carries this run's mark: a fixed pvc_name may name another run's claim.
     if owned.pvc_name:
-        attempt(f"pvc/{owned.pvc_name}", lambda: volumes.delete_pvc(core_api, owned.pvc_name, owned.namespace, progress))
+        attempt(f"pvc/{owned.pvc_name}",
+                lambda: volumes.delete_pvc_of_run(core_api, owned.pvc_name, owned.namespace, run_id, progress))
     if owned.pv_name:
-        attempt(f"pv/{owned.pv_name}", lambda: volumes.delete_pv(core_api, owned.pv_name, progress))
+        attempt(f"pv/{owned.pv_name}", lambda: volumes.delete_pv_of_run(core_api, owned.pv_name, run_id, progress))
     if owned.fsx_id:
         if delete_file_system:
             attempt(f"fsx/{owned.fsx_id}",

@@ -13,7 +13,7 @@ from moto import mock_aws
 from resilient_training.components.teardown_storage import teardown_storage
 from resilient_training.launch.pytorchjob import job_name_for_run
 from resilient_training.run.storage_ref import StorageRef
-from resilient_training.storage import fsx
+from resilient_training.storage import fsx, volumes
 from resilient_training.storage.provision import volume_names
 from resilient_training.storage.teardown import teardown
 from resilient_training.storage.teardown import teardown_storage as teardown_storage_fn
@@ -26,15 +26,21 @@ def fsx_ref(fs_id="fs-0123456789abcdef0", created_fsx=True):
                       created_pvc=True, created_pv=True, created_fsx=created_fsx)
 
 
+def marked(name, run_id):
+    """Metadata as provision_storage writes it: the run's mark (label and annotation)."""
+    labels, annotations = volumes.run_marks(run_id)
+    return {"name": name, "labels": {**labels, **volumes.LABELS}, "annotations": annotations}
+
+
 @pytest.fixture
 def kube():
     with kube_api.running() as server:
         api = k8s.ApiClient(server.configuration())
         core = k8s.CoreV1Api(api)
-        core.create_persistent_volume({"metadata": {"name": "rt-run-1-pv"}, "spec": {
+        core.create_persistent_volume({"metadata": marked("rt-run-1-pv", "run-1"), "spec": {
             "capacity": {"storage": "1200Gi"}, "accessModes": ["ReadWriteMany"],
             "csi": {"driver": "fsx.csi.aws.com", "volumeHandle": "fs-0123456789abcdef0"}}})
-        core.create_namespaced_persistent_volume_claim("team-a", {"metadata": {"name": "rt-run-1-data"}, "spec": {
+        core.create_namespaced_persistent_volume_claim("team-a", {"metadata": marked("rt-run-1-data", "run-1"), "spec": {
             "accessModes": ["ReadWriteMany"], "volumeName": "rt-run-1-pv",
             "resources": {"requests": {"storage": "1200Gi"}}}})
         yield server, core, TrainingClient(client_configuration=server.configuration(), namespace="team-a")
@@ -133,7 +139,7 @@ def test_exit_handler_form_finds_everything_from_the_run_id(kube, aws):
     other = fsx.create(aws, fsx.FsxRequest(run_id="run-10", subnet_id="subnet-0123456789abcdef0",
                                            security_group_ids=("sg-0123456789abcdef0",)), print)["FileSystemId"]
     pv, pvc = volume_names("run-9")
-    core.create_persistent_volume({"metadata": {"name": pv}, "spec": {
+    core.create_persistent_volume({"metadata": marked(pv, "run-9"), "spec": {
         "capacity": {"storage": "1200Gi"}, "accessModes": ["ReadWriteMany"],
         "csi": {"driver": "fsx.csi.aws.com", "volumeHandle": fs_id}}})
     params = dict(run_id="run-9", storage="fsx", namespace="team-a", core_api=core, training_client=training,
