@@ -390,11 +390,14 @@ def test_an_empty_toleration_effect_or_key_is_left_out_as_kubernetes_reads_it():
     same for both job kinds."""
     from resilient_training.launch import pytorchjob
 
-    tolerations = [{"key": "", "operator": "Exists", "effect": ""}, {"key": "a", "value": "", "effect": ""}]
+    tolerations = [{"key": "b", "operator": "Exists", "effect": ""}, {"key": "a", "value": "", "effect": ""}]
     for tol in tolerations:
         jobshape._check_toleration(tol)  # what every check before the launch lets through
+    # (An empty key with Exists tolerates every taint, NoExecute too: refused, as render-job refuses it.)
+    with pytest.raises(ValueError, match="Exists without a key tolerates every taint"):
+        jobshape._check_toleration({"key": "", "operator": "Exists", "effect": ""})
     tj = rendered(tolerations=tolerations)
     pj = pytorchjob.to_dict(pytorchjob.build_job(spec(kind="pytorchjob", tolerations=tolerations)))
-    expected = [{"operator": "Exists"}, {"key": "a"}]
+    expected = [{"key": "b", "operator": "Exists"}, {"key": "a"}]
     assert _pod_patch(tj)["tolerations"] == expected
     assert pj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["tolerations"] == expected
