@@ -241,8 +241,6 @@ def check_not_in_use(config: cfg.TrainConfig) -> None:
     """The run directory's lock is free now (:func:`claim_run_dir` takes it): another training in
     it is named before its settings or checkpoints are compared with this one's.
     """
-    import fcntl
-
     try:
         fd = layout.open_lock(config.run_dir, create=False)
     except layout.LockFileError as exc:
@@ -252,11 +250,8 @@ def check_not_in_use(config: cfg.TrainConfig) -> None:
     if fd is None:
         return  # no lock file yet (or none that can be read): claim_run_dir decides
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise LaunchError(_in_use(config, fd)) from None
-    except OSError:
-        pass
+        if layout.held_exclusively(fd):
+            raise LaunchError(_in_use(config, fd))
     finally:
         os.close(fd)
 
@@ -373,13 +368,11 @@ class LockKeeper(threading.Thread):
             other = None  # not a regular file: replaced below (a directory cannot be, and is said)
         if other is not None:
             try:
-                fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"warning: {path} was replaced while this training ran, and another training (pid "
-                      f"{layout.lock_holder(other)}) holds it now: two trainings use {self.run_dir}", file=sys.stderr)
-                return False
-            except OSError:
-                pass
+                if layout.held_exclusively(other):
+                    print(f"warning: {path} was replaced while this training ran, and another training (pid "
+                          f"{layout.lock_holder(other)}) holds it now: two trainings use {self.run_dir}",
+                          file=sys.stderr)
+                    return False
             finally:
                 os.close(other)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

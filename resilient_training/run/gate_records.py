@@ -259,8 +259,6 @@ def _lock_lost() -> str | None:
     ``RUN/.lock`` was removed or replaced (the training makes it again, see launch.local.LockKeeper),
     or it was absent and a training holds one now.
     """
-    import fcntl
-
     for guard in _guards:
         if guard is None or guard[0] is None:
             continue
@@ -276,12 +274,8 @@ def _lock_lost() -> str | None:
             if now is None:
                 continue
             try:
-                fcntl.flock(now, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                continue
-            except BlockingIOError:
-                pass
-            except OSError:
-                continue
+                if not layout.held_exclusively(now):
+                    continue
             finally:
                 os.close(now)
         return (f"{layout.lock_path(run_dir)} was removed or replaced while this gate read the run: a training "

@@ -92,6 +92,22 @@ def worker_records(config: Any) -> Path:
     return local_tier_base(config) / f"{run_key(config.run_dir)}-workers"
 
 
+def held_exclusively(fd: int) -> bool:
+    """Whether a training holds the lock file ``fd`` (exclusively: a shared lock is refused now); a
+    file system without ``flock(2)`` says no. The shared lock taken to find out is let go again.
+    """
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
 def lock_holder(fd: int) -> str:
     """The pid the training that last took the lock wrote into it ("unknown" if none)."""
     return os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
