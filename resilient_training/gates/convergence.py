@@ -546,8 +546,8 @@ def _reference(events: list[Any], reference_dir: Path, config: ConvergenceConfig
         return a == b or a is None or b is None  # (a log without start events says nothing of it)
 
     common = [(s, v, theirs[s][0]) for s, (v, world) in mine.items() if s in theirs and alike(theirs[s][1], world)]
-    other = sorted({(world, theirs[s][1]) for s, (_, world) in mine.items()
-                    if s in theirs and not alike(theirs[s][1], world)}, key=str)
+    apart = [(world, theirs[s][1]) for s, (_, world) in mine.items() if s in theirs and not alike(theirs[s][1], world)]
+    other = sorted(set(apart), key=str)
     if not common:
         why = (f": this run trained at world size {other[0][0]}, the reference at {other[0][1]} (a rank's losses "
                "are other numbers at another world size; compare with a reference run at the same one)"
@@ -557,8 +557,7 @@ def _reference(events: list[Any], reference_dir: Path, config: ConvergenceConfig
     deviations = [(abs(v - r) / abs(r) if r else abs(v - r), s) for s, v, r in common]
     worst, at = max(deviations, key=lambda d: (not math.isfinite(d[0]), d[0]))
     ok = all(_close(v, r, config.reference_rtol) for _, v, r in common)
-    skipped = (f"; {sum(1 for s, (_, w) in mine.items() if s in theirs and not alike(theirs[s][1], w))} steps trained at "
-               "another world size than the reference's not compared" if other else "")
+    skipped = f"; {len(apart)} steps trained at another world size than the reference's not compared" if apart else ""
     return Check("reference", ok, f"{len(common)} common steps, worst relative deviation {worst:.3g} at step {at} "
                  f"({'within' if ok else 'exceeds'} rtol {config.reference_rtol:g}){skipped}",
                  {"common_steps": len(common), "max_deviation": worst, "at_step": at,

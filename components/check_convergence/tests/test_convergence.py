@@ -317,6 +317,14 @@ def test_a_reference_at_another_world_size_is_named_not_compared(tmp_path: Path)
                                                "losses are other numbers at another world size; compare with a "
                                                "reference run at the same one)"), c.reason
     assert check_convergence(tmp_path / "one", GATE, reference_dir=tmp_path / "one-too").check("reference").passed
+    # Resized partway: the steps at the reference's world size are compared, the others counted.
+    log = ScriptedLog(tmp_path / "resized", world_size=1)
+    _session(log, 1, "r1", 0, 15, 1.0)
+    _session(log, 3, "r2", 15, 30, 1.345)
+    log.close()
+    c = check_convergence(tmp_path / "resized", GATE, reference_dir=tmp_path / "one-too").check("reference")
+    assert c.passed and c.values["common_steps"] == 15, c.reason
+    assert c.reason.endswith("; 15 steps trained at another world size than the reference's not compared"), c.reason
 
 
 def test_default_threshold_comes_from_the_manifest(tmp_path: Path) -> None:
