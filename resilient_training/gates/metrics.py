@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 import os
 import statistics
@@ -709,13 +710,11 @@ def saves_lost(events: list[ev.Event], ref: int | None) -> list[tuple[int, str]]
     in-process restart or a writer death dropped it) or lost with its process. "Failed" counted an
     event nothing logs, so it said 0 whatever was lost (a stranger trial).
     """
-    begun: dict[tuple[int, str], float] = {}
-    for e in events:
-        if e.event == "ckpt_begin" and e.rank == ref and e.step is not None:
-            begun.setdefault((int(e.step), str(e.get("tier", "persistent"))), e.ts)
-    done = {(int(e.step), str(e.get("tier", "persistent"))) for e in events
-            if e.event == "ckpt_committed" and e.step is not None}
-    return sorted(key for key in begun if key not in done)
+    def saves(name: str, rank: int | None = None) -> set[tuple[int, str]]:
+        return {(int(e.step), str(e.get("tier", "persistent"))) for e in events
+                if e.event == name and e.step is not None and (rank is None or e.rank == rank)}
+
+    return sorted(saves("ckpt_begin", ref) - saves("ckpt_committed"))
 
 
 def freshness(runs: list[StepRun], commits: list[ev.Event]) -> list[tuple[float, int, int]]:
@@ -841,7 +840,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "end_reason": end_reason,
         # The last launch's (the final model's); a stranger trial's run resumed from 1 rank at 3 said 1.
         "world_size": next((e.get("world_size") for e in reversed(events) if e.event == "start"), None),
-        "world_sizes": _distinct(e.get("world_size") for e in events if e.event == "start" and e.rank == ref),
+        "world_sizes": _in_turn(e.get("world_size") for e in events if e.event == "start" and e.rank == ref),
         # launcher attempts of all launches (each launch numbers its own from 0)
         "attempts": len({(launch, e.attempt) for e, launch in zip(events, launch_of, strict=True)}),
         "launches": len(spans),
@@ -973,9 +972,11 @@ def replayed_seconds(p: Episode, runs: list[StepRun]) -> float | None:
     return sum(lost.values())
 
 
-def _distinct(values: Iterable[Any]) -> list[Any]:
-    """``values`` without repeats, in their first order (the world sizes a run trained at, in turn)."""
-    return list(dict.fromkeys(v for v in values if v is not None))
+def _in_turn(values: Iterable[Any]) -> list[Any]:
+    """``values`` without a value repeated next to itself (the world sizes a run trained at, in turn:
+    1, 3, 1 for a run resized and resized back).
+    """
+    return [value for value, _ in itertools.groupby(v for v in values if v is not None)]
 
 
 def lost_seconds(p: Episode, runs: list[StepRun]) -> float:
