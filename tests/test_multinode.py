@@ -81,6 +81,7 @@ def check_no_leftovers(run: Run) -> None:
     record = _cluster_record(run.run_dir)
     assert sim.pids_labelled(f"{record['cluster_id']}/") == [], "processes of the simulated cluster outlived it"
     assert not list(Path(record["tmp_base"]).glob(f"{sim.POD_TMP_PREFIX}{record['cluster_id']}-*"))
+    assert not list(Path(record["shm_base"]).glob(f"{sim.POD_SHM_PREFIX}{record['cluster_id']}-*"))
     # Nor the workers' pid records in /dev/shm (a lost node's were left behind: a stranger trial).
     config = cfg.TrainConfig(run_dir=str(run.run_dir))
     assert not layout.worker_records(config).exists(), list(layout.worker_records(config).iterdir())
@@ -230,6 +231,36 @@ def test_three_nodes_recover_a_worker_sigkill_and_a_node_loss(run_dir):
     found = metrics.compute_metrics(run.run_dir)
     assert [(f["fault"], f["layer"], f["restored_step"]) for f in found["faults"]] == [
         ("sigkill@6:2", "launcher", sigkill_load.step), ("node-loss@12:1", "pod", load.step)]
+    check_no_leftovers(run)
+
+
+@pytest.mark.slow
+def test_a_node_that_replaces_a_lost_one_has_none_of_its_node_local_checkpoints(run_dir):
+    """A stranger trial: the simulated nodes shared one /dev/shm, so the node replacing a lost one
+    found the lost node's node-local steps, and the job restored from them, which no real node could.
+    Each pod now has its own node-local directory, emptied when the pod dies: the node loss rolls
+    back to the persistent tier, while a worker restarted inside a living pod still finds its own.
+    """
+    run = train(run_dir, "--nodes", "3", "--nproc", "1", "--steps", "16", "--checkpoint-every", "4",
+                "--local-checkpoint-every", "2", "--no-async-checkpoint", "--pod-restart-delay", "1",
+                "--network", "loopback", "--faults", "sigkill@7:2,node-loss@11:1", timeout=180)
+    assert run.returncode == 0, run.output[-3000:]
+    events = run.events
+
+    def first_load_after(fault: str) -> ev.Event:
+        injected = next(e for e in events if e.event == "fault_injected" and e["fault"] == fault)
+        return next(e for e in events if e.event == "load_done" and e.ts > injected.ts)
+
+    local_commits = {e.step for e in events if e.event == "ckpt_committed" and e.get("tier") == "local"}
+    assert {6, 10} <= local_commits, sorted(local_commits)
+    # Killed worker, living pod: its node still holds node-local step 6 (newer than persistent 4).
+    assert first_load_after("sigkill@7:2").step == 6
+    # Lost node: its replacement has no node-local step 10; every rank goes back to persistent 8.
+    assert first_load_after("node-loss@11:1").step == 8
+    ends = [e for e in events if e.event == "end" and e.get("status") == "completed"]
+    assert {e.rank for e in ends if e.step == 16} == {0, 1, 2}
+    record = _cluster_record(run.run_dir)
+    assert not list(Path(record["shm_base"]).glob(f"{sim.POD_SHM_PREFIX}{record['cluster_id']}-*"))
     check_no_leftovers(run)
 
 

@@ -18,6 +18,13 @@ recreated pod behind its headless service), which joins the running job; a pod t
 log by that node's local rank 0, which then waits; this module reads the announcement and
 kills every process of the pod at once (found by the ``RT_SIM_POD`` label each of them
 inherits, since ft_launcher starts its workers in sessions of their own).
+
+Each pod also has node-local memory of its own: its workers' node-local tier (and pid records,
+host snapshots) lie in ``<tier base>/<POD_SHM_PREFIX><cluster>-<node>-<incarnation>``, given as
+``--local-checkpoint-dir``, and removed when the pod dies. A recreated pod's ``/dev/shm`` (an
+in-memory emptyDir) starts empty, and so does a node that replaces a lost one: with one shared
+directory the replacement found the lost node's node-local steps and restored from them, which
+no real node could (its recovery looked better than it is).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from resilient_training.runtime.worker import POD_RESTART_ENV
 # Every process of a simulated pod inherits this label: "<cluster>/<node>/<incarnation>".
 POD_LABEL_ENV = "RT_SIM_POD"
 POD_TMP_PREFIX = "rt-pod-"  # + cluster id, node, incarnation: each pod's TMPDIR
+POD_SHM_PREFIX = "sim-pod-"  # + cluster id, node, incarnation: each pod's node-local tier directory
 RDZV_PORT = 29400  # the Training Operator's default rendezvous port
 NETWORK_KINDS = ("auto", "netns", "loopback")
 SUBNET = "10.77.0"  # only inside namespaces this module creates; node k is SUBNET.(k+1)
@@ -340,6 +348,9 @@ class SimulatedCluster:
         self.command = nvrx_adapter.worker_command(
             config, cfg.to_argv(config), python=sys.executable, iteration_file=iteration_file(config.run_dir),
         )
+        self._pod_command = lambda pod_config: nvrx_adapter.worker_command(
+            pod_config, cfg.to_argv(pod_config), python=sys.executable, iteration_file=iteration_file(config.run_dir))
+        self.shm_base = layout.local_tier_base(config)
         self._rendezvous_env = nvrx_adapter.rendezvous_env
         self.network: Network | None = None
         self.network_note = ""
@@ -362,7 +373,8 @@ class SimulatedCluster:
         (self.run_dir / "cluster" / "cluster.json").write_text(json.dumps(
             {"cluster_id": self.cluster_id, "spec": dataclasses.asdict(self.spec), "network": self.network.kind,
              "note": self.network_note, "endpoint": self.network.endpoint,
-             "namespaces": self.network.namespaces, "command": self.command, "tmp_base": self.tmp_base},
+             "namespaces": self.network.namespaces, "command": self.command, "tmp_base": self.tmp_base,
+             "shm_base": str(self.shm_base)},
             indent=1))
         for node in range(self.spec.nodes):
             self._start_pod(node, incarnation=0)
@@ -372,6 +384,11 @@ class SimulatedCluster:
         label = f"{self.cluster_id}/{node}/{incarnation}"
         pod_tmp = Path(self.tmp_base) / f"{POD_TMP_PREFIX}{self.cluster_id}-{node}-{incarnation}"
         pod_tmp.mkdir(mode=0o700, exist_ok=True)
+        # The pod's own node-local memory (its /dev/shm), empty at its start: see the module's doc.
+        pod_shm = self.pod_shm(node, incarnation)
+        pod_shm.mkdir(mode=0o700, parents=True, exist_ok=True)
+        command = self._pod_command(dataclasses.replace(
+            self.config, checkpoint=dataclasses.replace(self.config.checkpoint, local_dir=str(pod_shm))))
         env = {
             **self._base_env,
             **self._rendezvous_env(
@@ -389,15 +406,23 @@ class SimulatedCluster:
             env[POD_RESTART_ENV] = "1"
         log_path = self.logs_dir / f"node{node}.{incarnation}.log"
         with open(log_path, "ab") as log:
-            log.write(f"$ {' '.join(self.command)}\n".encode())
+            log.write(f"$ {' '.join(command)}\n".encode())
             log.write(("# " + " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("PET_")) + "\n").encode())
             log.flush()
-            proc = subprocess.Popen(self.network.wrap(node, self.command), stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(self.network.wrap(node, command), stdout=log, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True, pass_fds=self._lock_fds)
         pod = Pod(node, incarnation, label, proc, log_path, time.time())
         self.pods[node] = pod
         self.history.append(pod)
         return pod
+
+    def pod_shm(self, node: int, incarnation: int) -> Path:
+        """The node-local tier's directory of one pod (its /dev/shm)."""
+        return self.shm_base / f"{POD_SHM_PREFIX}{self.cluster_id}-{node}-{incarnation}"
+
+    def _forget_memory(self, pod: Pod) -> None:
+        """A dead pod's memory goes with it (its processes are gone: nothing writes there any more)."""
+        shutil.rmtree(self.pod_shm(pod.node, pod.incarnation), ignore_errors=True)
 
     def kill_node(self, node: int, *, step: int | None, cause: str) -> None:
         """What Kubernetes sees as a pod gone: the agent and all its processes, at once."""
@@ -410,6 +435,7 @@ class SimulatedCluster:
         with contextlib.suppress(subprocess.TimeoutExpired):
             pod.proc.wait(timeout=10)
         pod.poll()
+        self._forget_memory(pod)
         self._say(f"  ✗ node {node} lost at step {step} ({killed} processes killed); "
                   f"replacement in {self.spec.pod_restart_delay:g} s")
         self._pending[node] = time.time() + self.spec.pod_restart_delay
@@ -442,6 +468,8 @@ class SimulatedCluster:
                     self.events.emit("restart_begin", None, layer="pod", cause=f"agent exit {pod.exit_code}",
                                      node=pod.node)
                     pod.killed_at = now
+                    kill_labelled(pod.label)  # what the agent left (a recreated pod keeps none of it)
+                    self._forget_memory(pod)
                     self._pending[pod.node] = now + self.spec.pod_restart_delay
                 elif pod.exit_code != 0 and failed_at is None:
                     failed_at = time.monotonic()
@@ -480,6 +508,7 @@ class SimulatedCluster:
         if self.network is not None:
             self.network.close()
         remove_pod_tmp(self.tmp_base, self.cluster_id)
+        remove_pod_tmp(self.shm_base, self.cluster_id, prefix=POD_SHM_PREFIX)
         if self.events is not None:
             self.events.close()
 
@@ -508,12 +537,14 @@ def clean_up(run_dir: str | os.PathLike[str]) -> int:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
     if record.get("tmp_base"):
         remove_pod_tmp(record["tmp_base"], record["cluster_id"])
+    if record.get("shm_base"):
+        remove_pod_tmp(record["shm_base"], record["cluster_id"], prefix=POD_SHM_PREFIX)
     return killed
 
 
-def remove_pod_tmp(base: str, cluster_id: str) -> None:
-    """Remove the pods' temporary directories (after their processes are gone)."""
-    for path in Path(base).glob(f"{POD_TMP_PREFIX}{cluster_id}-*"):
+def remove_pod_tmp(base: str | os.PathLike[str], cluster_id: str, *, prefix: str = POD_TMP_PREFIX) -> None:
+    """Remove the pods' temporary (or node-local) directories, after their processes are gone."""
+    for path in Path(base).glob(f"{prefix}{cluster_id}-*"):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -555,9 +586,6 @@ def _run_cluster(config: cfg.TrainConfig, spec: ClusterSpec, run_dir: Path, *,
     finally:
         cluster.close()
         watcher.stop()
-        # The workers' pid records (as launch.local's run does): a lost node's were left in /dev/shm
-        # (a stranger trial). Every pod is gone by now.
-        shutil.rmtree(layout.worker_records(config), ignore_errors=True)
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
         if stopped is not None:  # after the pods: the end is the run's last event
