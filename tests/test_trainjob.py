@@ -263,6 +263,19 @@ def test_torchrun_when_ft_launcher_is_off():
     assert trainer["args"][2:4] == ["-m", jobshape.WORKER_MODULE]
 
 
+def test_on_another_runtime_the_trainer_command_is_given_in_full(schemas):
+    """The Trainer's stock runtime has no command: with ours left out, the image's entrypoint got
+    the ft_launcher flags (``--rdzv-id=...``) as its program."""
+    stock = copy.deepcopy(schemas["stock"])
+    job = trainjob.to_dict(trainjob.build_job(spec(), runtime=stock["metadata"]["name"]))
+    trainer = job["spec"]["trainer"]
+    assert trainer["command"] == [trainjob.nvrx_adapter.FT_LAUNCHER_SCRIPT, *trainjob.RENDEZVOUS_FLAGS]
+    assert trainer["args"][0] == "--rdzv-id=run-1" and jobshape.WORKER_MODULE in trainer["args"]
+    assert all_errors(job, stock, schemas) == []
+    # On ours, the runtime's command stays the one source of it.
+    assert "command" not in rendered()["spec"]["trainer"]
+
+
 @pytest.mark.parametrize(("overrides", "needle"), [
     ({"min_nodes": 1, "nodes": 2}, "not elastic"),
     ({"priority_class": "high"}, "priority_class"),

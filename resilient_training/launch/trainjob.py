@@ -98,11 +98,18 @@ def build_runtime(*, name: str = RUNTIME_NAME, image: str = images.TRAINER_IMAGE
     return typed(models.TrainerV1alpha1ClusterTrainingRuntime, runtime)
 
 
-def command_and_args(spec: JobSpec) -> tuple[list[str] | None, list[str]]:
-    """``(command, args)`` of the TrainJob's trainer: command None keeps the runtime's ft_launcher."""
+def command_and_args(spec: JobSpec, *, runtime: str = RUNTIME_NAME) -> tuple[list[str] | None, list[str]]:
+    """``(command, args)`` of the TrainJob's trainer: command None keeps our runtime's ft_launcher.
+
+    Another runtime's command is not ours to rely on: the Trainer's stock ``torch-distributed``
+    has none, so the image's entrypoint would have run the ft_launcher flags as a program. There
+    the command is given in full.
+    """
     command, args = jobshape.container_command(spec)
     rdzv_id = f"--rdzv-id={jobshape.rendezvous_id(spec)}"
     if spec.train.restart.ft_launcher:
+        if runtime != RUNTIME_NAME:
+            return [nvrx_adapter.FT_LAUNCHER_SCRIPT, *RENDEZVOUS_FLAGS], [rdzv_id, *args]
         return None, [rdzv_id, *args]
     # torchrun reads the same PET_* variables; only the rendezvous flags must be given.
     head = command + args
@@ -118,7 +125,7 @@ def build_job(spec: JobSpec, *, runtime: str = RUNTIME_NAME) -> Any:
     if spec.kind != "trainjob":
         raise ValueError(f"a {spec.kind} spec is built by its own builder, not as a TrainJob")
     k8s_names.check_dns1123_subdomain(runtime, "runtime")
-    command, args = command_and_args(spec)
+    command, args = command_and_args(spec, runtime=runtime)
     limits = jobshape.resource_limits(spec)
     trainer: dict[str, Any] = {
         "image": spec.image,
