@@ -80,6 +80,11 @@ def test_render_job_writes_a_valid_job(tmp_path, shared_schemas):
     (["--local-checkpoint-dir", "relative", "--local-checkpoint-every", "5"],
      "local_checkpoint_dir 'relative' must be an absolute directory"),
     (["--local-checkpoint-dir", "/dev/shm/" + "b" * 256], "local_checkpoint_dir: the name bbbb"),
+    # A leading '//' passed the check whose message refuses it; a trailing space made a directory ending in one.
+    (["--mount-path", "//mnt/run"], "mount path '//mnt/run' must be an absolute directory"),
+    (["--run-dir", "//mnt/run/x"], "run_dir '//mnt/run/x' must be an absolute directory"),
+    (["--local-checkpoint-dir", "/scratch/x ", "--local-checkpoint-every", "5"],
+     "local_checkpoint_dir '/scratch/x ' must be an absolute directory"),
     # Kubernetes quantities the old pattern refused (stranger trial); negative, too small or past int64 still are.
     (["--memory=-2Gi", "--shm-size=1Gi"], "memory '-2Gi' is negative"),
     (["--cpu", "-.5"], "cpu '-.5' is negative"),

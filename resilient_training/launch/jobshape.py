@@ -11,6 +11,7 @@ them in its own object.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -74,6 +75,9 @@ MAX_NODES = 4096
 # render-job and of the pipelines' service_account parameter (JobSpec's own default stays the namespace's).
 TRAINER_SERVICE_ACCOUNT = "resilient-training-trainer"
 DSHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
+# The node-local tier's own emptyDir when --local-checkpoint-dir lies outside /dev/shm (see local_tier_mount).
+LOCAL_TIER_VOLUME = "local-tier"
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's, in bytes: ext4, XFS, Lustre (FSx) and tmpfs alike
 STORAGE_VOLUME = "run-storage"
@@ -263,6 +267,7 @@ def validate(spec: JobSpec) -> None:
         raise ValueError(f"run_dir {spec.train.run_dir!r} must lie under the storage mount {mount!r}")
     if spec.train.checkpoint.local_dir:  # a relative one would be read from the pod's working directory
         _check_pod_path(spec.train.checkpoint.local_dir, "local_checkpoint_dir")
+        _check_local_tier_dir(spec.train.checkpoint.local_dir, mount)
     if spec.train.export_format == "hf" and spec.train.task == train_config.DEFAULT_TASK:
         # As the pipelines refuse it (a stranger trial: render-job took it, and every worker then exited 93).
         raise ValueError("export_format hf writes a transformers model, and the built-in GPT task's is not one: "
@@ -318,6 +323,52 @@ def _check_pod_path(path: str, what: str) -> str:
             raise ValueError(f"{what}: the name {part[:24]}... is {len(part.encode('utf-8', 'surrogatepass'))} "
                              f"bytes, longer than the file systems in the pods allow ({NAME_MAX})")
     return path
+
+
+def _canonical(path: str) -> str:
+    """``path`` as the kernel resolves it (symlinks aside): ``//a/`` is ``/a``, ``/a/./b`` and ``/a/c/../b``
+    are ``/a/b`` (``posixpath.normpath`` alone keeps a leading ``//``, which ``_check_pod_path`` lets through).
+    """
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+def _within(path: str, root: str) -> bool:
+    """``path`` is ``root`` or lies under it (both canonical)."""
+    return path == root or root == "/" or path.startswith(root + "/")
+
+
+def _check_local_tier_dir(local_dir: str, claim_mount: str) -> None:
+    """The node-local tier's directory in the pods: under ``/dev/shm`` (the pod's memory volume), or a
+    directory that gets an emptyDir of its own (:func:`local_tier_mount`), so never on the checkpoint
+    claim (the "node-local" copies would be written to shared storage) nor over a system directory.
+    """
+    local, claim = _canonical(local_dir), _canonical(claim_mount)
+    if _within(local, SHM_PATH):
+        return
+    if _within(local, claim) or _within(claim, local):
+        where = "is" if local == claim else "lies inside" if _within(local, claim) else "contains"
+        raise ValueError(f"local_checkpoint_dir {local_dir!r} {where} the checkpoint claim's mount {claim!r}: the "
+                         "node-local tier would be written to shared storage; use a directory under /dev/shm (the "
+                         "default) or one outside the claim (it gets a node-local emptyDir), e.g. /scratch/rt-local")
+    for reserved in k8s_names.RESERVED_MOUNTS:
+        if _within(local, reserved) or _within(reserved, local):
+            raise ValueError(f"local_checkpoint_dir {local_dir!r} collides with {reserved}: outside /dev/shm the "
+                             "directory gets an emptyDir volume of its own mounted there; use a directory under "
+                             "/dev/shm (the default) or another one, e.g. /scratch/rt-local")
+
+
+def local_tier_mount(spec: JobSpec) -> str | None:
+    """Where the pods' node-local directory gets an emptyDir of its own (node disk), or None: no
+    ``local_dir`` (the default is under ``/dev/shm``), one under ``/dev/shm``, or one the pods never
+    write (no node-local tier, ``local_every`` 0, and no worker pid records, ``worker_gpu_reclaim`` off).
+    Without it the directory would be in the container's writable layer (slow overlay, counted as
+    ephemeral storage, not creatable by the non-root trainer outside ``/tmp``).
+    """
+    checkpoint = spec.train.checkpoint
+    if not checkpoint.local_dir or not (checkpoint.local_every or spec.train.restart.worker_gpu_reclaim):
+        return None
+    path = _canonical(checkpoint.local_dir)
+    return None if _within(path, SHM_PATH) else path
 
 
 def pod_suffix(kind: str, index: int) -> str:
@@ -529,19 +580,29 @@ def security_context() -> Any:
 def volume_mounts(spec: JobSpec) -> list[Any]:
     from kubernetes import client as k8s
 
-    return [k8s.V1VolumeMount(name=DSHM_VOLUME, mount_path="/dev/shm"),
-            k8s.V1VolumeMount(name=STORAGE_VOLUME, mount_path=spec.storage.mount_path)]
+    mounts = [k8s.V1VolumeMount(name=DSHM_VOLUME, mount_path=SHM_PATH),
+              k8s.V1VolumeMount(name=STORAGE_VOLUME, mount_path=spec.storage.mount_path)]
+    local = local_tier_mount(spec)
+    if local:
+        mounts.append(k8s.V1VolumeMount(name=LOCAL_TIER_VOLUME, mount_path=local))
+    return mounts
 
 
 def volumes(spec: JobSpec) -> list[Any]:
-    """An in-memory ``/dev/shm`` of ``shm_size`` and the run's checkpoint claim."""
+    """An in-memory ``/dev/shm`` of ``shm_size``, the run's checkpoint claim and, for a node-local
+    directory outside ``/dev/shm`` (:func:`local_tier_mount`), an emptyDir on the node's disk.
+    """
     from kubernetes import client as k8s
 
-    return [
+    out = [
         k8s.V1Volume(name=DSHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=spec.shm_size)),
         k8s.V1Volume(name=STORAGE_VOLUME,
                      persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=spec.storage.pvc_name)),
     ]
+    if local_tier_mount(spec):
+        # No size limit (no job field sizes it): the node's free disk bounds it (the kubelet evicts on disk pressure).
+        out.append(k8s.V1Volume(name=LOCAL_TIER_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource()))
+    return out
 
 
 def tolerations(spec: JobSpec) -> list[Any]:

@@ -60,10 +60,17 @@ RESERVED_MOUNTS = ("/dev/shm", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", 
 
 
 def check_absolute_path(path: str, what: str) -> str:
-    """``path`` without a trailing slash, refused unless absolute and already normal ('..' could escape a mount)."""
+    """``path`` without a trailing slash, refused unless absolute and already normal ('..' could escape a mount).
+
+    ``normpath`` keeps a leading ``//`` (POSIX lets it mean something else): refused by name, as the
+    message says (``//mnt/run/x`` passed, and a prefix test then took it for outside ``/mnt/run``).
+    Whitespace at either end too: ``/scratch/x `` would be made as written, a directory ending in a space.
+    """
     stripped = path.rstrip("/") or "/"
-    if not path.startswith("/") or posixpath.normpath(stripped) != stripped or any(ord(ch) < 32 for ch in path):
-        raise ValueError(f"{what} {path!r} must be an absolute directory without '.', '..', '//' or control characters")
+    if (not path.startswith("/") or path.startswith("//") or path != path.strip()
+            or posixpath.normpath(stripped) != stripped or any(ord(ch) < 32 for ch in path)):
+        raise ValueError(f"{what} {path!r} must be an absolute directory without '.', '..', '//', control "
+                         "characters or whitespace at either end")
     return stripped
 
 

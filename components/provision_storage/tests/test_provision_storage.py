@@ -236,7 +236,7 @@ BAD_INPUTS = [
     (dict(backend="pvc", pvc_name="My_Claim"), "pvc_name 'My_Claim' is not a DNS-1123 subdomain"),
     (dict(mount_path="data"), "mount_path 'data' must be an absolute directory"),
     (dict(mount_path="/dev/shm"), "mount_path '/dev/shm' collides with /dev/shm"),
-    (dict(mount_path="/mnt/run\n"), "or control characters"),
+    (dict(mount_path="/mnt/run\n"), "control characters"),
     (dict(mount_path="/mnt/../dev"), "must be an absolute directory without '.', '..'"),
     (dict(run_subdir="../escape"), "without '..'"),
     (dict(fsx_capacity_gib=1000), "use 1200, 2400 or a multiple of 2400 GiB"),
