@@ -5,7 +5,7 @@ ft_launcher vs plain relaunch side by side, then compare goodput and recovery ti
 
 ```
 check_benchmark_arguments ─► provision_storage ─► run_strategies (one after another) ─► compare_strategies
-exit handler: teardown_storage
+exit handler: teardown_storage (each strategy's job, the claim, the file system this run created)
 ```
 """
 
@@ -102,9 +102,11 @@ def build(*, retries: bool = True) -> "dsl.graph_component.GraphComponent":
         # First: every parameter by name (locals() also holds the closure's `retries`).
         parameters = {k: v for k, v in locals().items() if k in check_benchmark_arguments.component_spec.inputs}
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        # The strategies too: each trained in a job of its own, which teardown must find if run_strategies
+        # died without deleting it (OOM kill, node loss); an exit task can take pipeline inputs only.
         cleanup = teardown_storage(
             run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
-            fsx_file_system_id=fsx_file_system_id, region=region,
+            fsx_file_system_id=fsx_file_system_id, region=region, strategies=strategies,
         ).set_display_name("teardown")
         side_effecting(cleanup, TEARDOWN_RETRY if retries else None)
         with dsl.ExitHandler(cleanup, name="benchmark-and-clean-up"):

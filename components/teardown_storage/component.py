@@ -17,6 +17,7 @@ def teardown_storage(
     delete_job: bool = True,
     job_name: str = "",
     delete_file_system: bool = True,
+    strategies: list = [],  # noqa: B006 - KFP reads the default
 ) -> str:
     """Delete the run's PyTorchJob or TrainJob, PVC, PV and (when it created it) FSx file system. Safe to repeat.
 
@@ -26,7 +27,10 @@ def teardown_storage(
     FSx token tag), even if provisioning was killed half-way. A reused file system or a claim the
     user supplied is never deleted, nor a PVC or PV without this run's label
     (``resilient-training.io/run-token``): another run's claim of the same ``pvc_name`` is left
-    alone with one line, and the step succeeds.
+    alone with one line, and the step succeeds. Given the recovery benchmark's ``strategies``, it
+    also deletes each strategy's job (named from ``<run_id>-<name>``), even when ``run_strategies``
+    died without deleting it; only a job labelled with that strategy's run id is deleted, any other
+    one under the name is left alone with one line (``kept``).
 
     Args:
         run_id: The same run id given to ``provision_storage`` and ``launch_training``.
@@ -41,6 +45,8 @@ def teardown_storage(
             ``launch_training`` derives from ``run_id``); already gone counts as done.
         job_name: Delete this PyTorchJob or TrainJob instead of the derived one.
         delete_file_system: Delete an FSx file system this run created; off keeps it for inspection.
+        strategies: The recovery benchmark's strategies, as given to ``run_strategies``: with
+            ``delete_job``, each one's PyTorchJob or TrainJob is deleted too (empty: none).
 
     Returns:
         JSON object: each object (``kind/name``) and what happened (deleted, gone, deleting, kept).
@@ -48,10 +54,13 @@ def teardown_storage(
     """
     import json
 
+    from resilient_training.bench.strategy import strategy_run_ids
     from resilient_training.storage.teardown import teardown_storage as teardown
 
+    # Each strategy trained under its own run id (its job's name and run-id label derive from it).
     done = teardown(run_id=run_id, storage=storage, namespace=namespace, pvc_name=pvc_name,
                     fsx_file_system_id=fsx_file_system_id, region=region, storage_ref=storage_ref,
-                    delete_job=delete_job, job_name=job_name, delete_file_system=delete_file_system)
+                    delete_job=delete_job, job_name=job_name, delete_file_system=delete_file_system,
+                    job_run_ids=strategy_run_ids(run_id, strategies))
     print("teardown: " + (", ".join(f"{key} {what}" for key, what in done.items()) or f"nothing to delete ({storage})"))
     return json.dumps(done, sort_keys=True)

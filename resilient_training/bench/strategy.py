@@ -36,6 +36,26 @@ def parse_strategy(strategy: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return name, settings
 
 
+def strategy_run_id(run_id: str, name: str) -> str:
+    """The run id of strategy ``name``'s training: its job's name and run-id label derive from it."""
+    return f"{run_id}-{name}"
+
+
+def strategy_run_ids(run_id: str, strategies: list[Any]) -> list[str]:
+    """The run ids :func:`run_strategies` gives the trainings of ``strategies`` (teardown finds their jobs
+    by them). One it refuses (no name, a bad one, not a mapping) is left out: it refuses the whole list
+    before training any, so no job was made for it.
+    """
+    ids = []
+    for strategy in strategies:
+        try:
+            name, _ = parse_strategy(strategy)
+        except (ValueError, TypeError, AttributeError):
+            continue
+        ids.append(strategy_run_id(run_id, name))
+    return list(dict.fromkeys(ids))
+
+
 def run_strategy(
     *,
     storage_ref: str,
@@ -59,7 +79,7 @@ def run_strategy(
     sub = dataclasses.replace(ref, run_dir=f"{ref.run_dir.rstrip('/')}/{name}")
     progress(f"strategy {name}: {json.dumps(settings, sort_keys=True)}")
     try:
-        launch_training(storage_ref=sub.to_json(), run_id=f"{run_id}-{name}", launcher=launcher,
+        launch_training(storage_ref=sub.to_json(), run_id=strategy_run_id(run_id, name), launcher=launcher,
                         train={**(train or {}), **settings}, procs_per_node=procs_per_node, progress=progress,
                         **launch_kwargs)
     except RuntimeError as exc:  # the run itself failed: record it, compare it
