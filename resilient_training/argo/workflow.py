@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,15 @@ EXIT_HANDLER = "exit-handler"
 # Where a step writes its output parameters inside its pod (Argo reads them by path).
 OUTPUTS_DIR = "/tmp/outputs"
 # Output artifacts (metrics, summaries, the HTML report) go to the run's shared storage, beside
-# the run, so no Argo artifact repository is needed: RUN/argo/<task>/<artifact>.
+# the run, so no Argo artifact repository is needed: RUN/argo/<task>/<artifact>. They go with that
+# storage (an FSx file system the exit handler deletes): with an ArtifactRepository the steps also
+# declare them as Argo output artifacts, which Argo saves there (compile --argo-artifact-repository).
 ARTIFACTS_DIRNAME = layout.ARGO_DIRNAME
+# The step's own input that names that directory (its --artifacts; each artifact is the file DIR/<name>).
+ARTIFACTS_DIR_INPUT = "{{inputs.parameters.artifacts_dir}}"
+# compile --argo-artifact-repository: the cluster's default repository, or CONFIGMAP:KEY.
+DEFAULT_ARTIFACT_REPOSITORY = "default"
+ARTIFACT_REPOSITORY_FLAG = "--argo-artifact-repository"
 # The service account the steps run as (manifests/rbac; creates PyTorchJobs, PVCs, FSx).
 SERVICE_ACCOUNT = "resilient-training-launcher"
 CLAIM_VOLUME = "run-storage"
@@ -98,6 +106,67 @@ class RunId:
 Source = Param | Output | Const | RunId
 # KFP's set_retry arguments as pipelines/defaults.py keeps them: (retries, first backoff, factor, max duration).
 Retry = tuple[int, str, float, str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ArtifactRepository:
+    """Where the steps' records also go as Argo output artifacts (``compile --argo-artifact-repository``).
+
+    The records are files on the run's claim (RUN/argo/<task>/<name>); with ``storage=fsx`` and
+    ``delete_file_system=true`` the exit handler deletes the claim's file system and them with it.
+    Declared as output artifacts, Argo's executor also saves them to an artifact repository.
+    """
+
+    config_map: str | None = None
+    """The ConfigMap of ``spec.artifactRepositoryRef`` (None: Argo's default repository, no ref)."""
+    key: str | None = None
+
+    def describe(self) -> str:
+        if self.config_map is None:
+            return "Argo's default artifact repository"
+        return f"the artifact repository of ConfigMap {self.config_map}, key {self.key}"
+
+
+# A ConfigMap key as Kubernetes validates it (apimachinery's IsConfigMapKey).
+_CONFIG_MAP_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+_CONFIG_MAP_KEY_MAX = 253
+
+
+def artifact_repository(ref: str) -> ArtifactRepository:
+    """``default`` or ``CONFIGMAP:KEY``, checked as Kubernetes checks a ConfigMap's name and key.
+
+    Raises:
+        ValueError: one line naming the flag: empty, blanks or control characters, neither form,
+            a ConfigMap that is not a DNS-1123 subdomain, a key outside ``[-._a-zA-Z0-9]``.
+
+    """
+    from resilient_training.launch import k8s_names
+    from resilient_training.run.paths import control_note, has_control
+
+    flag = ARTIFACT_REPOSITORY_FLAG
+    usage = (f"give {DEFAULT_ARTIFACT_REPOSITORY} (Argo's configured default artifact repository) or CONFIGMAP:KEY "
+             "(an artifact repository ConfigMap and its key, e.g. artifact-repositories:default-v1-s3-artifact-repository)")
+    if not ref.strip():
+        raise ValueError(f"{flag} is empty: {usage}")
+    if has_control(ref):
+        raise ValueError(f"{flag} {ref!r} contains {control_note(ref)}: {usage}")
+    if any(c.isspace() for c in ref):
+        raise ValueError(f"{flag} {ref!r} contains whitespace: {usage}")
+    if ref == DEFAULT_ARTIFACT_REPOSITORY:
+        return ArtifactRepository()
+    config_map, sep, key = ref.partition(":")
+    if not sep:
+        raise ValueError(f"{flag} {ref!r} is neither {DEFAULT_ARTIFACT_REPOSITORY} nor CONFIGMAP:KEY: {usage}")
+    k8s_names.check_dns1123_subdomain(config_map, f"{flag} {ref!r}: ConfigMap")
+    if len(key) > _CONFIG_MAP_KEY_MAX:
+        raise ValueError(f"{flag}: key {key[:24]!r}... is {len(key)} characters long: a ConfigMap key has at most "
+                         f"{_CONFIG_MAP_KEY_MAX}")
+    if not _CONFIG_MAP_KEY.fullmatch(key):
+        raise ValueError(f"{flag} {ref!r}: key {key!r} is not a ConfigMap key: one or more letters, digits, '-', '_' "
+                         "or '.'")
+    if key in (".", "..") or key.startswith(".."):
+        raise ValueError(f"{flag} {ref!r}: key {key!r} is not a ConfigMap key: it must not be '.' or start with '..'")
+    return ArtifactRepository(config_map, key)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -213,12 +282,30 @@ def workflow_parameters() -> list[WorkflowParameter]:
     return out
 
 
-def _component_outputs(component: str) -> list[str]:
-    """The component's output parameters (not artifacts), as its KFP spec declares them."""
+def _component_outputs(component: str, *, artifacts: bool = False) -> list[str]:
+    """The component's output parameters (not artifacts), as its KFP spec declares them; with
+    ``artifacts``, its output artifacts instead (``system.Metrics@0.0.1``, ...).
+    """
     from resilient_training.argo.step import load_component
 
     outputs = load_component(component).component_spec.outputs or {}
-    return [name for name, spec in outputs.items() if "@" not in spec.type]
+    return [name for name, spec in outputs.items() if ("@" in spec.type) == artifacts]
+
+
+def artifact_path(name: str) -> str:
+    """Where a step writes its output artifact ``name``: a file (metrics as JSON, the rest as the
+    component wrote it) in the directory its ``--artifacts`` names (:func:`resilient_training.argo.step.run_step`).
+    """
+    return f"{ARTIFACTS_DIR_INPUT}/{name}"
+
+
+def output_artifacts() -> list[tuple[str, str]]:
+    """``(task, artifact)`` for each output artifact a template declares with an artifact repository:
+    every artifact output of every step that writes its records to the run (a ``run_dir``).
+    """
+    steps, teardown = pipeline_steps()
+    return [(step.task, name) for step in (*steps, teardown) if step.run_dir is not None
+            for name in _component_outputs(step.component, artifacts=True)]
 
 
 def retry_strategy(retry: Retry) -> Any:
@@ -241,17 +328,23 @@ def retry_strategy(retry: Retry) -> Any:
                          backoff=Backoff(duration=backoff, factor=int(factor), max_duration=max_duration))
 
 
-def _template(step: Step) -> Any:
-    from hera.workflows import Container, ExistingVolume, Parameter
+def _template(step: Step, repository: ArtifactRepository | None = None) -> Any:
+    from hera.workflows import Artifact, Container, ExistingVolume, Parameter
     from hera.workflows.models import ValueFrom
 
     from resilient_training.pipelines.resilient_training import MOUNT_PATH
 
     extra = {}
     command = ["python", "-m", "resilient_training.argo.step", step.component, "--outputs", OUTPUTS_DIR]
+    artifacts = []
     if step.run_dir is not None:
         extra["artifacts_dir"] = f"{step.run_dir.expression()}/{ARTIFACTS_DIRNAME}/{step.task}"
-        command += ["--artifacts", "{{inputs.parameters.artifacts_dir}}"]
+        command += ["--artifacts", ARTIFACTS_DIR_INPUT]
+        if repository is not None:
+            # Optional: a step that fails before writing one (a refused argument, a failed gate) stays
+            # that failure, not an artifact error.
+            artifacts = [Artifact(name=name, path=artifact_path(name), optional=True)
+                         for name in _component_outputs(step.component, artifacts=True)]
     volumes = None
     if step.claim is not None:
         extra["claim"] = step.claim.expression()
@@ -263,8 +356,8 @@ def _template(step: Step) -> Any:
         # One argv element per input, no shell: a parameter value is never parsed as a command.
         args=[f"{name}={{{{inputs.parameters.{name}}}}}" for name in step.inputs],
         inputs=[Parameter(name=name) for name in [*step.inputs, *extra]],
-        outputs=[Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS_DIR}/{name}"))
-                 for name in _component_outputs(step.component)],
+        outputs=[*(Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS_DIR}/{name}"))
+                   for name in _component_outputs(step.component)), *artifacts],
         volumes=volumes,
         retry_strategy=retry_strategy(step.retry) if step.retry is not None else None,
     ), extra
@@ -274,9 +367,14 @@ def _arguments(step: Step, extra: dict[str, str]) -> dict[str, str]:
     return {**{name: source.expression() for name, source in step.inputs.items()}, **extra}
 
 
-def workflow_template() -> Any:
-    """The resilient-training pipeline as a hera ``WorkflowTemplate``."""
+def workflow_template(repository: ArtifactRepository | None = None) -> Any:
+    """The resilient-training pipeline as a hera ``WorkflowTemplate``.
+
+    ``repository``: the steps that write records also declare them as output artifacts, saved to that
+    Argo artifact repository (None: only on the run's claim, as without ``--argo-artifact-repository``).
+    """
     from hera.workflows import DAG, Task, WorkflowTemplate
+    from hera.workflows.models import ArtifactRepositoryRef
     from hera.workflows.models import Parameter as ModelParameter
 
     from resilient_training.pipelines.resilient_training import resilient_training
@@ -292,9 +390,11 @@ def workflow_template() -> Any:
         on_exit=EXIT_HANDLER,
         service_account_name=SERVICE_ACCOUNT,
         arguments=arguments,
+        artifact_repository_ref=ArtifactRepositoryRef(config_map=repository.config_map, key=repository.key)
+        if repository is not None and repository.config_map is not None else None,
     ) as template:
         steps, teardown = pipeline_steps()
-        built = {step.task: _template(step) for step in (*steps, teardown)}
+        built = {step.task: _template(step, repository) for step in (*steps, teardown)}
         with DAG(name=ENTRYPOINT):
             for step in steps:
                 container, extra = built[step.task]
@@ -396,10 +496,11 @@ def output_paths(directory: Path) -> ArgoFiles:
     return ArgoFiles(directory / f"{NAME}.workflowtemplate.yaml", directory / f"{NAME}.cronworkflow.yaml")
 
 
-def write(directory: Path, schedule: Schedule) -> ArgoFiles:
+def write(directory: Path, schedule: Schedule, repository: ArtifactRepository | None = None) -> ArgoFiles:
     """Write both objects as YAML under ``directory`` (created), both or neither: a target that
     is a directory is refused before either is written, and each is written under a temporary
     name, then renamed (a stranger trial's blocked CronWorkflow left the template written).
+    ``repository``: :func:`workflow_template`'s (the CronWorkflow only names the template).
     """
     import errno
     import os
@@ -410,7 +511,7 @@ def write(directory: Path, schedule: Schedule) -> ArgoFiles:
     # Quoted as kubectl reads them: a parameter value 0o17 or y was written bare and read back a number
     # or a boolean, which the CRD refuses (a stranger trial).
     dumper = kubectl_dumper()
-    documents = {paths.workflow_template: workflow_template().to_yaml(Dumper=dumper),
+    documents = {paths.workflow_template: workflow_template(repository).to_yaml(Dumper=dumper),
                  paths.cron_workflow: cron_workflow(schedule).to_yaml(Dumper=dumper)}
     directory.mkdir(parents=True, exist_ok=True)
     for path in documents:

@@ -65,6 +65,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a parameter's default in the compiled KFP IR, what the KFP UI's Create run form starts "
                    "from (repeatable; typed by the pipeline's inputs; checked as submit checks a run's), "
                    "e.g. --default storage=pvc --default launcher=pytorchjob --default pvc_name=training-data")
+    records = p.add_argument_group("Argo WorkflowTemplate (--format argo)")
+    records.add_argument(
+        argo_workflow.ARTIFACT_REPOSITORY_FLAG, metavar="REF",
+        help="also save the steps' records (metrics, summaries, validation findings, the resilience report, the "
+        "promotion record) as Argo output artifacts, which outlive the run's claim (with storage=fsx the exit handler "
+        f"deletes the file system the run made, and the records on it): {argo_workflow.DEFAULT_ARTIFACT_REPOSITORY} "
+        "(the cluster's default artifact repository) or CONFIGMAP:KEY (spec.artifactRepositoryRef); default: none, "
+        "the records are only on the claim")
     cron = p.add_argument_group("Argo CronWorkflow (--format argo)")
     cron.add_argument("--schedule", action="append", metavar="CRON",
                       help=f"5-field cron (minute hour day-of-month month day-of-week) or @daily / @every 6h; "
@@ -224,7 +232,9 @@ def _compile(args: argparse.Namespace) -> int:
     cron_flags = [flag for flag, value in (("--schedule", args.schedule), ("--timezone", args.timezone),
                                            ("--concurrency-policy", args.concurrency_policy),
                                            ("--starting-deadline", args.starting_deadline),
-                                           ("--cron-param", args.cron_param)) if value is not None]
+                                           ("--cron-param", args.cron_param),
+                                           (argo_workflow.ARTIFACT_REPOSITORY_FLAG, args.argo_artifact_repository))
+                  if value is not None]
     if cron_flags:
         print(f"error: {', '.join(cron_flags)}: only with --format argo", file=sys.stderr)
         return 2
@@ -273,6 +283,7 @@ def _compile_argo(args: argparse.Namespace) -> int:
             raise _InputError(f"--starting-deadline must be a positive number of seconds, got {args.starting_deadline}")
         if args.starting_deadline is not None and args.starting_deadline > 2**63 - 1:
             raise _InputError(f"--starting-deadline {args.starting_deadline} is past the CRD's int64")
+        repository = _artifact_repository(args.argo_artifact_repository)
         default = ARGO_DEFAULT_SCHEDULE
         schedules = [argo_cron.validate_schedule(s) for s in args.schedule or default.schedules]
         if repeated := next((s for i, s in enumerate(schedules) if s in schedules[:i]), None):
@@ -285,11 +296,13 @@ def _compile_argo(args: argparse.Namespace) -> int:
             starting_deadline_seconds=args.starting_deadline,
             arguments=_cron_arguments(args.cron_param or []),
         )
-        paths = _writing(args.output, argo_workflow.write, output, schedule)
+        paths = _writing(args.output, argo_workflow.write, output, schedule, repository)
         steps, teardown = argo_workflow.pipeline_steps()
+        saved = "" if repository is None else (
+            f", {len(argo_workflow.output_artifacts())} output artifact(s) saved to {repository.describe()}")
         print(f"{ARGO_PIPELINE}: {paths.workflow_template} (WorkflowTemplate {argo_workflow.NAME!r}, "
               f"{len(steps)} steps + {teardown.task} on exit, "
-              f"{len(argo_workflow.workflow_parameters())} parameter(s))")
+              f"{len(argo_workflow.workflow_parameters())} parameter(s){saved})")
         deadline = "none" if schedule.starting_deadline_seconds is None else f"{schedule.starting_deadline_seconds}s"
         overrides = ", ".join(f"{k}={v}" for k, v in schedule.arguments) or "the template's defaults"
         print(f"{ARGO_PIPELINE}: {paths.cron_workflow} (CronWorkflow {argo_workflow.NAME!r}: "
@@ -298,9 +311,33 @@ def _compile_argo(args: argparse.Namespace) -> int:
         if not schedule.arguments:
             _note_default_schedule()
         _note_demo_faults(dict(schedule.arguments))
+        if repository is None:
+            _note_records_deleted_with_the_file_system(dict(schedule.arguments))
         return 0
 
     return _run(body)
+
+
+def _artifact_repository(ref: str | None) -> argo_workflow.ArtifactRepository | None:
+    if ref is None:
+        return None
+    try:
+        return argo_workflow.artifact_repository(ref)
+    except ValueError as exc:
+        raise _InputError(str(exc)) from None
+
+
+def _note_records_deleted_with_the_file_system(given: dict[str, str]) -> None:
+    """Scheduled runs on a file system each run makes and the exit handler deletes: their records
+    (the report among them) are on it, so they go with it unless saved to an artifact repository.
+    """
+    if (given.get("storage") == "fsx" and not given.get("fsx_file_system_id")
+            and given.get("delete_file_system", "true") != "false"):
+        print("note: the CronWorkflow's runs make an FSx file system that teardown-storage deletes when the run ends "
+              "(delete_file_system=true), and their records (metrics, summaries, the resilience report, the promotion "
+              f"record: RUN/{argo_workflow.ARTIFACTS_DIRNAME}/) go with it; compile with "
+              f"{argo_workflow.ARTIFACT_REPOSITORY_FLAG} {argo_workflow.DEFAULT_ARTIFACT_REPOSITORY} (or CONFIGMAP:KEY) "
+              "to save them as Argo output artifacts, or give --cron-param delete_file_system=false", file=sys.stderr)
 
 
 def _check_output(output: str, *, directory: bool) -> None:
