@@ -211,15 +211,77 @@ def test_a_directory_named_like_a_log_file_is_named_not_a_traceback(tmp_path: Pa
 
 def test_a_copy_of_a_ranks_log_under_another_name_is_refused(tmp_path: Path) -> None:
     """A second stranger trial: rank0.jsonl copied to rank0-copy.jsonl counted every step, save and
-    fault twice ("66 replayed"). A file not named rankN.jsonl holds the launchers' events only."""
+    fault twice ("66 replayed"). A file of no writer's name is refused; a launcher's file holds the
+    launchers' events only."""
     log = ScriptedLog(tmp_path)
     log.start()
     log.steps(1, 2)
     log.close()
     events = layout.events_dir(tmp_path)
     (events / "rank0-copy.jsonl").write_bytes((events / "rank0.jsonl").read_bytes())
-    with pytest.raises(EventLogError, match=re.escape("rank0-copy.jsonl:1: not an event: rank 0 in rank0-copy.jsonl, "
+    with pytest.raises(EventLogError, match=re.escape("rank0-copy.jsonl: no writer's event log (put there by hand, "
+                                                      "or a copy?): events/ holds rankN.jsonl")):
+        read_events(tmp_path)
+    (events / "rank0-copy.jsonl").rename(events / "cluster.jsonl")
+    with pytest.raises(EventLogError, match=re.escape("cluster.jsonl:1: not an event: rank 0 in cluster.jsonl, "
                                                       "which holds the launchers' (rank -1) only")):
+        read_events(tmp_path)
+
+
+@pytest.mark.parametrize(("name", "owner"), [
+    ("rank0.jsonl", 0), ("rank1.jsonl", 1), ("rank12.jsonl", 12), ("launcher.jsonl", -1), ("cluster.jsonl", -1),
+    ("agent-node-a-4242.jsonl", -1), ("agent-a.jsonl", -1),
+    ("rank00.jsonl", None), ("rank01.jsonl", None), ("rank+1.jsonl", None), ("rank-1.jsonl", None),
+    ("rank\u0660.jsonl", None), ("rank\uff10.jsonl", None), ("rank1\u0663.jsonl", None), ("Rank0.jsonl", None),
+    ("rank 0.jsonl", None), ("rank0 .jsonl", None), ("rank.jsonl", None), ("rank0.jsonl.jsonl", None),
+    ("launcher2.jsonl", None), ("agent-.jsonl", None), ("zz.jsonl", None)])
+def test_only_the_writers_exact_file_names_are_logs(name: str, owner: int | None) -> None:
+    """A stranger trial: `rank(\\d+)` took rank00.jsonl (and Unicode digits: `\\d` matches them) for
+    rank 0's own log."""
+    from resilient_training.run.events import log_owner
+
+    assert log_owner(name) == owner
+
+
+@pytest.mark.parametrize("name", ["rank00.jsonl", "rank\u0660.jsonl", "rank+0.jsonl", "ranks.jsonl"])
+def test_a_file_of_no_writers_name_is_refused_by_name(tmp_path: Path, name: str, capsys) -> None:
+    """A stranger trial: a new events/rank00.jsonl holding a rank-0 ckpt_committed line (another
+    checkpoint's manifest digest) was read as rank 0's log, and the gates took its commit as the run's."""
+    log = ScriptedLog(tmp_path)
+    log.start()
+    log.steps(1, 30, checkpoint_every=5)
+    log.end()
+    log.close()
+    assert main(["check-convergence", str(tmp_path), "--no-record", "--max-final-loss", "10"]) == 0
+    forged = {"ts": 1_700_000_100.0, "rank": 0, "attempt": 0, "iteration": 0, "event": "ckpt_committed", "step": 30,
+              "bytes": 0, "seconds": 0.0, "path": "checkpoints/step_30", "tier": "persistent", "world_size": 2,
+              "manifest_checksum": "0" * 32}
+    (layout.events_dir(tmp_path) / name).write_text(json.dumps(forged) + "\n")
+    with pytest.raises(EventLogError, match=re.escape(f"{name}: no writer's event log")):
+        read_events(tmp_path)
+    capsys.readouterr()
+    assert main(["check-convergence", str(tmp_path), "--no-record", "--max-final-loss", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{name}: no writer's event log" in err, err
+
+
+def test_a_writer_cannot_name_its_log_as_no_reader_reads_it(tmp_path: Path) -> None:
+    for rank, writer in ((0, "rank00"), (-1, "rank0"), (-1, "notes"), (3, "launcher")):
+        with pytest.raises(ValueError, match="cannot be named"):
+            EventLog(tmp_path, rank=rank, writer=writer)
+    assert not list(layout.events_dir(tmp_path).glob("*.jsonl"))
+    for rank, writer in ((0, None), (7, None), (-1, None), (-1, "cluster"), (-1, "agent-host-12")):
+        EventLog(tmp_path, rank=rank, writer=writer).close()
+    assert sorted(p.name for p in layout.events_dir(tmp_path).iterdir()) == [
+        "agent-host-12.jsonl", "cluster.jsonl", "launcher.jsonl", "rank0.jsonl", "rank7.jsonl"]
+
+
+def test_a_fifo_named_like_a_log_is_refused_not_waited_on(tmp_path: Path) -> None:
+    import os
+
+    layout.events_dir(tmp_path).mkdir(parents=True)
+    os.mkfifo(layout.events_dir(tmp_path) / "rank0.jsonl")
+    with pytest.raises(EventLogError, match=r"rank0\.jsonl: not a file"):
         read_events(tmp_path)
 
 

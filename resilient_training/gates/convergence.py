@@ -2,10 +2,12 @@
 
 Checks (each reports its numbers and why it passed or failed):
 
-- ``finite``: the surviving loss curve (each step's last execution) is finite. Non-finite
+- ``finite``: the surviving loss curve (each step's last execution) is finite, and within
+  :data:`LOSS_LIMIT` (float32's range: no training step logs a larger loss). Non-finite
   losses that were rolled back and replayed finite are reported, not failed: the model that
   ships never trained on them.
-- ``completed``: the run ended with status ``completed``.
+- ``completed``: the run ended with status ``completed``, at its target step (the end's step,
+  else the ``steps`` of its config.json) and after its last session's steps.
 - ``final_loss``: the mean loss of the final window is below ``max_final_loss``.
 - ``improvement``: (first-window mean − final-window mean) / first-window mean ≥ ``min_improvement``.
   Both judge the history that leads to the judged checkpoint (the run's latest): the steps up
@@ -34,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,18 @@ def _default_threshold(checkpoint: Path | None, unusable: str | None) -> tuple[f
     return None, "the run's task records no vocab_size to derive a default threshold from; pass --max-final-loss", False
 
 
+# The largest loss a training step can log: the trainer all-reduces the loss as a float32 (bf16
+# autocast included), so a larger one overflows to inf there. A logged loss beyond it, finite as a
+# float64 (1.7e308), was put in the log by hand: it is judged as not finite, never as "improving"
+# (a stranger trial's two such first steps crashed the gate, and would have made its first window huge).
+LOSS_LIMIT = 3.4028234663852886e38  # float32's largest finite value
+
+
+def _usable(loss: float) -> bool:
+    """A loss the gate can judge: finite and within :data:`LOSS_LIMIT`."""
+    return math.isfinite(loss) and abs(loss) <= LOSS_LIMIT
+
+
 def _close(a: float, b: float, rtol: float, atol: float = 0.0) -> bool:
     return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= atol + rtol * abs(b)
 
@@ -186,7 +199,7 @@ def check_convergence(
     survivors = metrics.surviving(runs)
     curve = [(step, run.loss) for step, run in survivors.items()]
     checkpoint, judged_step, history, unusable = _judged_history(run_dir, events, runs)
-    checks = [_finite(runs, curve, events), _completed(events, runs[-1].step)]
+    checks = [_finite(runs, curve, events), _completed(run_dir, events, runs[-1].step)]
     if unusable:  # committed steps, but `latest` names none of them: which model would pass is unknown
         checks.append(Check("latest_checkpoint", False, f"the run's latest checkpoint cannot be judged: {unusable}"))
     learning, threshold_from = _learning(checkpoint, unusable, history, config, judged_step)
@@ -230,20 +243,24 @@ def _judged_history(run_dir: Path, events: list[Any], runs: list[metrics.StepRun
 
 
 def _finite(runs: list[metrics.StepRun], curve: list[tuple[int, float]], events: list[Any]) -> Check:
-    bad = [(s, v) for s, v in curve if not math.isfinite(v)]
-    logged = sum(1 for r in runs if not math.isfinite(r.loss))
+    bad = [(s, v) for s, v in curve if not _usable(v)]
+    logged = sum(1 for r in runs if not _usable(r.loss))
     # The NaN guard stops a step whose loss is not finite before it is logged: its failure says so
     # (every rank's, at one step of one attempt and iteration). "All finite" said nothing of five.
     seen = {(e.attempt, e.iteration, e.step) for e in events
-            if e.event == "step" and not math.isfinite(e.get("loss", math.nan))}
+            if e.event == "step" and not _usable(e.get("loss", math.nan))}
     # Rolled back and replayed: training went on after it (a NaN that ended the run was counted too).
     last = max((e.ts for e in events if e.event == "step"), default=-math.inf)
     caught = len({(e.attempt, e.iteration, e.step) for e in events
                   if e.event == "failure_detected" and e.get("cause") == "nan" and e.ts < last} - seen)
     values = {"steps": len(curve), "non_finite_in_curve": len(bad), "non_finite_logged": logged,
               "non_finite_caught": caught, "first_bad_step": bad[0][0] if bad else None}
+    huge = sum(1 for _, v in bad if math.isfinite(v))
+    values["beyond_float32"] = huge
     if bad:
-        return Check("finite", False, f"{len(bad)} of {len(curve)} steps end non-finite, first at step {bad[0][0]} "
+        what = (f"non-finite or out of range ({huge} finite but beyond {LOSS_LIMIT:.4g}, the largest loss a float32 "
+                "training step can log: put in the log by hand?)" if huge else "non-finite")
+        return Check("finite", False, f"{len(bad)} of {len(curve)} steps end {what}, first at step {bad[0][0]} "
                      f"(loss {bad[0][1]})", values)
     if logged or caught:
         said = ([f"{logged} logged"] if logged else []) + ([f"{caught} stopped by the NaN guard before logging"]
@@ -253,7 +270,7 @@ def _finite(runs: list[metrics.StepRun], curve: list[tuple[int, float]], events:
     return Check("finite", True, f"all {len(curve)} logged losses are finite", values)
 
 
-def _completed(events: list[Any], last_step: int) -> Check:
+def _completed(run_dir: Path, events: list[Any], last_step: int) -> Check:
     ends = [e for e in events if e.event == "end"]
     final = next((e for e in reversed(ends) if e.rank <= 0), ends[-1] if ends else None)
     if final is None:
@@ -267,10 +284,13 @@ def _completed(events: list[Any], last_step: int) -> Check:
                      + (f" after step {step}" if step is not None else "")
                      + f"; an earlier session ended {final.get('status')}", {"status": None})
     status, reason = final.get("status"), final.get("reason")
-    if status == "completed" and isinstance(final.step, int) and final.step != last_step:
+    target = metrics.target_step(run_dir, final) if status == "completed" else None
+    if target is not None and target != last_step:
         # The trainer ends "completed" at its target step, the last it trained: a log cut after an
-        # earlier step and its end kept said completed (a second stranger trial).
-        return Check("completed", False, f"the run's end says completed at step {final.step}, but its last "
+        # earlier step and its end kept said completed (a second stranger trial); with the end's
+        # step nulled out, the target is the run's config.json's (a third).
+        said = "" if isinstance(final.step, int) else " (the target step of the run's config.json: its end names none)"
+        return Check("completed", False, f"the run's end says completed at step {target}{said}, but its last "
                      f"logged step is {last_step} (the event log was cut or edited)", {"status": None})
     # (``last_step``: the last step logged, in time: a resume to fewer steps than an earlier session
     # reached ends at its own target, a stranger trial's "cut or edited" for a correct run.)
@@ -284,8 +304,11 @@ def _learning(checkpoint: Path | None, unusable: str | None, curve: list[tuple[i
     window = min(config.window, max(1, len(curve) // 2))
     first = [v for _, v in curve[:window]]
     final = [v for _, v in curve[-window:]]
-    first_mean = statistics.fmean(first) if first else math.nan
-    final_mean = statistics.fmean(final) if final else math.nan
+    # (metrics.mean: statistics.fmean raised OverflowError on two losses of 1.7e308, a stranger
+    # trial's traceback, which left the gate's earlier PASS in place.)
+    first_mean = metrics.mean(first) if first else math.nan
+    final_mean = metrics.mean(final) if final else math.nan
+    beyond = [v for v in first + final if math.isfinite(v) and not _usable(v)]
     unjudgeable = False
     if config.max_final_loss is not None:
         threshold, threshold_from = config.max_final_loss, "given"
@@ -302,6 +325,10 @@ def _learning(checkpoint: Path | None, unusable: str | None, curve: list[tuple[i
         threshold_from = None
     elif not math.isfinite(final_mean):
         final_check = Check("final_loss", False, f"final-window mean is {final_mean}", values)
+    elif not all(_usable(v) for v in final):
+        final_check = Check("final_loss", False, f"the final window (steps {values['final_steps'][0]}-"
+                            f"{values['final_steps'][1]}) holds a loss beyond {LOSS_LIMIT:.4g}, the largest a "
+                            "float32 training step can log: no loss to judge", values)
     else:
         ok = final_mean < threshold
         final_check = Check("final_loss", ok, f"final-window mean {final_mean:.4f} (steps {values['final_steps'][0]}"
@@ -312,6 +339,9 @@ def _learning(checkpoint: Path | None, unusable: str | None, curve: list[tuple[i
     if len(curve) < 2:
         upto = f" up to the judged checkpoint (step {judged_step})" if judged_step is not None else ""
         imp = Check("improvement", False, f"only {len(curve)} step logged{upto}: cannot show learning", ivalues)
+    elif beyond:
+        imp = Check("improvement", False, f"a window holds a loss beyond {LOSS_LIMIT:.4g} ({beyond[0]:.4g}), the "
+                    "largest a float32 training step can log: no improvement can be judged from it", ivalues)
     elif not math.isfinite(improvement):
         imp = Check("improvement", False, f"improvement is {improvement} (non-finite losses)", ivalues)
     else:
@@ -567,19 +597,25 @@ def _reference(events: list[Any], reference_dir: Path, config: ConvergenceConfig
 def check_and_record(run_dir: str | os.PathLike[str], config: ConvergenceConfig | None = None, *,
                      reference_dir: str | os.PathLike[str] | None = None) -> Verdict:
     """:func:`check_convergence`, then its record (:func:`write_convergence_record`). A run the gate
-    cannot judge (RunError, EventLogError) has its earlier record withdrawn before the error is
-    raised: promotion must not go on from a verdict on what the run was before.
+    cannot judge has its earlier record withdrawn before the error is raised, whatever the error:
+    promotion must not go on from a verdict on what the run was before (a stranger trial's
+    OverflowError skipped the withdrawal, and promotion went on from the earlier PASS). An error
+    that is no ValueError (RunError, EventLogError, RecordError are) is raised as a RunError
+    saying so, which the CLI turns into one line and exit 2.
     """
     from resilient_training.run import gate_records
-    from resilient_training.run.events import EventLogError
 
     gate_records.check_recordable(run_dir, gate_records.CONVERGENCE)  # before the gate's time is spent
     try:
         verdict = check_convergence(run_dir, config, reference_dir=reference_dir)
-    except (RunError, EventLogError):
+        write_convergence_record(run_dir, verdict)
+    except BaseException as exc:  # Ctrl-C too: the record must not outlive a gate that did not finish
         gate_records.withdraw(run_dir, gate_records.CONVERGENCE)
-        raise
-    write_convergence_record(run_dir, verdict)
+        if isinstance(exc, ValueError) or not isinstance(exc, Exception):
+            raise
+        what = " ".join(str(exc).split())[:300]
+        raise RunError(f"the convergence gate could not judge {run_dir} (internal error {type(exc).__name__}"
+                       f"{': ' + what if what else ''}); its earlier record is withdrawn") from exc
     return verdict
 
 

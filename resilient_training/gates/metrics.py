@@ -649,6 +649,35 @@ def _classify(episode: Episode, events: list[ev.Event], ref: int | None) -> None
         episode.cause = episode.fault or "unknown"
 
 
+def mean(values: Iterable[float]) -> float:
+    """The arithmetic mean, never an error for floats: ``statistics.fmean`` (exact ``math.fsum``)
+    raised OverflowError on huge finite values (two commits of 1e308 bytes, losses of 1.7e308:
+    stranger trials); those are summed scaled down by their count instead, which cannot overflow.
+    NaN when empty or given a NaN (or both infinities); an infinity when given one.
+    """
+    data = [float(v) for v in values]
+    if not data:
+        return math.nan
+    if not all(math.isfinite(v) for v in data):
+        if any(math.isnan(v) for v in data) or (math.inf in data and -math.inf in data):
+            return math.nan
+        return math.inf if math.inf in data else -math.inf
+    try:
+        return statistics.fmean(data)
+    except OverflowError:  # the sum is past the largest float; the mean is not
+        return math.fsum(v / len(data) for v in data)
+
+
+def _between(lo: float, hi: float, frac: float) -> float:
+    """``lo + (hi - lo) * frac`` without the difference overflowing (values of opposite signs near
+    the largest float).
+    """
+    if frac == 0 or lo == hi:
+        return lo
+    span = hi - lo
+    return lo + span * frac if math.isfinite(span) else lo * (1 - frac) + hi * frac
+
+
 def percentiles(values: list[float]) -> dict[str, float | None]:
     """count, mean, p50, p95, max (linear interpolation between order statistics)."""
     if not values:
@@ -658,9 +687,9 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
     def q(frac: float) -> float:
         pos = frac * (len(ordered) - 1)
         lo, hi = math.floor(pos), math.ceil(pos)
-        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+        return _between(ordered[lo], ordered[hi], pos - lo)
 
-    return {"count": len(ordered), "mean": statistics.fmean(ordered), "p50": q(0.5), "p95": q(0.95),
+    return {"count": len(ordered), "mean": mean(ordered), "p50": q(0.5), "p95": q(0.95),
             "max": ordered[-1]}
 
 
@@ -760,20 +789,83 @@ def segments(events: list[ev.Event]) -> list[dict[str, Any]]:
     return sorted(spans.values(), key=lambda s: s["start"])
 
 
+CONFIG_MAX_BYTES = 16 << 20  # a run's config.json is a few KiB
+
+
+def read_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The run's ``config.json`` as written by the launcher, None when there is none, it cannot be
+    read, or it is no JSON object (a YAML file elsewhere, an older or damaged one). RunError, naming
+    it, when it is there but no regular file (a FIFO in its place made the report wait forever: a
+    stranger trial; it is looked at before it is opened, and opened without waiting for a writer),
+    or larger than any config.
+    """
+    import json
+    import stat
+
+    path = layout.config_path(run_dir)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if not stat.S_ISREG(mode):
+        raise RunError(f"{path} is not a regular file ({_file_kind(mode)}): a run's config.json is one")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # swapped since the look
+            raise RunError(f"{path} is not a regular file ({_file_kind(mode)}): a run's config.json is one")
+        os.set_blocking(fd, True)
+        try:
+            data = handle.read(CONFIG_MAX_BYTES + 1)
+        except OSError:
+            return None
+    if len(data) > CONFIG_MAX_BYTES:
+        raise RunError(f"{path} is over {CONFIG_MAX_BYTES >> 20} MiB: no run's config.json is")
+    try:
+        config = json.loads(data)
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def target_step(run_dir: str | os.PathLike[str], end: ev.Event) -> int | None:
+    """The step a ``completed`` end says the run reached: its own ``step`` (the trainer logs its
+    target step there), else the target of the run's config.json (``steps``); None when neither
+    says. An end whose step was nulled out said completed for a log cut after step 22 of 30 (a
+    stranger trial).
+    """
+    if isinstance(end.step, int):
+        return end.step
+    steps = (read_config(run_dir) or {}).get("steps")
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
 def faults_not_injected(run_dir: str | os.PathLike[str], events: list[ev.Event]) -> list[str]:
     """Scheduled faults (the run's config.json) that never fired, or fewer times than scheduled
     (said after them), e.g. a ``load-hang`` whose rank only
     ever restored from a memory snapshot (H200, 2026-12-02): a run that completed did not prove
     recovery from those. Empty when the schedule cannot be read (no config, a YAML file elsewhere).
     """
-    import json
-
     from resilient_training.run import faults as flt
 
+    config = read_config(run_dir)  # (RunError for a config.json that is no regular file)
     try:
-        spec = json.loads(layout.config_path(run_dir).read_text()).get("faults") or ""
+        spec = (config or {}).get("faults") or ""
         schedule = flt.parse(str(spec))
-    except (OSError, ValueError, AttributeError, RecursionError):  # FaultSpecError is a ValueError
+    except (ValueError, RecursionError):  # FaultSpecError is a ValueError
         return []
     fired = Counter(e.get("fault") for e in events if e.event == "fault_injected")
     # One that fired fewer times than scheduled says so (a stranger trial's x5 that fired 3 times
@@ -815,7 +907,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
                                             sorted({int(c.step or 0) for c in commits})[1:], strict=False)]
     step_seconds = [r.seconds for r in survivors.values() if r.seconds > 0]
     mtbf = wall / len(stopped) if stopped else None
-    cost = statistics.fmean(stalls) if stalls else None
+    cost = mean(stalls) if stalls else None
     interval = young_daly(cost, mtbf)
     median_step = statistics.median(step_seconds) if step_seconds else None
     for key in ("young", "daly"):
@@ -832,6 +924,11 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         # convergence gate says; the report kept the earlier status: a stranger trial).
         status, end_reason = "unknown", (f"the last launch logged no end (still running, or killed); an earlier "
                                          f"one ended {final.get('status')}")
+    elif status == "completed" and runs and (target := target_step(run_dir, final)) is not None \
+            and target != runs[-1].step:
+        # The trainer ends completed at its target step, the last it trained (as the convergence gate says).
+        status, end_reason = "unknown", (f"the run's end says completed at step {target}, but its last logged step "
+                                         f"is {runs[-1].step} (the event log was cut or edited)")
     return {
         "run_dir": str(Path(run_dir).resolve()),  # as typed (".") it named nothing once copied elsewhere
         "reference_rank": ref,
@@ -882,7 +979,7 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
             "bytes": percentiles([duration(c, "bytes") for c in commits]),
             # The achieved interval: the mean gap between persistent commits (deferred saves lengthen
             # it; the median hid them, a stranger trial), and the largest gap.
-            "interval_steps": statistics.fmean(steps_per_save) if steps_per_save else None,
+            "interval_steps": mean(steps_per_save) if steps_per_save else None,
             "interval_steps_max": max(steps_per_save) if steps_per_save else None,
         },
         "freshness_steps": {

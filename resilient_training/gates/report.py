@@ -56,8 +56,45 @@ def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
     if isinstance(value, float):
+        if abs(value) >= 1e12:  # an absurd value (1e308 bytes) was a number of 300 digits
+            return f"{value:.3g}{unit}"
         return f"{value:.{digits}f}{unit}"
     return f"{value}{unit}"
+
+
+# Beyond this, matplotlib's transforms overflow (a loss of 1.7e308: "Singular matrix", "arange:
+# cannot compute length", a stranger trial's tracebacks): such a value is left out of the chart,
+# and the report says so. No training logs one (its loss is a float32: at most 3.4e38).
+PLOT_LIMIT = 1e300
+
+
+def _plottable(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and abs(value) <= PLOT_LIMIT
+
+
+def unplotted_losses(m: dict[str, Any]) -> list[tuple[int, float]]:
+    """(step, loss) of the loss curve's values the chart leaves out: infinite, or beyond :data:`PLOT_LIMIT`
+    (a NaN, null in metrics read back from JSON, is a gap in its line, as it was in the training).
+    """
+    return [(step, loss) for _, step, loss, *_ in m["loss"]
+            if isinstance(loss, (int, float)) and not _plottable(loss) and not math.isnan(loss)]
+
+
+def _figure(alt: str, chart: Any, m: dict[str, Any]) -> str:
+    """``<img>`` of ``chart(m)``, or a line saying why it could not be drawn: the report is written
+    whatever the values (a chart matplotlib cannot draw is named, not a traceback).
+    """
+    import matplotlib.pyplot as plt
+
+    before = set(plt.get_fignums())
+    try:
+        return f'<img alt="{html.escape(alt)}" src="{chart(m)}">'
+    except (ValueError, ArithmeticError) as exc:  # numpy's LinAlgError is a ValueError
+        for number in set(plt.get_fignums()) - before:
+            plt.close(number)
+        what = " ".join(str(exc).split())[:200]
+        return (f'<p class="muted">[{html.escape(alt)}: not drawn, matplotlib could not plot the values '
+                f'({html.escape(type(exc).__name__)}: {html.escape(what)})]</p>')
 
 
 def loss_chart(m: dict[str, Any]) -> str:
@@ -68,6 +105,7 @@ def loss_chart(m: dict[str, Any]) -> str:
     # One line per contiguous run of steps within a (launch, attempt, iteration).
     lines: list[tuple[tuple[int, int, int], list[tuple[int, float]]]] = []
     for _, step, loss, attempt, iteration, launch in m["loss"]:
+        loss = loss if _plottable(loss) else math.nan  # a gap (see unplotted_losses)
         key = (launch, attempt, iteration)
         if not lines or lines[-1][0] != key or step != lines[-1][1][-1][0] + 1:
             lines.append((key, []))
@@ -236,6 +274,11 @@ def render_html(m: dict[str, Any], title: str) -> str:
                   f"{_fmt(ck.get('interval_steps_max'), ' steps')} apart).")
     else:
         advice = "No failure or no checkpoint stall observed: no interval can be derived from this run."
+    left_out = unplotted_losses(m)
+    unplotted = (f'<p class="muted">{len(left_out)} loss value(s) not plotted: infinite, or beyond ±{PLOT_LIMIT:g} '
+                 f'(no training step logs one: its loss is a float32): '
+                 f'{e(", ".join(f"step {step}: {loss:g}" for step, loss in left_out[:10]))}'
+                 f'{", …" if len(left_out) > 10 else ""}</p>' if left_out else "")
     launched = f"{m.get('launches', 1)} launch(es), {m['attempts']} launcher attempt(s)"
     worlds = e(" → ".join(map(str, m.get("world_sizes") or [])) or _fmt(m["world_size"]))  # each, in turn
     return f"""<!DOCTYPE html>
@@ -245,10 +288,10 @@ def render_html(m: dict[str, Any], title: str) -> str:
 <p><span class="badge {'ok' if ok else 'bad'}">{e(str(m['status']))}</span> {e(str(m['end_reason'] or ''))}</p>
 <div class="cards">{''.join(f'<div class="card"><span>{e(a)}</span><b>{e(b)}</b><span>{e(c)}</span></div>'
                              for a, b, c in cards)}</div>
-<h2>Loss</h2><img alt="loss per step with fault and restore markers" src="{loss_chart(m)}">
-<h2>Timeline</h2><img alt="timeline of attempts and iterations" src="{timeline_chart(m)}">
+<h2>Loss</h2>{_figure("loss per step with fault and restore markers", loss_chart, m)}{unplotted}
+<h2>Timeline</h2>{_figure("timeline of attempts and iterations", timeline_chart, m)}
 <h2>Goodput and recovery</h2>
-<div class="row"><img alt="goodput bars" src="{goodput_chart(m)}"><img alt="recovery times" src="{recovery_chart(m)}"></div>
+<div class="row">{_figure("goodput bars", goodput_chart, m)}{_figure("recovery times", recovery_chart, m)}</div>
 <table><tr><th>layer</th><th>faults</th><th>mean</th><th>p50</th><th>p95</th><th>max</th></tr>{layer_rows}</table>
 <p>Restart causes: {causes}.</p>
 <h2>Faults</h2>
@@ -256,7 +299,7 @@ def render_html(m: dict[str, Any], title: str) -> str:
 <th>recovery</th><th>where it went</th><th>at</th></tr>{fault_rows or '<tr><td colspan="10">no fault</td></tr>'}</table>
 {not_fired}
 <h2>Checkpoints</h2>
-<img alt="checkpoint freshness over time" src="{freshness_chart(m)}">
+{_figure("checkpoint freshness over time", freshness_chart, m)}
 <table>
 <tr><th>committed</th><td>{ck['committed']} (steps {e(', '.join(map(str, ck['steps'])) or '–')})</td></tr>
 <tr><th>lost (begun, never committed) / deferred</th><td>{ck['failed']} / {ck['deferred']}</td></tr>

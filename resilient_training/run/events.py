@@ -1,6 +1,8 @@
 """The event log: the one source of truth every metric, gate and report is computed from.
 
-Every process appends JSON lines to ``RUN/events/<writer>.jsonl``. A line is one event::
+Every process appends JSON lines to ``RUN/events/<writer>.jsonl``: ``rankN`` for rank N (no leading
+zeros), ``launcher``, ``cluster`` or ``agent-HOST-PID`` for the launchers (rank -1); the reader
+refuses a file of any other name (:func:`log_owner`). A line is one event::
 
     {"ts": 1764430000.123, "rank": 0, "attempt": 1, "iteration": 0, "event": "step",
      "step": 12, "loss": 5.41, "seconds": 0.21}
@@ -36,6 +38,7 @@ import json
 import math
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -258,6 +261,9 @@ class EventLog:
         directory = events_dir(run_dir)
         directory.mkdir(parents=True, exist_ok=True)
         name = writer or (f"rank{rank}" if rank >= 0 else "launcher")
+        if log_owner(f"{name}.jsonl") != max(rank, -1):  # a file the reader would refuse, or read as another's
+            raise ValueError(f"an event log of rank {rank} cannot be named {name}.jsonl: the reader takes "
+                             f"{LOG_NAMES} only")
         self.path = directory / f"{name}.jsonl"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         _drop_torn_tail(self.path)
@@ -319,10 +325,46 @@ def _drop_torn_tail(path: Path, window: int = 1 << 16) -> None:
     os.truncate(path, start + newline + 1)
 
 
+# The writers' file names, exactly: rank N's log is ``rankN.jsonl`` (N in ASCII digits, without
+# leading zeros: ``\d`` took ``rank00.jsonl``, or a rank of Unicode digits, for rank 0's own log, and a
+# forged commit in it for rank 0's: a stranger trial); the launchers' (rank -1) are ``launcher``,
+# ``cluster`` (the simulated cluster) and ``agent-HOST-PID`` (an ft_launcher agent). Any other
+# ``*.jsonl`` in events/ is no writer's log, and the reader refuses it by name.
+RANK_LOG_NAME = re.compile(r"rank(0|[1-9][0-9]*)\.jsonl")
+LAUNCHER_LOG_NAME = re.compile(r"(launcher|cluster|agent-.+)\.jsonl", re.DOTALL)
+LOG_NAMES = "rankN.jsonl (rank N's, N without leading zeros), launcher.jsonl, cluster.jsonl, agent-HOST-PID.jsonl"
+
+
+def log_owner(name: str) -> int | None:
+    """The rank whose events the events/ file ``name`` holds (-1: the launchers'), None when no
+    writer writes a file of that name.
+    """
+    if named := RANK_LOG_NAME.fullmatch(name):
+        return int(named.group(1))
+    return -1 if LAUNCHER_LOG_NAME.fullmatch(name) else None
+
+
 def iter_event_files(run_dir: str | os.PathLike[str]) -> Iterator[Path]:
     directory = events_dir(run_dir)
     if directory.is_dir():
         yield from sorted(directory.glob("*.jsonl"))
+
+
+def _open_log(path: Path) -> Any:
+    """``path`` opened for reading in binary, when it is a regular file: a FIFO blocked the reader
+    for good, a directory or a device is no log (EventLogError, naming it).
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise EventLogError(f"{path}: not a file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # no wait for a writer, should it be swapped for a FIFO
+    except OSError as exc:
+        raise EventLogError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise EventLogError(f"{path}: not a file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")  # bytes: a line that is not UTF-8 is named like any other bad line
 
 
 def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
@@ -334,18 +376,17 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[Event]:
     # ts), and a log appended to itself, or a launcher file copied, counted its events twice.
     seen: dict[bytes, str] = {}
     for path in iter_event_files(run_dir):
-        if not path.is_file():
-            raise EventLogError(f"{path}: not a file")
-        # Whose events the file holds: rankN.jsonl rank N's, any other the launchers' (rank -1). A
-        # copy of rank0.jsonl beside it counted every step, save and fault twice (stranger trial).
-        named = re.fullmatch(r"rank(\d+)\.jsonl", path.name)
-        owner = int(named.group(1)) if named else -1
+        # Whose events the file holds: rankN.jsonl rank N's, the launchers' files rank -1's (see
+        # log_owner). A copy of rank0.jsonl beside it counted every step, save and fault twice, and
+        # a rank00.jsonl was read as rank 0's (stranger trials): a file of no writer's name is refused.
+        owner = log_owner(path.name)
+        if owner is None:
+            raise EventLogError(f"{path}: no writer's event log (put there by hand, or a copy?): events/ holds "
+                                f"{LOG_NAMES} only; move it out of events/")
+        named = owner >= 0
         latest = -math.inf  # a file's writers append in time: one line far out of it is no time (below)
         future = time.time() + 86400.0
-        try:
-            handle = open(path, "rb")  # bytes: a line that is not UTF-8 is named like any other bad line
-        except OSError as exc:
-            raise EventLogError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+        handle = _open_log(path)
         with handle:
             for number, raw in enumerate(handle, start=1):
                 if not raw.endswith(b"\n"):
