@@ -68,6 +68,8 @@ def test_the_local_tier_gets_a_volume_of_its_own_only_off_dev_shm(kind, shared_s
         (["--local-checkpoint-dir", "/scratch/rt-local/", *every], "/scratch/rt-local"),
         # Shares the claim mount's prefix (/mnt/run), yet lies outside it: not refused, and node-local.
         (["--local-checkpoint-dir", "/mnt/runner/local", *every], "/mnt/runner/local"),
+        # Inside the image's /opt (not at it): hides nothing the image has.
+        (["--local-checkpoint-dir", "/opt/rt-local", *every], "/opt/rt-local"),
         (["--local-checkpoint-dir", "/tmp/rt", *every, "--memory-snapshot-every", "5", "--host-snapshot"], "/tmp/rt"),
         # No tier, yet the workers' pid records (worker_gpu_reclaim, on by default) are written there.
         (["--local-checkpoint-dir", "/scratch/rt-local"], "/scratch/rt-local"),
@@ -115,7 +117,19 @@ def test_the_local_tier_gets_a_volume_of_its_own_only_off_dev_shm(kind, shared_s
     (["--local-checkpoint-dir", "/etc/rt"], "'/etc/rt' collides with /etc"),
     (["--local-checkpoint-dir", "/dev/shm-local"], "'/dev/shm-local' collides with /dev"),
     (["--local-checkpoint-dir", "/dev/"], "'/dev/' collides with /dev"),
-    (["--local-checkpoint-dir", "/var/run/secrets/rt"], "collides with /var/run/secrets"),
+    (["--local-checkpoint-dir", "/var/run/secrets/rt"], "collides with /var/run"),
+    # A stranger trial: links into /usr on the image's Ubuntu (an emptyDir at /lib64 hid the loader), /var/run's
+    # target, and the image's own trees (accepted, each hidden by the emptyDir).
+    (["--local-checkpoint-dir", "/lib64"], "'/lib64' collides with /lib64"),
+    (["--local-checkpoint-dir", "/sbin", "--kind", "trainjob"], "'/sbin' collides with /sbin"),
+    (["--local-checkpoint-dir", "/run"], "'/run' collides with /run"),
+    (["--local-checkpoint-dir", "/opt"], "'/opt' would hide the image's /opt"),
+    (["--local-checkpoint-dir", "/home/"], "'/home/' would hide the image's /home"),
+    # Kubernetes expands $(VAR) in args but not in a mountPath: the trainer would write beside the volume.
+    (["--local-checkpoint-dir", "/scratch/$(RT_RUN_ID)"], "contains '$': Kubernetes expands $(VAR)"),
+    (["--local-checkpoint-dir", "/scratch/$$x"], "contains '$'"),
+    (["--run-dir", "/mnt/run/$(RT_RUN_ID)"], "run_dir '/mnt/run/$(RT_RUN_ID)' contains '$'"),
+    (["--mount-path", "/opt"], "mount path '/opt' would hide the image's /opt"),
     (["--local-checkpoint-dir", "/proc/rt", "--local-checkpoint-every", "5"], "collides with /proc"),
 ])
 def test_a_local_dir_on_the_claim_or_a_system_directory_is_refused(argv, reason, tmp_path, capsys):

@@ -355,6 +355,10 @@ def _check_local_tier_dir(local_dir: str, claim_mount: str) -> None:
             raise ValueError(f"local_checkpoint_dir {local_dir!r} collides with {reserved}: outside /dev/shm the "
                              "directory gets an emptyDir volume of its own mounted there; use a directory under "
                              "/dev/shm (the default) or another one, e.g. /scratch/rt-local")
+    if hidden := k8s_names.under_image_dir(local):
+        raise ValueError(f"local_checkpoint_dir {local_dir!r} would hide the image's {hidden}: outside /dev/shm the "
+                         "directory gets an emptyDir volume of its own mounted there; use a directory inside it "
+                         f"({hidden}/rt-local) or another one, e.g. /scratch/rt-local")
 
 
 def local_tier_mount(spec: JobSpec) -> str | None:

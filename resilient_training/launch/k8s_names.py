@@ -56,11 +56,21 @@ def check_label_key(key: str, what: str) -> None:
 
 # Mounting a volume on (or over, or inside) these would hide what the pod itself needs there:
 # the pod's own /dev/shm volume, the container's system directories and its service-account token.
-RESERVED_MOUNTS = ("/dev/shm", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/lib", "/var/run/secrets")
+# /lib64, /sbin and the rest are links into /usr on the trainer's Ubuntu base, which the runtime
+# follows: an emptyDir at /lib64 hid the dynamic loader, and no program could start (a stranger
+# trial); /run is where /var/run points.
+RESERVED_MOUNTS = ("/dev/shm", "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                   "/libx32", "/run", "/var/run")
+# The image's own trees: a volume at one of them (not inside: /opt/data hides nothing) hides what the
+# image installed there (the CUDA image's /opt libraries, the user's home and its packages).
+IMAGE_DIRS = ("/opt", "/home", "/root")
 
 
 def check_absolute_path(path: str, what: str) -> str:
     """``path`` without a trailing slash, refused unless absolute and already normal ('..' could escape a mount).
+
+    No ``$``: Kubernetes expands ``$(VAR)`` (and ``$$``) in a container's args and env but never in
+    a volume's ``mountPath``, so the trainer would write elsewhere than the volume is (a stranger trial).
 
     ``normpath`` keeps a leading ``//`` (POSIX lets it mean something else): refused by name, as the
     message says (``//mnt/run/x`` passed, and a prefix test then took it for outside ``/mnt/run``).
@@ -71,7 +81,15 @@ def check_absolute_path(path: str, what: str) -> str:
             or posixpath.normpath(stripped) != stripped or any(ord(ch) < 32 for ch in path)):
         raise ValueError(f"{what} {path!r} must be an absolute directory without '.', '..', '//', control "
                          "characters or whitespace at either end")
+    if "$" in path:
+        raise ValueError(f"{what} {path!r} contains '$': Kubernetes expands $(VAR) in the pods' arguments but not "
+                         "in a volume's mount path, so the two would differ; give the path itself")
     return stripped
+
+
+def under_image_dir(path: str) -> str | None:
+    """The :data:`IMAGE_DIRS` entry a volume at ``path`` would hide (``path`` is it, or above it)."""
+    return next((d for d in IMAGE_DIRS if path == d or path == "/"), None)
 
 
 def check_mount_path(path: str, what: str) -> str:
@@ -80,6 +98,8 @@ def check_mount_path(path: str, what: str) -> str:
     for reserved in RESERVED_MOUNTS:
         if mount == "/" or mount == reserved or reserved.startswith(mount + "/") or mount.startswith(reserved + "/"):
             raise ValueError(f"{what} {mount!r} collides with {reserved} (mount the claim elsewhere, e.g. /mnt/run)")
+    if hidden := under_image_dir(mount):
+        raise ValueError(f"{what} {mount!r} would hide the image's {hidden} (mount the claim elsewhere, e.g. /mnt/run)")
     return mount
 
 
