@@ -143,6 +143,22 @@ def test_agents_get_the_operators_pet_env_and_nothing_on_the_command_line(tmp_pa
     assert not [flag for flag in command if flag.startswith(("--nnodes", "--nproc", "--rdzv", "--standalone"))]
 
 
+def test_the_simulator_acts_only_on_the_writers_own_logs(tmp_path):
+    """A node-loss line in a file no writer writes (``rank00.jsonl``, which the gates refuse) made
+    the simulator kill that node: it read every ``*.jsonl``."""
+    import json
+
+    line = json.dumps({"ts": time.time(), "rank": 0, "attempt": 0, "iteration": 0, "event": "fault_injected",
+                       "step": 3, "fault": "node-loss@3:1", "type": "node-loss"}) + "\n"
+    events = layout.events_dir(tmp_path)
+    events.mkdir(parents=True)
+    (events / "rank00.jsonl").write_text(line)
+    (events / "rank0-copy.jsonl").write_text(line)
+    assert sim._EventTail(tmp_path, since=0).read() == []
+    (events / "rank0.jsonl").write_text(line)
+    assert [e["fault"] for e in sim._EventTail(tmp_path, since=0).read()] == ["node-loss@3:1"]
+
+
 def test_restart_abort_cause_tells_a_shrunken_world_from_the_retry_limit():
     from nvidia_resiliency_ext.inprocess.initialize import RetryController
 

@@ -307,6 +307,8 @@ class _EventTail:
     def read(self) -> list[ev.Event]:
         new: list[ev.Event] = []
         for path in sorted(self._dir.glob("*.jsonl")) if self._dir.is_dir() else []:
+            if ev.log_owner(path.name) is None or not path.is_file():  # only the writers' logs, as the gates read
+                continue
             with open(path, "rb") as handle:
                 handle.seek(self._offsets.get(path, 0))
                 data = handle.read()
