@@ -126,7 +126,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-overrides-run-dir", ["run", "--train-overrides", '{"run_dir": "/etc"}'], "cannot set run_dir"),
     # found by a stranger trial: the pipeline's own parameters overwrote these without a word
     ("run-overrides-steps", ["run", "--faults", "", "--train-overrides", '{"steps": 10, "checkpoint_every": 2}'],
-     "train_overrides sets 'steps', which the pipeline's steps parameter overwrites"),
+     "train_overrides sets 'steps', which the pipeline's steps parameter overwrites: give it as --steps N"),
+    # A stranger trial: `run` said "give it as inprocess=...", a parameter it had no flag for (it could not turn
+    # in-process restarts off at all).
+    ("run-overrides-inprocess", ["run", "--faults", "", "--train-overrides", '{"restart": {"inprocess": false}}'],
+     "give it as --inprocess / --no-inprocess"),
     ("run-overrides-checkpoint-every", ["run", "--train-overrides", '{"checkpoint_every": 2}'],
      "train_overrides sets 'checkpoint_every', which the pipeline's checkpoint_every parameter overwrites"),
     ("run-overrides-faults", ["run", "--faults", "", "--steps", "6", "--checkpoint-every", "3", "--train-overrides",

@@ -1112,3 +1112,17 @@ def test_submit_and_schedule_run_the_steps_as_the_service_account_given(cli, ser
     assert list(server.recurring_runs.values())[-1]["service_account"] == "resilient-training-launcher"
     code, _, err = cli("submit", *args[:-1], "Launcher_SA", "--param", "promote_to=s3://models/x")
     assert code == 2 and err.startswith("error: --service-account") and err.count("\n") == 1, err
+
+
+def test_a_run_that_inherits_the_demonstration_faults_is_told_so(cli, server):
+    """A stranger trial: `submit` and `schedule` without --param faults ran the pipeline's default
+    schedule (made to fail and recover) with no word, where Argo's compile says it."""
+    args = ["--host", server.url, "--package", "--param", "storage=pvc", "--param", "pvc_name=data",
+            "--param", "launcher=pytorchjob"]
+    code, _, err = cli("submit", *args, "--param", "promote_to=s3://models/x")
+    assert code == 0, err
+    assert "note: the run inherits the pipeline's demonstration faults (sigkill@12:1" in err, err
+    code, _, err = cli("schedule", *args, "--cron", "0 0 2 * * *", "--param", "promote_to=s3://models/x/{run_id}")
+    assert code == 0 and "note: each scheduled run inherits the pipeline's demonstration faults" in err, err
+    code, _, err = cli("submit", *args, "--param", "promote_to=s3://models/x", "--param", "faults=")
+    assert code == 0 and "demonstration faults" not in err, err

@@ -238,6 +238,22 @@ def test_a_nan_run_is_refused_promotion_and_says_why(tmp_path):
 
 
 @pytest.mark.slow
+def test_run_turns_the_in_process_layer_off_by_its_flag(tmp_path):
+    """A stranger trial: `run` had no flag for the pipeline's inprocess (nor async_checkpoint,
+    ft_launcher) parameter, and train_overrides refused to set it: in-process restarts could not
+    be turned off. With --no-inprocess the exception is recovered by ft_launcher."""
+    proc = _cli("run", "--output-dir", str(tmp_path / "out"), "--steps", "12", "--checkpoint-every", "4",
+                "--faults", "exception@6:0", "--no-inprocess", "--no-async-checkpoint",
+                "--max-final-loss", "6", "--min-improvement", "0.05")  # 12 steps learn little
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    numbers = json.loads(Path(proc.stdout.split("report numbers:")[1].split()[0]).read_text())
+    assert [f["layer"] for f in numbers["faults"]] == ["launcher"], numbers["faults"]
+    run_dir = Path(proc.stdout.split("run directory:")[1].split()[0])
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["restart"]["inprocess"] is False and config["checkpoint"]["async_save"] is False
+
+
+@pytest.mark.slow
 def test_a_failure_in_the_middle_still_runs_teardown(tmp_path):
     out = tmp_path / "out"
     proc = _cli("run", "--output-dir", str(out), "--steps", "12", "--faults", "exception@4:0x99",

@@ -552,6 +552,18 @@ def _prepare_run(args: argparse.Namespace, workdir: Path, *, recurring: bool = F
     return compiled, params, _auth(args)
 
 
+def _note_inherited_faults(compiled: CompiledPipeline, params: dict[str, Any], *, recurring: bool) -> None:
+    """A run without ``--param faults`` gets the pipeline's demonstration faults: said on stderr, as
+    Argo's compile says it for a CronWorkflow (a stranger trial: KFP runs were made to fail and
+    recover with no word).
+    """
+    faults = compiled.inputs.get("faults")
+    if faults is not None and "faults" not in params and faults.default:
+        runs = "each scheduled run inherits" if recurring else "the run inherits"
+        print(f"note: {runs} the pipeline's demonstration faults ({faults.default}): made to fail and recover; "
+              "give --param faults= for none, or your own schedule", file=sys.stderr)
+
+
 def _source(args: argparse.Namespace, conn: Connection, compiled: CompiledPipeline) -> RunSource:
     if args.package is not None:
         return RunSource(label=f"package {compiled.path.name} (sent with the run)", package_path=compiled.path)
@@ -573,6 +585,7 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"parameters: {_format_params(params)}")
         print(compiled.caching_summary())
         print(kfp_client.ui_link(conn, "runs", run.run_id))
+        _note_inherited_faults(compiled, params, recurring=False)
         return 0
 
     return _run(body)
@@ -601,6 +614,7 @@ def _schedule(args: argparse.Namespace) -> int:
         print(f"parameters: {_format_params(params)}")
         print(compiled.caching_summary())
         print(kfp_client.ui_link(conn, "recurringrun", job.recurring_run_id))
+        _note_inherited_faults(compiled, params, recurring=True)
         return 0
 
     return _run(body)

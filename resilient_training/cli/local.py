@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -368,7 +369,8 @@ def run(args: argparse.Namespace) -> int:
         storage="local", launcher="local", steps=args.steps, checkpoint_every=args.checkpoint_every,
         faults=args.faults, procs_per_node=args.nproc, local_root=str(output), promote_to=promote_to,
         export=args.export, train_overrides=overrides, min_improvement=args.min_improvement,
-        max_final_loss=-1.0 if args.max_final_loss is None else args.max_final_loss, **task)
+        max_final_loss=-1.0 if args.max_final_loss is None else args.max_final_loss,
+        inprocess=args.inprocess, async_checkpoint=args.async_checkpoint, ft_launcher=args.ft_launcher, **task)
     _check_pipeline_arguments(kwargs)
     _probe_outputs(output, promote_to)
     kfp_root = _invocation(output, stamp)
@@ -437,7 +439,16 @@ def _check_pipeline_arguments(kwargs: dict[str, Any]) -> None:
     try:
         arguments.check(values)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        # The rule names the pipeline's parameter (`give it as steps=...`); here it is a flag of `run`.
+        raise UsageError(re.sub(r"give it as (\w+)=\.\.\.", lambda m: f"give it as {RUN_FLAGS.get(m[1], m[0])}",
+                                str(exc))) from None
+
+
+# The pipeline parameters `run` sets, by the flag that sets each.
+RUN_FLAGS = {"steps": "--steps N", "checkpoint_every": "--checkpoint-every N", "faults": "--faults SCHEDULE",
+             "task": "--task", "task_args": "--task-arg KEY=VALUE", "export": "--export FORMAT",
+             "inprocess": "--inprocess / --no-inprocess", "async_checkpoint": "--async-checkpoint / --no-async-checkpoint",
+             "ft_launcher": "--ft-launcher / --no-ft-launcher"}
 
 
 def _failed_line(execution: Execution, log_path: Path) -> str:
@@ -719,6 +730,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="convergence gate: the final window's mean loss must be below this (default: derived "
                         "from the task's vocab_size, 0.8 x ln(vocab_size); for a task without one the check is "
                         "skipped, and the summary says so, unless this flag sets it)")
+    # The pipeline's recovery parameters (train_overrides may not set what a parameter sets: a stranger
+    # trial found `run` could not turn them off at all).
+    for flag, what in (("inprocess", "NVRx in-process restarts"), ("async-checkpoint", "asynchronous checkpoints"),
+                       ("ft-launcher", "ft_launcher (off: torchrun)")):
+        parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=True,
+                            help=f"{what} (default: on)")
     parser.add_argument("--train-overrides", default=None, help='trainer settings as JSON, e.g. \'{"nan_guard": false}\'')
     parser.set_defaults(func=_guard(run))
     parser = subparsers.add_parser(
