@@ -111,7 +111,7 @@ def export(run: str | os.PathLike[str], *, fmt: str, out: str | os.PathLike[str]
     if names:  # a manifest naming paths outside its own directory (forged along with its record)
         raise ExportRefused(f"{ckpt_dir / cf.MANIFEST_NAME} lists files outside the checkpoint: {names[:3]}")
     _refuse_inside_run(out, Path(record["source"]["run_dir"]))  # the run that validated it, if moved since
-    _refuse_inside_promoted(out, fmt)
+    _refuse_inside_promoted(out, fmt, record)
     try:
         with promote.destination_lock(out, record):
             if _already_exported(out, fmt, record, ckpt_dir):
@@ -179,14 +179,30 @@ def _refuse_inside_run(out: Path, run_dir: Path) -> None:
             raise ExportUsageError(f"{out} lies inside {whose} {inside} (the gates' evidence): export elsewhere")
 
 
-def _refuse_inside_promoted(out: Path, fmt: str) -> None:
+def _refuse_inside_promoted(out: Path, fmt: str, record: dict[str, Any]) -> None:
     """No export lands inside a promoted model but its own (``DEST/model.safetensors``, ...): any
-    other file there makes the promotion's verified no-op refuse it (stranger trial).
+    other file there makes the promotion's verified no-op refuse it (stranger trial). Its own is
+    the export of the very checkpoint promoted there (its ``promotion.json`` names this manifest's
+    digest): another run's model written as ``DEST/model.pt`` was VALID there (a stranger trial).
     """
     resolved = Path(os.path.abspath(out))
     parent = promote.promoted_model_above(resolved)
-    if parent is None or (parent == resolved.parent and PROMOTED_NAMES.get(fmt) == resolved.name):
-        return  # none, or promote_model's export option: the name promotion expects
+    if parent is None:
+        return
+    if parent == resolved.parent and PROMOTED_NAMES.get(fmt) == resolved.name:  # promote_model's export option
+        try:
+            promoted = cf.read_json_object(parent / promote.PROMOTION_NAME)
+            source = promoted.get("source")
+            digest = source.get("manifest_checksum") if isinstance(source, dict) else None
+        except (OSError, cf.CheckpointError) as exc:
+            raise ExportUsageError(f"{out} lies inside the promoted model {parent}, whose record cannot be read "
+                                   f"({exc}): export beside it") from None
+        if digest == record["source"]["manifest_checksum"]:
+            return  # the export of the checkpoint promoted there, under the name promotion expects
+        step = source.get("step") if isinstance(source, dict) else None
+        raise ExportUsageError(f"{out} lies inside the promoted model {parent} of another checkpoint (step {step} of "
+                               f"{source.get('run_dir') if isinstance(source, dict) else None}; this is step "
+                               f"{record['source']['step']} of {record['source']['run_dir']}): export beside it")
     raise ExportUsageError(f"{out} lies inside the promoted model {parent}: export beside it (only "
                            f"{', '.join(PROMOTED_NAMES.values())} directly inside, as promote_model writes)")
 
@@ -335,7 +351,14 @@ def _verify_files(ckpt_dir: Path, record: dict[str, Any]) -> None:
     """Every file the manifest lists still has its recorded bytes (damage after validation)."""
     for name, entry in sorted(record["files"].items()):
         try:
-            size, digest = cf.checksum_file(ckpt_dir / name)
+            hasher, size = cf.new_hasher(), 0
+            with promote.open_source(ckpt_dir / name) as handle:  # a FIFO there is refused, never waited on
+                while block := handle.read(16 << 20):
+                    hasher.update(block)
+                    size += len(block)
+            digest = hasher.hexdigest()
+        except promote.PromotionRefused as exc:
+            raise ExportRefused(str(exc)) from None
         except OSError as exc:
             raise ExportRefused(f"{ckpt_dir / name} cannot be read: {exc.strerror or exc}") from None
         if size != entry["bytes"] or digest != entry["checksum"]:

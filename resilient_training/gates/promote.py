@@ -149,8 +149,18 @@ def check_validated(ckpt_dir: Path) -> dict[str, Any]:
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise PromotionRefused(f"{rel}/{cf.MANIFEST_NAME} lists no files")
-    for name in files:
+    for name, listed in files.items():
         _check_member_name(name, rel)
+        if not isinstance(listed, dict) or not _bounded(listed.get("bytes"), 1 << 62) \
+                or not isinstance(listed.get("checksum"), str):
+            raise PromotionRefused(f"{rel}/{cf.MANIFEST_NAME} lists {name!r} without its size (a non-negative "
+                                   "integer) or checksum")
+    # The records name this manifest by its digest, so they vouch for whatever the run's directory
+    # holds under that name: a stranger trial copied another run's gated step_N and its gate records
+    # into a run (nothing forged) and promoted it as that run's. The checkpoint must be this run's own.
+    if problem := foreign_checkpoint_problem(run_dir, manifest, digest):
+        raise PromotionRefused(f"{rel} {problem}: the gate records naming its manifest were not made for a "
+                               "checkpoint of this run")
     return {
         "source": {"run_dir": str(run_dir), "checkpoint": rel, "step": manifest.get("step"),
                    "run_id": gate_records.run_id_of(run_dir, manifest), "manifest_checksum": digest},
@@ -158,6 +168,57 @@ def check_validated(ckpt_dir: Path) -> dict[str, Any]:
         "manifest": manifest,
         "files": manifest["files"],
     }
+
+
+def _bounded(value: Any, limit: int) -> bool:
+    """An integer (not a boolean) from 0 to ``limit``: a manifest's number is bounded before use."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= limit
+
+
+def run_uid_problem(run_dir: Path, manifest: dict[str, Any]) -> tuple[str, str] | None:
+    """Why the manifest's ``run_uid`` says another run directory saved the checkpoint (what
+    ``train`` refuses to resume), as (validation's finding code, what): it names another uid than
+    ``RUN/run_uid`` (``not_committed_by_run``), or names one while that file is missing, empty or
+    unreadable (``commit_unverified``); None when neither. A manifest without one (written before
+    2026-12-04) is not checked here; the run's event log still is (:func:`foreign_checkpoint_problem`).
+    """
+    saved = manifest.get("run_uid")
+    if saved is None:
+        return None
+    try:
+        mine = cf.read_run_uid(run_dir)
+    except cf.CheckpointError as exc:
+        return "commit_unverified", f"names run uid {str(saved)[:40]!r}, but this run's is unreadable ({exc})"
+    if not mine:
+        return "commit_unverified", (f"names run uid {str(saved)[:40]!r}, but {run_dir / cf.RUN_UID_FILENAME} is "
+                                     "missing or empty (cannot tell whether this run saved it)")
+    if saved != mine:
+        return "not_committed_by_run", f"was saved by another run (run uid {str(saved)[:40]!r}, this run's {mine!r})"
+    return None
+
+
+def foreign_checkpoint_problem(run_dir: Path, manifest: dict[str, Any], digest: str) -> str | None:
+    """Why the checkpoint is not known to be the one this run committed, or None: its manifest
+    names another run (:func:`run_uid_problem`), or the run's own event log records no commit of
+    its step with this manifest's digest (what validation proves; re-checked here, since a gate
+    record copied in with the checkpoint vouches for nothing about the run it lies in).
+    """
+    if problem := run_uid_problem(run_dir, manifest):
+        return problem[1]
+    step = manifest.get("step")
+    if not _bounded(step, (1 << 63) - 1):
+        return f"has no valid step in its manifest ({str(step)[:40]})"
+    commit, _, why = gate_records.recorded_commit(run_dir, step)
+    if commit is None:
+        return f"is not known to be this run's ({why})"
+    logged = commit.get("manifest_checksum")
+    if not isinstance(logged, str):
+        return (f"cannot be proven to be the checkpoint this run committed (the run's event log records the commit "
+                f"of step {step} without its manifest digest: an older version)")
+    if logged != digest:
+        return (f"is not the checkpoint this run committed at step {step} (the run's event log records another "
+                "manifest digest; copied from another run, or rewritten after its commit)")
+    return None
 
 
 def check_gates(ckpt_dir: Path) -> dict[str, Any]:
@@ -329,12 +390,23 @@ def _verify(name: str, size: int, digest: str, record: dict[str, Any], where: Pa
                                f"{want_size} bytes, {want_digest}): damaged after validation")
 
 
+def open_source(path: Path) -> Any:
+    """``path`` opened to read, unbuffered, without waiting: a FIFO, device or socket put in place
+    of a checkpoint's file after validation is refused (PromotionRefused), never waited on.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PromotionRefused(f"{path} is {cf.NOT_REGULAR}: not the checkpoint's file it was when validated")
+    return open(fd, "rb", buffering=0, closefd=True)
+
+
 def _copy_hashing(src: Path, dst: Path) -> tuple[int, str]:
     """Copy with large reads, hashing what is written, then fsync."""
     hasher = cf.new_hasher()  # xxh3_128: the manifest's files and the manifest digest alike
     size = 0
     dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
+    with open_source(src) as fin, open(dst, "wb", buffering=0) as fout:
         while block := fin.read(16 << 20):
             hasher.update(block)
             view = memoryview(block)
@@ -492,7 +564,7 @@ def _promote_local(ckpt_dir: Path, dest: Path, record: dict[str, Any]) -> dict[s
         marker = dest / PROMOTION_NAME
         if marker.is_file():
             try:
-                text = marker.read_text()
+                text = cf.read_regular_bytes(marker).decode()  # never waited on (a FIFO put there)
             except (OSError, UnicodeDecodeError) as exc:
                 raise PromotionRefused(f"{dest}: cannot read {PROMOTION_NAME}: {exc}") from None
             _promotion_of(text, record, str(dest))
@@ -632,7 +704,7 @@ def _read_source(path: Path) -> _S3Expect:
     # upload_file goes multipart from S3_PART_BYTES on, in parts of this size (enlarged past 10,000 parts).
     part = ChunksizeAdjuster().adjust_chunksize(S3_PART_BYTES, size) if size >= S3_PART_BYTES else size + 1
     hasher, crc, fill, parts, read = cf.new_hasher(), 0, 0, bytearray(), 0
-    with open(path, "rb", buffering=0) as handle:
+    with open_source(path) as handle:
         while block := handle.read(_READ_CHUNK):
             hasher.update(block)
             read += len(block)

@@ -43,6 +43,12 @@ from resilient_training.run.checkpoint_format import file_mismatch, hash_files
 
 SUPPORTED_FORMATS = (cf.FORMAT_VERSION,)
 MANIFEST_KEYS = ("format_version", "step", "world_size", "files", "tensors", "objects")
+# Bounds on a manifest's numbers, checked before any is used (a stranger trial's world size of
+# 10**30 was an OverflowError traceback): steps, as the trainer counts them; seeds, as torch takes them.
+MAX_STEP = (1 << 63) - 1
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+# No file system names a file longer than this (bytes): a longer name in a manifest is no file of it.
+MAX_NAME_BYTES = 255
 
 
 class UsageError(ValueError):
@@ -274,9 +280,9 @@ def read_dcp_metadata(path: Path) -> Any:
 
 def _names_remote_code(path: Path) -> bool:
     """A JSON file of an hf folder with an ``auto_map`` (the classes transformers loads as code)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    try:  # never waited on: a FIFO there hung validation (cf.read_regular_bytes)
+        data = json.loads(cf.read_regular_bytes(path))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and "auto_map" in data
 
@@ -318,6 +324,7 @@ class _Checker:
         self.expected_files: dict[str, int] = {}  # file name -> rank
         self.whole: set[str] = set()  # files whose bytes match the manifest
         self.metadata: Any = None
+        self.promoted_source: dict[str, Any] | None = None  # a promoted model's, once its record vouched
 
     def where(self, name: str) -> str:
         return _rel(self.dir / name, self.base)
@@ -361,9 +368,12 @@ class _Checker:
                       "a committed checkpoint holds its own files")
             return False
         try:
-            manifest = json.loads(path.read_bytes())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            self.find("manifest_invalid", name, f"not valid JSON: {exc}")
+            manifest = json.loads(cf.read_regular_bytes(path))
+        except OSError as exc:  # a FIFO in its place is never waited on (cf.read_regular_bytes)
+            self.find("manifest_invalid", name, f"cannot be read: {exc.strerror or exc}")
+            return False
+        except (ValueError, UnicodeDecodeError) as exc:  # ValueError: also an integer of over 4300 digits
+            self.find("manifest_invalid", name, f"not valid JSON: {exc}"[:300])
             return False
         except RecursionError:
             self.find("manifest_invalid", name, "not valid JSON: nested too deeply")
@@ -390,6 +400,19 @@ class _Checker:
         if not all(isinstance(manifest[k], dict) for k in ("files", "tensors", "objects")):
             self.find("manifest_invalid", name, "files, tensors and objects must be objects")
             return False
+        if not _int(manifest["step"]) or not 0 <= manifest["step"] <= MAX_STEP:
+            self.find("manifest_invalid", name, f"step {repr(manifest['step'])[:40]} is not an integer from 0 to "
+                      f"{MAX_STEP}")
+            return False
+        seed = manifest.get("seed", 0)
+        if not _int(seed) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:  # the load seeds torch with it
+            self.find("manifest_invalid", name, f"seed {repr(seed)[:40]} is not an integer torch takes as a seed")
+            return False
+        long_names = [n for n in manifest["files"] if len(n.encode(errors="replace")) > MAX_NAME_BYTES]
+        if long_names:  # (its digits were a ValueError traceback past 4300)
+            self.find("manifest_invalid", name, f"lists a file name of {len(long_names[0].encode(errors='replace'))} "
+                      f"bytes ({long_names[0][:40]}...): no file system names a file that long")
+            return False
         ranks = manifest.get("ranks")
         if ranks is not None and (not isinstance(ranks, list) or not ranks
                                   or not all(isinstance(r, int) and 0 <= r < manifest["world_size"] for r in ranks)):
@@ -397,8 +420,8 @@ class _Checker:
             return False
         # Every rank it holds has a file of its own (its data state): a world size past the files
         # listed is no checkpoint's (a stranger trial's 10**12 ranks was a MemoryError, 10**6 ranks
-        # two million findings).
-        if len(ranks or range(manifest["world_size"])) > len(manifest["files"]):
+        # two million findings, 10**30 an OverflowError: no range of it is made before this bound).
+        if (len(ranks) if ranks else manifest["world_size"]) > len(manifest["files"]):
             self.find("manifest_invalid", name, f"world_size {manifest['world_size']} but it lists "
                       f"{len(manifest['files'])} files: every rank holds at least its data state")
             return False
@@ -478,11 +501,11 @@ class _Checker:
                                       f"manifest present, nothing else{exports}")
 
     def check_exports_bytes(self) -> None:
-        """promote_model's safetensors and hf exports inside a promoted directory hold this
-        checkpoint's weights, byte for byte: each is made again (in a temporary directory) and
-        compared, as promote does on a repeat (a stranger trial's flipped weight in
-        model.safetensors was VALID here while promote refused it). Their records were checked
-        in the layout stage.
+        """promote_model's exports inside a promoted directory hold this checkpoint's weights, byte
+        for byte: each is made again (in a temporary directory) and compared, as promote does on a
+        repeat (a stranger trial's flipped weight in model.safetensors was VALID here while promote
+        refused it, and another run's model.pt, which records nothing, written into a promoted model
+        by `export -o` was VALID). The safetensors and hf records were checked in the layout stage.
         """
         import tempfile
 
@@ -496,19 +519,24 @@ class _Checker:
         )
 
         compared = []
-        for fmt in ("safetensors", "hf"):
+        for fmt in ("torch", "safetensors", "hf"):
             name = PROMOTED_NAMES[fmt]
             path = self.dir / name
             if not path.exists():
                 continue
-            record = safetensors_record(path) if fmt == "safetensors" else json.loads((path / RECORD_NAME).read_text())
             try:
+                if fmt == "torch":  # it records nothing: made again from the checkpoint promotion.json vouched for
+                    record: Any = {"source": self.promoted_source}
+                elif fmt == "safetensors":
+                    record = safetensors_record(path)
+                else:
+                    record = cf.read_json_object(path / RECORD_NAME)  # read in the layout stage: a regular file
                 with tempfile.TemporaryDirectory(prefix="rt-validate-export-") as scratch:
                     differs = promoted_export_differs(self.dir, fmt, record["source"], self.manifest, Path(scratch))
             except ExportUsageError as exc:
                 self.result.skipped.append(f"{name} compared byte for byte with a fresh export ({exc})")
                 continue
-            except (ExportRefused, OSError) as exc:
+            except (ExportRefused, OSError, cf.CheckpointError, TypeError, KeyError) as exc:
                 self.find("export_invalid", name, f"promote_model's {fmt} export could not be made again to compare "
                           f"with it: {exc}"[:600])
                 continue
@@ -524,7 +552,7 @@ class _Checker:
         """promote_model's exports inside a promoted directory must be this checkpoint's: a
         safetensors file's or an hf folder's own record names this manifest's digest, and an hf
         folder holds no Python (transformers runs a model folder's code with trust_remote_code;
-        no export writes any). torch's file records nothing: `export` and promote compare it byte
+        no export writes any). torch's file records nothing: the full check compares it byte
         for byte. Returns what the check line adds (a stranger trial planted all three and read
         "nothing else").
         """
@@ -552,12 +580,12 @@ class _Checker:
                 if remote:  # no export writes one: it makes transformers fetch a model's code from the Hub
                     self.find("export_invalid", name, f"{', '.join(remote)} names code to run (auto_map), which no "
                               "export writes: transformers would fetch and run it with trust_remote_code")
-                try:
-                    record = json.loads((path / RECORD_NAME).read_text())
-                except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                try:  # a regular file, never waited on (a FIFO there hung validation)
+                    record = cf.read_json_object(path / RECORD_NAME)
+                except (OSError, cf.CheckpointError):
                     record = None
             elif fmt == "torch" and path.is_file() and not path.is_symlink():
-                continue  # no record inside: compared byte for byte by export and promote
+                continue  # no record inside: compared byte for byte with a fresh export (check_exports_bytes)
             source = record.get("source") if isinstance(record, dict) else None
             recorded = source.get("manifest_checksum") if isinstance(source, dict) else None
             if recorded != self.result.manifest_checksum:
@@ -566,8 +594,8 @@ class _Checker:
                 self.find("export_invalid", name, f"promote_model's {fmt} export {why}")
         if not present:
             return ""
-        return (f"; exports {', '.join(present)} (safetensors and hf record this manifest's digest; model.pt is "
-                "compared byte for byte by export and promote, not here)")
+        return (f"; exports {', '.join(present)} (safetensors and hf record this manifest's digest; model.pt "
+                "records nothing: the full check compares it byte for byte)")
 
     # 2. bytes ----------------------------------------------------------------------------
     def check_bytes(self) -> None:
@@ -619,6 +647,11 @@ class _Checker:
             self.find("world_size_unverified", cf.MANIFEST_NAME, "the checkpoint lies outside a run directory: "
                       "no event log to prove it holds every rank the run trained with")
             return
+        from resilient_training.gates.promote import run_uid_problem
+
+        # The manifest's run_uid against the run's (what `train` refuses to resume): a stranger trial
+        # promoted another run's step copied in with its gate records. Said once with the commit below.
+        uid_problem = run_uid_problem(run_dir, self.manifest)
         step = self.manifest["step"]
         commit, recorded, source = gate_records.recorded_commit(run_dir, step)
         if recorded is None:
@@ -630,8 +663,10 @@ class _Checker:
                       f"with {recorded} ranks ({source}): ranks are missing")
         else:
             self.result.checks.append(f"world size {recorded} is the one the run committed this step with ({source})")
-        if commit is None:
-            return  # said above: no commit of this step in the log
+        if commit is None:  # said above: no commit of this step in the log
+            if uid_problem:
+                self.find(uid_problem[0], cf.MANIFEST_NAME, f"the checkpoint {uid_problem[1]}")
+            return
         logged = commit.get("manifest_checksum")
         if not isinstance(logged, str):
             self.find("commit_unverified", cf.MANIFEST_NAME,
@@ -641,10 +676,14 @@ class _Checker:
             self.find("not_committed_by_run", cf.MANIFEST_NAME,
                       f"manifest digest {self.result.manifest_checksum}, but the run committed step {step} with "
                       f"manifest digest {logged}: this is not the checkpoint the run saved (copied from another "
-                      "run, or rewritten after its commit)")
-        else:
+                      "run, or rewritten after its commit)" + (f"; it {uid_problem[1]}" if uid_problem else ""))
+            return
+        elif not uid_problem:
+            uid = "; its run_uid is this run directory's" if self.manifest.get("run_uid") is not None else ""
             self.result.checks.append(f"the manifest is the one the run committed at step {step} (its digest is "
-                                      "in the run's event log)")
+                                      f"in the run's event log{uid})")
+        if uid_problem:
+            self.find(uid_problem[0], cf.MANIFEST_NAME, f"the checkpoint {uid_problem[1]}")
 
     def _promoted_extras(self) -> tuple[str, ...]:
         """The names a promoted model directory holds besides the checkpoint (none elsewhere)."""
@@ -665,11 +704,11 @@ class _Checker:
 
         digest = self.result.manifest_checksum
         try:
-            record = json.loads((self.dir / PROMOTION_NAME).read_text())
+            record = cf.read_json_object(self.dir / PROMOTION_NAME)  # a regular file, never waited on
             source, validation, convergence = record["source"], record["validation"], record["convergence"]
             validated = validation["checkpoints"][source["checkpoint"]]
             recorded = source["manifest_checksum"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError):
+        except (OSError, cf.CheckpointError, KeyError, TypeError):
             self.find("promotion_invalid", PROMOTION_NAME, "is not a readable promotion record (source, validation "
                       "and convergence of the promoted checkpoint): cannot prove which checkpoint this is")
             return
@@ -686,6 +725,7 @@ class _Checker:
             self.find("promotion_invalid", PROMOTION_NAME,
                       f"does not record a passed {' and '.join(problems)} of this manifest (digest {digest})")
             return
+        self.promoted_source = source
         self.result.checks.append(
             f"world size {self.manifest['world_size']} and manifest are those validated in run "
             f"{source.get('run_dir')} at {source['checkpoint']} before promotion ({PROMOTION_NAME} records this "

@@ -34,11 +34,13 @@ leaves ``latest`` naming a directory whose manifest and files are complete.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -774,7 +776,7 @@ def read_run_uid(run_dir: str | os.PathLike[str]) -> str | None:
     if not path.exists() and not path.is_symlink():
         return None
     try:
-        return path.read_text(encoding="ascii").strip()
+        return read_regular_bytes(path).decode("ascii").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path} cannot be read as this run directory's identity: "
                               f"{getattr(exc, 'strerror', None) or exc}") from None
@@ -882,12 +884,31 @@ def read_manifest(ckpt_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"{path} is missing: not a committed checkpoint") from None
 
 
+NOT_REGULAR = "not a regular file (a FIFO, socket or device)"
+
+
+def read_regular_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of the regular file ``path`` (links followed). Opened without waiting: a FIFO in
+    its place hung a promotion forever (stranger trial); it, a device or a socket is an OSError
+    whose strerror is :data:`NOT_REGULAR`, a directory an IsADirectoryError, never waited on or read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb", closefd=True) as handle:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, NOT_REGULAR, str(path))
+        return handle.read()
+
+
 def _read_text(path: Path) -> str:
-    """UTF-8 text of ``path``; CheckpointError (one line) when it cannot be read or decoded.
-    FileNotFoundError passes through: the callers say what a missing file means.
+    """UTF-8 text of ``path``; CheckpointError (one line) when it cannot be read or decoded, or is
+    no regular file (:func:`read_regular_bytes`). FileNotFoundError passes through: the callers
+    say what a missing file means.
     """
     try:
-        return path.read_bytes().decode("utf-8")
+        return read_regular_bytes(path).decode("utf-8")
     except FileNotFoundError:
         raise
     except UnicodeDecodeError:
@@ -903,8 +924,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
     text = _read_text(path)
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits (a traceback before)
+        raise CheckpointError(f"{path} is not valid JSON: {exc}"[:400]) from None
     except RecursionError:  # '[' nested past the interpreter's limit (a stranger trial's traceback)
         raise CheckpointError(f"{path} is not valid JSON: nested too deeply") from None
     if not isinstance(value, dict):

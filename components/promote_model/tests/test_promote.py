@@ -617,3 +617,105 @@ def test_a_server_error_is_said_to_be_one_not_silence(gated_run: Path, s3: Any) 
     with pytest.raises(PromotionRefused, match=r"S3 answered with a server error for s3://models/m \(501: "):
         promote(gated_run / CKPT, "s3://models/m", s3_client=_ServerError(s3))
     assert keys(s3) == []
+
+
+def _plant_gated_step_of(source: Path, other: Path, tmp_path: Path, how: str) -> Path:
+    """The stranger's attack: a copy of run ``other`` given ``source``'s gated step_4 and its gate
+    records, nothing forged ("as-found"); then with ``other``'s event log logging the planted
+    manifest's commit as well ("commit-logged-too": only the run_uid tells), or with ``source``'s
+    ``run_uid`` file copied along ("run_uid-copied-too": only the event log tells).
+    """
+    import shutil
+
+    from tests.support.gates import copy_run, forge_commit_record
+
+    run = copy_run(other, tmp_path / "b1")
+    shutil.rmtree(run / CKPT)
+    shutil.rmtree(run / "gates")
+    shutil.copytree(source / CKPT, run / CKPT)
+    (run / "gates").mkdir()
+    for record in (source / "gates").glob("*.json"):
+        shutil.copy(record, run / "gates")
+    if how == "commit-logged-too":
+        forge_commit_record(run / CKPT)
+    elif how == "run_uid-copied-too":
+        shutil.copy(source / cf.RUN_UID_FILENAME, run / cf.RUN_UID_FILENAME)
+    return run
+
+
+@pytest.mark.parametrize(("how", "said", "found"), [
+    ("as-found", "was saved by another run (run uid", "this is not the checkpoint the run saved"),
+    ("commit-logged-too", "was saved by another run (run uid", "the checkpoint was saved by another run (run uid"),
+    ("run_uid-copied-too", "is not the checkpoint this run committed at step 4 (the run's event log records another",
+     "this is not the checkpoint the run saved"),
+])
+def test_another_runs_gated_checkpoint_copied_in_with_its_gate_records_is_refused(
+        gated_run: Path, other_gated_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        how: str, said: str, found: str) -> None:
+    """Found by a stranger trial: `cp -a runB b1`, runA's gated step_30 and runA's gate records copied
+    into b1, nothing forged: `promote b1 DEST` promoted it (exit 0) and `validate-checkpoint DEST` said
+    VALID, while validate-checkpoint b1 said not_committed_by_run and check-convergence b1 FAILED. The
+    records name the manifest by its digest, which the copy keeps: promote now requires the
+    checkpoint to be the run's own (its run_uid, its commit in the run's event log), as train does."""
+    from resilient_training.cli.main import main
+    from resilient_training.gates.export import ExportRefused, export
+
+    run = _plant_gated_step_of(gated_run, other_gated_run, tmp_path, how)
+    dest = tmp_path / "dest_b1"
+    assert main(["promote", str(run), str(dest)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("refused: checkpoints/step_4 ") and said in err and err.count("\n") == 1, err
+    assert "the gate records naming its manifest were not made for a checkpoint of this run" in err, err
+    assert not dest.exists() and not list(tmp_path.glob(".tmp-promote-*"))
+    with pytest.raises(ExportRefused, match=re.escape(said)):  # export trusts the validation record alike
+        export(run, fmt="dcp", out=tmp_path / "exported")
+    findings = validate(run, load=False).all_findings  # and validation of the run says why, once
+    assert [(f.code, f.file) for f in findings] == [("not_committed_by_run", "checkpoints/step_4/manifest.json")]
+    assert found in findings[0].message, findings[0].message
+    assert promote(gated_run, str(tmp_path / "dest_a"))["already_promoted"] is False  # in its own run: promoted
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["gates/convergence.json", "gates/validation.json", f"{CKPT}/manifest.json",
+                                   "run_uid", f"{CKPT}/__0_0.distcp"])
+def test_a_fifo_among_what_promote_reads_is_refused_in_one_line_not_waited_on(
+        gated_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str) -> None:
+    """Found by a stranger trial: a FIFO as RUN/gates/convergence.json made promote hang forever.
+    Every file promote reads is opened without waiting and must be a regular file. (A shard swapped
+    for a FIFO after validation: its record still passes, the copy refuses it.)"""
+    from resilient_training.cli.main import main
+
+    target = gated_run / where
+    target.unlink()
+    os.mkfifo(target)
+    dest = tmp_path / "dest"
+    assert main(["promote", str(gated_run / CKPT), str(dest)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("refused: ") and "not a regular file (a FIFO, socket or device)" in err, err
+    assert err.count("\n") == 1 and where in err, err
+    assert not dest.exists() and not list(tmp_path.glob(".tmp-promote-*"))
+
+
+def test_a_record_with_an_integer_past_python_s_digit_limit_is_refused_in_one_line(gated_run: Path,
+                                                                                   tmp_path: Path) -> None:
+    """An integer of more than 4300 digits in a gate record (or manifest) is a ValueError that is no
+    JSONDecodeError: it was a traceback."""
+    path = gated_run / "gates" / "convergence.json"
+    path.write_text(path.read_text().replace('"passed": true', '"passed": ' + "1" * 5000, 1))
+    with pytest.raises(PromotionRefused, match="convergence.json is not valid JSON: Exceeds the limit"):
+        promote(gated_run, str(tmp_path / "dest"))
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_in_place_of_a_validated_file_is_refused_by_export_not_waited_on(gated_run: Path,
+                                                                                tmp_path: Path) -> None:
+    """As promote's (stranger trial): export re-reads every file before exporting; a FIFO put in
+    place of one after validation is refused in one line, never waited on."""
+    from resilient_training.gates.export import ExportRefused, export
+
+    (gated_run / CKPT / "__1_0.distcp").unlink()
+    os.mkfifo(gated_run / CKPT / "__1_0.distcp")
+    out = tmp_path / "m.safetensors"
+    with pytest.raises(ExportRefused, match=r"__1_0\.distcp is not a regular file \(a FIFO, socket or device\)"):
+        export(gated_run, fmt="safetensors", out=out)
+    assert not out.exists() and not list(tmp_path.glob(".tmp-export-*"))

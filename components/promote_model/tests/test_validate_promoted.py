@@ -182,3 +182,45 @@ def test_what_a_killed_export_inside_dest_left_does_not_refuse_the_promotion_aga
     (promoted / ".tmp-other").write_text("x")  # anything else still is
     with pytest.raises(Exception, match=r"also holds \.tmp-other"):
         promote(gated_run / CKPT, str(promoted))
+
+
+def test_another_runs_model_pt_is_refused_by_export_and_found_by_validation(
+        gated_run: Path, other_gated_run: Path, promoted: Path, tmp_path: Path) -> None:
+    """Found by a stranger trial: `export runB --format torch -o DEST/model.pt` into runA's promoted
+    model exited 0 (the name promote_model's export uses), and validate-checkpoint DEST then said
+    VALID with runB's weights in model.pt (a torch file records nothing). Export now writes there
+    only the checkpoint promoted there; the full validation makes model.pt again and compares."""
+    from resilient_training.gates.export import ExportUsageError, export, export_promoted
+
+    before = sorted(p.name for p in promoted.iterdir())
+    with pytest.raises(ExportUsageError, match=r"lies inside the promoted model .* of another checkpoint"):
+        export(other_gated_run, fmt="torch", out=promoted / "model.pt")
+    assert sorted(p.name for p in promoted.iterdir()) == before
+    export(other_gated_run, fmt="torch", out=tmp_path / "other.pt")  # placed by hand (cp), as `cp -a` would
+    shutil.copy(tmp_path / "other.pt", promoted / "model.pt")
+    assert _codes(promoted) == []  # the layout stage: model.pt records nothing to read
+    findings = validate(promoted).all_findings
+    assert [(f.code, f.file) for f in findings] == [("export_invalid", "gpt/model.pt")], [str(f) for f in findings]
+    assert "torch export is not byte for byte what exporting this checkpoint makes" in findings[0].message
+    (promoted / "model.pt").unlink()
+    export_promoted(str(gated_run / CKPT), str(promoted), "torch")  # its own export: written, and VALID
+    report = validate(promoted)
+    assert report.valid, [str(f) for f in report.all_findings]
+    assert any("model.pt byte for byte what exporting this checkpoint makes" in c for c in report.checkpoints[0].checks)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["hf/export.json", PROMOTION_NAME, "manifest.json"])
+def test_a_fifo_in_a_promoted_model_is_a_finding_not_waited_on(promoted: Path, where: str) -> None:
+    """As promote's FIFO (stranger trial): what validation reads is opened without waiting."""
+    import os
+
+    if where.startswith("hf/"):
+        (promoted / "hf").mkdir()
+    else:
+        (promoted / where).unlink()
+    os.mkfifo(promoted / where)
+    findings = validate(promoted, load=False).all_findings
+    codes = {"hf/export.json": ["export_invalid"], PROMOTION_NAME: ["unexpected_file", "world_size_unverified"],
+             "manifest.json": ["manifest_missing"]}[where]
+    assert sorted(f.code for f in findings) == codes, [str(f) for f in findings]

@@ -377,8 +377,19 @@ def _first(entries: dict) -> str:
     (lambda m: m["objects"][_first(m["objects"])].update(length=True), "lacks its file, offset or length"),
     (lambda m: m.update(world_size=10**12), "world_size 1000000000000 but it lists"),
     (lambda m: m.update(world_size=10**6), "every rank holds at least its data state"),
+    # A third stranger trial: past 2**63 (a C ssize_t) the world size was an OverflowError traceback.
+    (lambda m: m.update(world_size=10**30), f"world_size {10**30} but it lists"),
+    (lambda m: m.update(world_size=2**63), f"world_size {2**63} but it lists"),
+    (lambda m: m.update(step=10**30), f"step {10**30} is not an integer from 0 to"),
+    (lambda m: m.update(step=-1), "step -1 is not an integer from 0 to"),
+    (lambda m: m.update(step="4"), "step '4' is not an integer from 0 to"),
+    (lambda m: m.update(seed=10**30), "is not an integer torch takes as a seed"),
+    (lambda m: m.update(seed=None), "seed None is not an integer torch takes as a seed"),
+    (lambda m: m["files"].update({"__" + "1" * 5000 + "_0.distcp": {"bytes": 1, "checksum": "0", "rank": 0}}),
+     "lists a file name of 5011 bytes"),
 ], ids=["tensor-str", "chunk-str", "chunks-int", "offsets-str", "size-none", "object-str", "length-bool",
-        "world-1e12", "world-1e6"])
+        "world-1e12", "world-1e6", "world-1e30", "world-2**63", "step-1e30", "step-negative", "step-str",
+        "seed-1e30", "seed-none", "name-5000-digits"])
 def test_a_manifest_of_the_wrong_shape_is_one_finding_not_a_traceback(run_copy: Path, edit, said: str) -> None:
     """Found by a stranger trial: a string in place of a tensor's entry or chunk was an
     AttributeError or TypeError, a world size of 10**12 a MemoryError, 10**6 two million findings."""
@@ -386,6 +397,70 @@ def test_a_manifest_of_the_wrong_shape_is_one_finding_not_a_traceback(run_copy: 
     report = validate(run_copy)
     assert [(f.code, f.file) for f in report.all_findings] == [("manifest_invalid", "checkpoints/step_4/manifest.json")]
     assert said in report.all_findings[0].message, report.all_findings[0].message
+
+
+@pytest.mark.parametrize("key", ["world_size", "step", "seed"])
+def test_an_integer_past_python_s_digit_limit_in_a_manifest_is_one_finding(run_copy: Path, key: str) -> None:
+    """json.loads refuses an integer of more than 4300 digits with a ValueError that is no
+    JSONDecodeError: it was a traceback (exit 1), as 10**30 ranks were."""
+    import re
+
+    path = run_copy / STEP4 / cf.MANIFEST_NAME
+    text, count = re.subn(rf'"{key}": -?\d+\b', f'"{key}": {"9" * 5000}', path.read_text())
+    assert count == 1
+    path.write_text(text)
+    report = validate(run_copy)
+    assert [(f.code, f.file) for f in report.all_findings] == [("manifest_invalid", "checkpoints/step_4/manifest.json")]
+    assert "not valid JSON: Exceeds the limit (4300 digits)" in report.all_findings[0].message
+
+
+@pytest.mark.parametrize("seed", [10**30, -(2**63) - 1, None, "7"], ids=repr)
+def test_a_seed_torch_cannot_take_is_a_finding_even_with_the_commit_logged(run_copy: Path, seed) -> None:
+    """The load seeds torch with the manifest's seed: 10**30 was a ValueError traceback (and None a
+    TypeError) once the rest of the manifest held, its commit logged; "7" was taken for 7."""
+    rewrite_manifest(run_copy / STEP4, lambda m: m.update(seed=seed))
+    forge_commit_record(run_copy / STEP4)
+    report = validate(run_copy)
+    assert [(f.code, f.file) for f in report.all_findings] == [("manifest_invalid", "checkpoints/step_4/manifest.json")]
+    assert f"seed {seed!r} is not an integer torch takes as a seed" in report.all_findings[0].message
+
+
+def test_a_world_size_of_ten_to_the_thirty_is_a_finding_on_the_command_line(run_copy: Path, capsys) -> None:
+    """The stranger's command: `validate-checkpoint RUN` exited 1 with an OverflowError traceback."""
+    from resilient_training.cli.main import main
+
+    rewrite_manifest(run_copy / STEP4, lambda m: m.update(world_size=10**30))
+    assert main(["validate-checkpoint", str(run_copy), "--no-record"]) == 1
+    out, err = capsys.readouterr()
+    assert f"FINDING manifest_invalid: checkpoints/step_4/manifest.json: world_size {10**30} but it lists" in out
+    assert "Traceback" not in out + err, err
+
+
+def test_a_checkpoint_saved_by_another_run_is_not_this_runs_even_with_its_commit_logged(
+        synthetic_run: Path, tmp_path: Path) -> None:
+    """Found by a stranger trial (promote's attack): another run's step copied in. With the run's
+    event log logging that manifest's commit too, the manifest's run_uid still names the other run
+    (what `train` refuses to resume): one finding, as the commit's."""
+    from tests.support.gates import TINY, write_checkpoint
+
+    other = tmp_path / "other"
+    write_checkpoint(other, cfg=TINY, step=4, seed=999, world_size=2)
+    run = copy_run(synthetic_run, tmp_path / "run")
+    shutil.rmtree(run / STEP4)
+    shutil.copytree(other / STEP4, run / STEP4)
+    forge_commit_record(run / STEP4)
+    report = validate(run, load=False)
+    assert [(f.code, f.file) for f in report.all_findings] == [("not_committed_by_run", "checkpoints/step_4/manifest.json")]
+    theirs, ours = cf.read_run_uid(other), cf.read_run_uid(run)
+    assert f"the checkpoint was saved by another run (run uid {theirs!r}, this run's {ours!r})" in \
+        report.all_findings[0].message
+    (run / cf.RUN_UID_FILENAME).unlink()  # the run's own lost: cannot tell, and says so
+    findings = validate(run, load=False).all_findings
+    assert [(f.code, f.message.split(" (")[0]) for f in findings] == [
+        ("commit_unverified", f"the checkpoint names run uid {theirs!r}, but {run / cf.RUN_UID_FILENAME} is missing "
+                              "or empty")]
+    shutil.copy(other / cf.RUN_UID_FILENAME, run / cf.RUN_UID_FILENAME)  # a copy of the whole run keeps it
+    assert validate(run, load=False).valid
 
 
 def test_a_swapped_in_checkpoint_marked_node_local_is_still_not_this_runs(synthetic_run: Path, tmp_path: Path) -> None:
