@@ -15,7 +15,9 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
   it, but a fault a rank injects after its own restore and a step completed since closes the
   episode at that step and opens its own). An episode of peers' reports only (``peer_failure``,
   ``restart_requested``) with no restore after it and training going on is no fault (a report
-  logged late). Its **recovery seconds** run from the opening event to that step; its **layer** is the
+  logged late). Its **recovery seconds** run from the opening event to that step (for a fault nobody
+  injected, from when it struck as far as the log tells, as an injected one from its injection: a
+  hung rank's last progress, a silently dead rank's last event; see root cause); its **layer** is the
   outermost ``restart_done`` layer inside it (pod > launcher > inprocess), else inferred from the
   attempt/iteration change;
   its **rollback distance** is the last step completed before the restore minus the step
@@ -32,10 +34,14 @@ Definitions (reference: the NVRx/ML Goodput benchmarks):
 - **root cause** of an episode (what happened, not what the other ranks saw): the injected
   fault (type, rank, step), else the first ``failure_detected`` whose cause is not a symptom of
   another rank's failure (``peer_failure``, ``restart_requested``: exception type and message,
-  ``nan``, timeouts; of ranks reporting a hang, the one stalled outside a collective), else a
-  pod/node restart cause, else — when every reporting rank only saw a
+  ``nan``, timeouts), else a rank whose progress guard ran out outside a collective
+  (``hang_detected`` near the failure: kind ``hang``; the episode then starts when that rank
+  stopped making progress), else a hang report (of several, the one stalled outside a
+  collective), else a pod/node restart cause, else — when every reporting rank only saw a
   peer fail — the training rank that reported nothing (it died without a word: a signal or a
-  crash). A peer's failed collective (``DistBackendError``) is the root cause only when no rank says
+  crash; the episode starts at its last event), else the ranks NVRx names in a restart request
+  (``Interruption.UNRESPONSIVE on ranks={0}``: kind ``unresponsive``, ``rank``/``ranks``).
+  A peer's failed collective (``DistBackendError``) is the root cause only when no rank says
   more. The other ranks' reports are the episode's **symptoms**, linked to it and never counted
   as faults of their own. An injected fault that only shows later (a killed checkpoint writer is
   found at the next save) is linked to the failure it caused: one fault, with the seconds until it
@@ -64,6 +70,7 @@ import dataclasses
 import itertools
 import math
 import os
+import re
 import statistics
 from collections import Counter
 from collections.abc import Iterable
@@ -125,6 +132,9 @@ class Episode:
     replaced_at: float | None = None  # a writer episode cut by another fault: when its new writer was ready
     writer_rank: int | None = None  # the rank whose writer died (a writer episode)
     never_replaced: bool = False  # a writer episode cut by another fault, and no new writer was ready after
+    # A fault nobody injected: when it struck as far as the log tells (a hung rank's last progress, a
+    # silent rank's last sign of life), the episode's start in place of the first report (see _attribute)
+    struck_at: float | None = None
     session_end: float | None = None  # the last event of the launch it struck in (see sessions)
     triggers: list[str] = dataclasses.field(default_factory=list)
     root_cause: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -348,6 +358,7 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
     completed = last is not None and last.event == "end" and last.get("status") == "completed"
     found = [p for p in found if not (p.symptom_only and p.restored_step is None
                                       and (p.end == p.start or (p.end is None and completed)))]
+    previous: Episode | None = None
     for episode in found:
         _classify(episode, events, ref)
         _attribute(episode, events)
@@ -359,6 +370,13 @@ def episodes(events: list[ev.Event]) -> list[Episode]:
                 episode.writer_ready = episode.end = episode.replaced_at
             elif episode.never_replaced:
                 episode.end = None  # not recovered: no writer took the dead one's place
+        elif episode.struck_at is not None and episode.struck_at < episode.start:
+            # A fault nobody injected runs from when it struck, as an injected one runs from its
+            # injection: not from the first peer to time out waiting for the rank (a stranger's
+            # kill -STOP of rank 0 counted from rank 1's collective timeout, 3 s late).
+            floor = -math.inf if previous is None else (previous.end if previous.end is not None else previous.start)
+            episode.start = max(episode.struck_at, floor)
+        previous = episode
     for episode in found:
         episode.session_end = next((end for start, end in spans if start <= episode.start <= end), spans[-1][1])
         if episode.end is not None and episode.end > episode.session_end:
@@ -460,6 +478,12 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
     primary = next((e for e in reports if e.get("cause") not in COMM_ERRORS), reports[0] if reports else None)
     if primary is not None and primary.get("cause") == "hang":
         primary = _stalled_outside_a_collective(reports, events) or primary
+    # A rank's progress guard that found it stalled outside a collective: the hang is that rank's
+    # whoever reported first (a kill -STOP of rank 0 was "peer_failure, rank null": the guard's
+    # hang_detected was read only for a hang the schedule injected). A rank that says what failed in
+    # it (an exception, an OOM) still says more.
+    hung = None if injected is not None or (primary is not None and primary.get("cause") not in ("hang", *COMM_ERRORS)) \
+        else next((e for e in _hangs_near(episode, events) if e.get("where") != "collective"), None)
     pod = next((e for e in inside if e.event == "restart_begin" and e.get("layer") == "pod"), None)
     root: dict[str, Any]
     if injected is not None:
@@ -493,6 +517,18 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
             if node is not None:
                 root["node"], root["ranks"] = node, ranks
                 root["detail"] = f"{injected.get('fault')}: node {node} (ranks {', '.join(map(str, ranks))}) lost"
+    elif hung is not None:
+        primary = next((e for e in reports if e.rank == hung.rank), None)  # its own report is no symptom
+        root = {"kind": "hang", "rank": hung.rank, "step": hung.step, "injected": False, "where": hung.get("where"),
+                "detail": f"rank {hung.rank}'s progress guard at step {hung.step}: {hung.get('reason')}"}
+        first = next((e for e in inside if e.event == "failure_detected" and e.rank != hung.rank), None)
+        if first is not None and first.ts < hung.ts:  # a peer's collective timed out waiting for it first
+            root["detected_by"] = (f"rank {first.rank} at step {first.step}: {first.get('cause')}"
+                                   + (f" ({first.get('message')})" if first.get("message") else ""))[:300]
+            root["detail"] += f" (first seen by rank {first.rank} at step {first.step}: {first.get('cause')})"
+        else:
+            root["detected_by"] = f"rank {hung.rank}'s progress guard at step {hung.step}"
+        episode.struck_at = _struck_at(hung, events)
     elif primary is not None:
         root = {"kind": primary.get("cause"), "rank": primary.rank, "step": primary.step, "injected": False,
                 "detail": primary.get("message") or primary.get("cause")}
@@ -503,9 +539,26 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
         reporters = {e.rank for e in inside if e.event == "failure_detected"}
         world = {e.rank for e in events if e.event == "step" and e.rank >= 0 and e.ts <= episode.start}
         silent = sorted(world - reporters - _went_on(world, episode, events))
+        named = _interruption(inside)
         if reporters and len(silent) == 1:
             root = {"kind": "died", "rank": silent[0], "step": episode.fault_step, "injected": False,
                     "detail": f"rank {silent[0]} stopped without reporting a failure (killed by a signal or crashed)"}
+            # It died after its last sign of life, before its peers' first report (which a collective
+            # timeout can put seconds or minutes later): from that sign, as the silent restart below.
+            last = _last_event(events, silent[0], episode.start, lookback=3600.0)  # (NCCL's timeout: 10 min)
+            episode.struck_at = last.ts if last is not None else None
+            if named is not None and silent[0] in named[1]:
+                root["detail"] += f"; NVRx: {named[3].split(': ', 1)[-1]}"  # what NVRx's monitor said of it
+        elif named is not None:
+            # Every rank was asked to restart by NVRx's in-process layer, which names the ranks it
+            # acted on ("Interruption.UNRESPONSIVE on ranks={0}": a stranger's kill -9 of rank 0's
+            # monitor process was "restart_requested, rank null").
+            kind, ranks, label, message = named
+            root = {"kind": kind, "rank": ranks[0] if len(ranks) == 1 else None, "ranks": ranks,
+                    "step": episode.fault_step, "injected": False,
+                    "detail": f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} {label}: {message}"}
+            if len(ranks) == 1:  # the named rank's own report of the request is no symptom
+                primary = next((e for e in inside if e.event == "failure_detected" and e.rank == ranks[0]), None)
         elif "unlogged_restart" in episode.triggers:
             root = {"kind": "died", "rank": None, "step": episode.fault_step, "injected": False,
                     "detail": "the workers were restarted with no failure logged: a process killed or crashed "
@@ -534,6 +587,97 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
 
 
 HANGS = ("hang", "ckpt-hang", "load-hang")
+# How far before the failure that opened an episode a progress guard's hang_detected is still its cause
+# (the guard runs out and tells NVRx; its rank's failure_detected follows once NVRx has released the
+# training thread: seconds).
+HANG_LOOKBACK_SECONDS = 30.0
+# The progress guard's reason: "no progress for 9.5 s in step; allowance 3.0 s (...)".
+NO_PROGRESS = re.compile(r"no progress for (\d+(?:\.\d+)?) s")
+# NVRx's RankShouldRestart names what it acted on: "Interruption.UNRESPONSIVE on ranks={0}" (0.4),
+# "Interruption.SOFT_TIMEOUT affecting ranks {0, 1}" (later); several are joined by ", ".
+INTERRUPTION = re.compile(r"Interruption\.([A-Z_]+)\s+(?:on ranks\s*=\s*|affecting ranks\s*)\{([0-9,\s]*)\}")
+# Interruption -> (root cause kind, what it says of the ranks named). UNRESPONSIVE: the rank's
+# heartbeat to NVRx's store went stale (why is not said: a stopped, killed or starved process,
+# or its monitor gone).
+INTERRUPTIONS = {
+    "UNRESPONSIVE": ("unresponsive", "unresponsive (NVRx in-process monitor)"),
+    "SOFT_TIMEOUT": ("hang", "made no progress: soft timeout (NVRx in-process monitor)"),
+    "HARD_TIMEOUT": ("hang", "made no progress: hard timeout (NVRx in-process monitor)"),
+    "EXCEPTION": ("exception", "raised an exception (NVRx in-process restart)"),
+    "BASE_EXCEPTION": ("exception", "raised an exception (NVRx in-process restart)"),
+    "TERMINATED": ("terminated", "terminated (NVRx in-process restart)"),
+    "MONITOR_PROCESS_EXCEPTION": ("monitor_exception", "NVRx monitor process failed"),
+}
+
+
+def _interruption(inside: list[ev.Event]) -> tuple[str, list[int], str, str] | None:
+    """(kind, ranks, label, message) of the first restart request whose message names the ranks NVRx
+    acted on (its first interruption: one event names one in practice), else None.
+    """
+    for e in inside:
+        if e.event != "failure_detected" or e.get("cause") not in SYMPTOMS:
+            continue
+        message = str(e.get("message") or "")
+        found = INTERRUPTION.search(message)
+        if found is None:
+            continue
+        ranks = sorted({int(r) for r in re.findall(r"\d+", found.group(2))})
+        if not ranks:
+            continue
+        name = found.group(1)
+        kind, label = INTERRUPTIONS.get(name, (name.lower(), f"{name} (NVRx in-process restart)"))
+        return kind, ranks, label, message[:300]
+    return None
+
+
+def _hangs_near(episode: Episode, events: list[ev.Event]) -> list[ev.Event]:
+    """The ``hang_detected`` of the failure that opened ``episode``, in time order: logged in the
+    attempt and iteration it struck in (after it opened, or up to HANG_LOOKBACK_SECONDS before by a
+    rank that made no step since: its guard ran out first) up to its end.
+    """
+    end = episode.end if episode.end is not None else math.inf
+    near = [e for e in _within(events, episode.start - HANG_LOOKBACK_SECONDS, end) if e.event == "hang_detected"]
+    out = []
+    for h in near:
+        if episode.context is not None and (h.attempt, h.iteration) != episode.context:
+            continue
+        if h.ts < episode.start and (episode.context is None or any(
+                e.event == "step" and e.rank == h.rank and e.ts > h.ts for e in _within(events, h.ts, episode.start))):
+            continue  # a stall it got over (or no step to tell which attempt the failure struck in)
+        out.append(h)
+    return out
+
+
+def _last_event(events: list[ev.Event], rank: int, before: float, names: tuple[str, ...] = (),
+                context: tuple[int, int] | None = None, lookback: float = 600.0) -> ev.Event | None:
+    """``rank``'s last event (of ``names``, in attempt and iteration ``context``, when given) before
+    ``before``, looking back ``lookback`` seconds at most.
+    """
+    for i in range(bisect.bisect_left(events, before, key=_ts) - 1, -1, -1):
+        e = events[i]
+        if e.ts < before - lookback:
+            break
+        if e.rank == rank and (not names or e.event in names) and (context is None or (e.attempt, e.iteration) == context):
+            return e
+    return None
+
+
+def _struck_at(hung: ev.Event, events: list[ev.Event]) -> float:
+    """When the rank of ``hung`` (its ``hang_detected``) stopped making progress: the later of its
+    last step (or restore, or start) before it in that attempt and iteration, and the guard's own
+    "no progress for N s" back from it (not its last event of any kind: the writer's thread logs on
+    while the training thread is stuck).
+    """
+    marks = [events[0].ts]
+    found = NO_PROGRESS.search(str(hung.get("reason") or ""))
+    silent = float(found.group(1)) if found else math.nan
+    if math.isfinite(silent):
+        marks.append(hung.ts - silent)
+    last = _last_event(events, hung.rank, hung.ts, ("step", "load_done", "start"), (hung.attempt, hung.iteration),
+                       lookback=600.0 + (silent if math.isfinite(silent) else 0.0))
+    if last is not None:
+        marks.append(last.ts)
+    return min(hung.ts, max(marks))
 
 
 def _hang_found(inside: list[ev.Event], events: list[ev.Event], episode: Episode) -> str | None:
@@ -962,11 +1106,12 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         "restart_causes": dict(Counter(p.cause for p in restarted)),
         "faults_injected": dict(Counter(e.get("fault") for e in events if e.event == "fault_injected")),
         "faults_not_injected": faults_not_injected(run_dir, events),
-        "restarts_by_layer": dict(Counter(p.layer for p in restarted)),  # recoveries (a fault's episode)
-        # Every restart itself, as the reference rank logged it (a pod's by its launcher): a fault
-        # struck during another's recovery (a load-hang in its restore) is one episode of two restarts.
-        "restarts": dict(Counter(str(e.get("layer")) for e in events if e.event == "restart_done"
-                                 and (e.rank == ref or (e.rank < 0 and e.get("layer") == "pod")))),
+        # Recoveries: the faults' episodes by the layer that recovered them, not the restarts in them.
+        "restarts_by_layer": dict(Counter(p.layer for p in restarted)),
+        # Every restart itself (see restart_counts): a fault struck during another's recovery (a
+        # load-hang in its restore) is one episode of two restarts, and a fault the launcher restarted
+        # the workers for until it gave up (a worker failing at start-up each time) one of six.
+        "restarts": restart_counts(events, ref),
         "checkpoints": {
             "committed": len(commits),
             "committed_local_tier": len(checkpoint_commits(events, tier="local")),
@@ -998,6 +1143,29 @@ def compute_metrics(run_dir: str | os.PathLike[str], events: list[ev.Event] | No
         # [seconds, step restored] of every restore after training had begun (reference rank).
         "restores": [[round(e.ts - t0, 3), int(e.step or 0)] for e in restores(events) if e.rank == ref],
     }
+
+
+def restart_counts(events: list[ev.Event], ref: int | None) -> dict[str, int]:
+    """Restarts by layer: of each layer, the most ``restart_done`` any training rank logged (every
+    rank logs each restart it came back from; one whose new process failed before it logged anything
+    logs none of that restart: a stranger's six launcher restarts, the last four of which rank 0 never
+    started from, were counted two from the reference rank); a pod's by its launcher (and the
+    reference rank), as before.
+    """
+    per_rank: dict[str, Counter[int]] = {}
+    pods = 0
+    for e in events:
+        if e.event != "restart_done":
+            continue
+        layer = str(e.get("layer"))
+        if layer == "pod":
+            pods += e.rank == ref or e.rank < 0
+        elif e.rank >= 0:
+            per_rank.setdefault(layer, Counter())[e.rank] += 1
+    counts = {layer: max(ranks.values()) for layer, ranks in per_rank.items()}
+    if pods:
+        counts["pod"] = pods
+    return dict(sorted(counts.items()))
 
 
 # ft_launcher's own restart profile (event launcher_phase): each phase is named after the
