@@ -15,8 +15,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +31,10 @@ from resilient_training.run import gate_records, layout, paths
 
 # Causes a rank reports when a peer failed or a restart was requested of it: never a root cause.
 SECONDARY_CAUSES = ("peer_failure", "restart_requested")
+# Every process a local launch starts inherits this label (one value per launch), ft_launcher's
+# agent and what it starts in sessions of their own alike (workers, their checkpoint writers,
+# NVRx's rank monitors, a spare pool): how the launcher finds them all once the agent is gone.
+LAUNCH_LABEL_ENV = "RT_LAUNCH_LABEL"
 
 
 class LaunchError(ValueError):
@@ -132,8 +138,6 @@ def check_local_dir(config: cfg.TrainConfig) -> None:
     in-process layer retried 8 times and the run ended after 40 s on a store timeout that hid
     the cause (and `run` trained 30 s into the same, after `train` had been fixed alone).
     """
-    import tempfile
-
     if not config.checkpoint.local_every:
         return
     given = config.checkpoint.local_dir
@@ -474,9 +478,11 @@ def _run_local(config: cfg.TrainConfig, claim: RunDirClaim, *, nproc: int, progr
         config, cfg.to_argv(config), python=sys.executable, standalone=True, nnodes="1",
         nproc_per_node=nproc, iteration_file=fmt.iteration_file(config.run_dir),
     )
+    label = f"{os.getpid()}-{uuid.uuid4().hex}"
     worker_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {}),
                   # ft_launch stops the workers if this process dies without cleaning up (SIGKILL)
-                  "RT_LAUNCHER_PARENT_PID": str(os.getpid())}
+                  "RT_LAUNCHER_PARENT_PID": str(os.getpid()), LAUNCH_LABEL_ENV: label}
+    agent = "ft_launcher" if config.restart.ft_launcher else "torchrun"
     log_path = layout.logs_dir(run_dir) / "launcher.log"
     started = time.time()
     with open(log_path, "ab") as log:
@@ -495,16 +501,90 @@ def _run_local(config: cfg.TrainConfig, claim: RunDirClaim, *, nproc: int, progr
             stopped = exc
             raise
         finally:
+            # Whatever the agent left, however it ended: a stranger trial SIGKILLed ft_launcher,
+            # and its workers (sessions of their own) trained on for 94 s after this launcher had
+            # logged the run's end, their rank monitors alive for good and holding the run's lock.
+            # (In a pod, the container's end takes them all the same way.)
+            pids = {proc.pid, *pids_with_env(LAUNCH_LABEL_ENV, label)}
+            left = kill_with_env(LAUNCH_LABEL_ENV, label)
+            if proc.returncode is not None and proc.returncode < 0:
+                remove_sockets(worker_env.get("TMPDIR") or tempfile.gettempdir(), pids)
             watcher.stop()
             # The workers' pid records: a completed run's workers remove them, a stopped or failed
             # run's were left in /dev/shm (a stranger trial). Its workers are gone by now.
             shutil.rmtree(layout.worker_records(config), ignore_errors=True)
             if stopped is not None:  # after the workers: the end is the run's last event
                 record_stopped(run_dir, stopped)
-    reason = outcome(run_dir, config.steps, exit_code, since=started, log=log_path)
+    if exit_code < 0:  # a signal nobody here sent: say so, not what the event log last said
+        reason = agent_died(agent, proc.pid, exit_code, left)
+    else:
+        reason = outcome(run_dir, config.steps, exit_code, since=started, log=log_path)
+        if reason.startswith("launcher exited "):  # which launcher, which process
+            reason = f"{agent} (pid {proc.pid}) exited {reason.removeprefix('launcher exited ')}"
     if exit_code != 0:
         record_failure(run_dir, reason)
     return LaunchResult(exit_code, reason, str(run_dir))
+
+
+def pids_with_env(name: str, prefix: str) -> list[int]:
+    """Processes (this one aside) whose environment sets ``name`` to a value starting with ``prefix``."""
+    needle = f"{name}={prefix}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:
+            continue  # gone, or a kernel thread
+        if any(item.startswith(needle) for item in environ.split(b"\0")):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_with_env(name: str, prefix: str) -> int:
+    """SIGKILL every process :func:`pids_with_env` finds, frozen first so none can fork away.
+    Returns the count.
+    """
+    stopped: set[int] = set()
+    for _ in range(5):  # until a scan finds nothing new: children forked before the freeze
+        fresh = [pid for pid in pids_with_env(name, prefix) if pid not in stopped]
+        if not fresh:
+            break
+        for pid in fresh:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+            stopped.add(pid)
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(stopped)
+
+
+def remove_sockets(tmpdir: str, pids: set[int]) -> None:
+    """The unix sockets a killed agent and its workers left in ``tmpdir`` (NVRx's
+    ``_ft_launcher<pid>*.socket``: its IPC and rank monitors', each worker's ``_to_rmon``).
+    """
+    for path in Path(tmpdir).glob("_ft_launcher*.socket"):
+        digits = path.name.removeprefix("_ft_launcher").split("_")[0].split(".")[0]
+        if digits.isdigit() and int(digits) in pids and path.is_socket():
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def agent_died(name: str, pid: int, exit_code: int, left: int) -> str:
+    """The run's end when its agent was killed by a signal nobody here sent: what happened, not a
+    guess from the event log (a stranger trial's SIGKILLed ft_launcher was reported as "recovery
+    gave up ... last failure seen by rank 1 at step 281", a failure recovered long before).
+    """
+    try:
+        how = f"was killed by {signal.Signals(-exit_code).name}"
+    except ValueError:
+        how = f"was killed by signal {-exit_code}"
+    stopped = (f"stopped the {left} process(es) it left (workers, checkpoint writers, rank monitors)" if left
+               else "none of its processes was left running")
+    return f"{name} (pid {pid}) {how}; {stopped}: the same command resumes from the last committed checkpoint"
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -523,16 +603,20 @@ def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Pat
         done = [e for e in events if e.event == "end" and e.get("status") == "completed"]
         return f"completed: reached step {steps}" if done else "launcher exited 0 without a completed worker"
     ends = [e for e in events if e.event == "end" and e.get("status") == "failed"]
+    # Only what the run did not train past: a stranger trial's summary named a writer death
+    # recovered 350 steps before the failure that ended the run.
+    unrecovered = trained_past(events)
     # The root cause is the failure a rank had itself, not a peer noticing it: the first one of
     # the last restart round. A peer held in a collective by the failed rank fails after it, and
     # not always with a peer's cause (its progress allowance may run out first: "hang").
-    failures = [e for e in events if e.event == "failure_detected" and e.get("cause") not in SECONDARY_CAUSES]
+    failures = [e for e in events if e.event == "failure_detected" and e.get("cause") not in SECONDARY_CAUSES
+                and unrecovered(e)]
     root = ""
     if failures:
         final = failures[-1]
         last = min((e for e in failures if (e.attempt, e.iteration) == (final.attempt, final.iteration)),
                    key=lambda e: e.ts)
-        root = f"last failure on rank {last.rank} at step {last.step}: {last['cause']} ({last.get('message', '')})"
+        root = f"last failure on rank {last.rank} {_at(last)}: {last['cause']} ({last.get('message', '')})"
     hopeless = [e for e in ends if "retrying cannot help" in e.get("reason", "")]
     if hopeless:  # stopped on purpose, not after exhausting the restarts
         return f"stopped without a restart: {hopeless[0]['reason']}"
@@ -540,21 +624,48 @@ def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Pat
     if gave_up:
         return f"{gave_up[-1]['reason']}; {root}" if root else gave_up[-1]["reason"]
     if not root:  # a killed rank says nothing: what was injected, else what its peers saw
-        injected = [e for e in events if e.event == "fault_injected"]
-        seen = [e for e in events if e.event == "failure_detected"]
+        injected = [e for e in events if e.event == "fault_injected" and unrecovered(e)]
+        seen = [e for e in events if e.event == "failure_detected" and unrecovered(e)]
         if injected:
             last = injected[-1]
-            root = f"last fault injected on rank {last.rank} at step {last.step}: {last.get('fault')}"
+            root = f"last fault injected on rank {last.rank} {_at(last)}: {last.get('fault')}"
         elif seen:
             last = seen[-1]
-            root = f"last failure seen by rank {last.rank} at step {last.step}: {last['cause']} ({last.get('message', '')})"
+            root = f"last failure seen by rank {last.rank} {_at(last)}: {last['cause']} ({last.get('message', '')})"
+    restarts = len({e.attempt for e in events}) - 1
     if root:
-        restarts = len({e.attempt for e in events}) - 1
         return f"recovery gave up after {restarts} launcher restart(s); {root}"
     if ends:
         return ends[-1]["reason"]
-    tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+    tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.is_file() else []
+    if any(e.event in ("failure_detected", "fault_injected") for e in events):
+        # Failures were logged, and recovered from: what ended the run was not one of them.
+        return (f"launcher exited {exit_code} after {restarts} launcher restart(s) with no unrecovered failure "
+                f"logged by a worker; log tail: {' | '.join(tail)}")
     return f"launcher exited {exit_code} before any worker reported a failure; log tail: {' | '.join(tail)}"
+
+
+def trained_past(events: list[ev.Event]) -> Callable[[ev.Event], bool]:
+    """A test of whether the run did not train past an event: no rank logged a later step beyond
+    the event's step (a failure at start-up counts as step 0). A failure the run recovered from
+    (a dead writer replaced, an in-process or launcher restart that went on) is followed by one.
+    """
+    import bisect
+
+    trained = sorted((e.ts, e.step) for e in events if e.event == "step" and isinstance(e.step, int))
+    times = [ts for ts, _ in trained]
+    furthest = [0] * (len(trained) + 1)  # furthest[i]: the highest step logged from trained[i] on
+    for i in range(len(trained) - 1, -1, -1):
+        furthest[i] = max(furthest[i + 1], trained[i][1])
+
+    def unrecovered(event: ev.Event) -> bool:
+        return furthest[bisect.bisect_right(times, event.ts)] <= (event.step or 0)
+
+    return unrecovered
+
+
+def _at(event: ev.Event) -> str:
+    return f"at step {event.step}" if event.step else "at start-up"
 
 
 def record_failure(run_dir: str | os.PathLike[str], reason: str) -> None:

@@ -264,36 +264,12 @@ class Pod:
 
 def pids_labelled(prefix: str) -> list[int]:
     """Processes whose environment carries a pod label starting with ``prefix``."""
-    needle = f"{POD_LABEL_ENV}={prefix}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as handle:
-                environ = handle.read()
-        except OSError:
-            continue  # gone, or a kernel thread
-        if any(item.startswith(needle) for item in environ.split(b"\0")):
-            found.append(int(entry.name))
-    return found
+    return launcher.pids_with_env(POD_LABEL_ENV, prefix)
 
 
 def kill_labelled(prefix: str) -> int:
     """SIGKILL every process labelled ``prefix``, frozen first so none can fork away. Returns the count."""
-    stopped: set[int] = set()
-    for _ in range(5):  # until a scan finds nothing new: children forked before the freeze
-        fresh = [pid for pid in pids_labelled(prefix) if pid not in stopped]
-        if not fresh:
-            break
-        for pid in fresh:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-            stopped.add(pid)
-    for pid in stopped:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return len(stopped)
+    return launcher.kill_with_env(POD_LABEL_ENV, prefix)
 
 
 class _EventTail:

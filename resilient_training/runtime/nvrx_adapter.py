@@ -29,6 +29,7 @@ import importlib.metadata
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import typing
@@ -393,6 +394,88 @@ def under_ft_launcher() -> bool:
     return FT_LAUNCHER_IPC_SOCKET_ENV_VAR in os.environ
 
 
+# Set by our ft_launcher entry (ft_launch) to the agent's pid, inherited by all it starts: its
+# rank monitors and workers stop once it is gone (they run in sessions of their own).
+AGENT_PID_ENV = "RT_FT_AGENT_PID"
+# NVRx's own RankMonitorServer.run, once ft_launch replaced it with rank_monitor_run.
+MONITOR_RUN: list[Callable[..., Any] | None] = [None]
+
+
+def rank_monitor_run(*args: Any, **kwargs: Any) -> Any:
+    """NVRx's rank monitor, in a process that ends once the agent that started it is gone."""
+    original = MONITOR_RUN[0]
+    if original is None:  # a "spawn" child: NVRx's class is its own again here
+        from nvidia_resiliency_ext.fault_tolerance.rank_monitor_server import RankMonitorServer
+
+        original = RankMonitorServer.__dict__["run"].__func__
+    agent = os.environ.get(AGENT_PID_ENV, "")
+    if agent.isdigit() and os.getppid() == int(agent):  # (else not the agent's child: left alone)
+        exit_when_orphaned(int(agent))
+    return original(*args, **kwargs)
+
+
+def exit_when_orphaned(parent: int, interval: float = 0.5) -> None:
+    """In a child of ``parent``: a daemon thread that ends this process once ``parent`` is gone.
+    Polled, not ``PR_SET_PDEATHSIG``: that fires when the forking *thread* ends, not the process.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-agent", daemon=True).start()
+
+
+class RankMonitorUnreachable(RuntimeError):
+    """The launcher's rank monitor for this worker cannot be reached (killed): see Heartbeats."""
+
+
+def agent_process() -> tuple[int, int | None] | None:
+    """The agent that started this worker, as ``(agent pid, pid of the process it started)``:
+    this process, or for a warm spare the stub the agent started (the spare is the pool's child).
+    None if the agent is alive but not that process's parent: started some other way, not watched.
+    """
+    found = _agent_process()
+    if agent_alive(*found):
+        return found
+    try:
+        os.kill(found[0], 0)
+    except ProcessLookupError:
+        return found  # gone already: the first check ends this worker
+    except OSError:
+        pass
+    return None
+
+
+def _agent_process() -> tuple[int, int | None]:
+    from resilient_training.runtime import spare_stub
+
+    agent = os.environ.get(AGENT_PID_ENV, "")
+    stub = os.environ.get(spare_stub.STUB_PID_ENV, "")
+    launched = int(stub) if stub.isdigit() else None
+    if agent.isdigit():  # (an agent gone before this check is then seen gone, not taken for the reaper)
+        return int(agent), launched
+    if launched is not None:
+        try:
+            return int(spare_stub.proc_stat(launched)[1]), launched
+        except (OSError, IndexError, ValueError):
+            pass
+    return os.getppid(), None
+
+
+def agent_alive(agent: int, launched: int | None) -> bool:
+    """The agent is still the parent of the process it started (an orphan is handed to a reaper)."""
+    if launched is None:
+        return os.getppid() == agent
+    from resilient_training.runtime import spare_stub
+
+    try:
+        return int(spare_stub.proc_stat(launched)[1]) == agent
+    except (OSError, IndexError, ValueError):
+        return True  # the stub is gone: the spare's own watch ends it (spare_pool.watch_stub)
+
+
 # --------------------------------------------------------------------------- heartbeats
 
 
@@ -404,20 +487,48 @@ class Heartbeats:
     recovering; a restart that overruns the bound is then caught by ft_launcher.
     """
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, events: Any = None) -> None:
+        """``events``: the worker's event log, for what goes wrong here before training starts
+        (the rank monitor refused) or outside it (the agent is gone).
+        """
         self._client = None
         self._lock = threading.Lock()
         self._cover_until = 0.0
         self._thread: threading.Thread | None = None
         self._sender: concurrent.futures.ThreadPoolExecutor | None = None
+        self._events = events
+        self._agent: tuple[int, int | None] | None = None  # (pid, pid of the process it started)
         if enabled and under_ft_launcher():
             from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
-            self._client = RankMonitorClient()
-            self._client.init_workload_monitoring()
+            client = RankMonitorClient()
+            try:
+                client.init_workload_monitoring()
+            except OSError as exc:
+                self._monitor_unreachable(exc)
+            self._client = client
+            self._agent = agent_process()
             self._sender = self.start_sender()
             self._thread = threading.Thread(target=self._cover_loop, name="heartbeat-cover", daemon=True)
             self._thread.start()
+
+    def _monitor_unreachable(self, exc: OSError) -> typing.NoReturn:
+        """A stranger trial killed a rank's monitor (a child of the agent), then the rank: every
+        new worker of that rank failed here with a bare ConnectionRefusedError in the launcher's
+        log, the restarts ran out in 35 s and the run's summary guessed. NVRx does not start a
+        monitor again: logged as this rank's failure, with what it means.
+        """
+        from nvidia_resiliency_ext.fault_tolerance.data import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+
+        local_rank = os.environ.get("LOCAL_RANK", "?")
+        path = os.environ.get(FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR, "?")
+        how = ("refused the connection (killed?)" if isinstance(exc, ConnectionRefusedError)
+               else f"is gone ({exc.strerror or exc})")
+        message = (f"the launcher's rank monitor for local rank {local_rank} {how}: {path}. ft_launcher does not "
+                   "start it again, so every restart of this rank fails the same way")
+        if self._events is not None:
+            self._events.emit("failure_detected", None, cause="rank_monitor_unreachable", message=message[:500])
+        raise RankMonitorUnreachable(message) from exc
 
     @property
     def active(self) -> bool:
@@ -467,8 +578,26 @@ class Heartbeats:
                 try:
                     self.beat()
                 except Exception:  # the monitor went away: the launcher is tearing us down
-                    return
+                    self._cover_until = 0.0
+            if self._agent is not None and not agent_alive(*self._agent):
+                self._agent_gone(self._agent[0])
             time.sleep(0.5)
+
+    def _agent_gone(self, pid: int) -> typing.NoReturn:
+        """The agent that started this worker died without stopping it (SIGKILL): nothing will
+        restart or stop this worker now, and a stranger trial's trained on for 94 s with no
+        parent, its rank monitors holding the run. Logged, and this process ends (its checkpoint
+        writer follows it). Normally the local launcher stops every process of the run first; in
+        a pod, the container's end does.
+        """
+        reason = (f"ft_launcher (pid {pid}), which started this worker, is gone: stopped with it (the same command "
+                  "resumes from the last committed checkpoint)")
+        try:
+            if self._events is not None:
+                self._events.emit("end", None, status="failed", reason=reason)
+            print(f"resilient-training worker: {reason}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(1)
 
     def calibrate(self, floor: float) -> dict[str, float] | None:
         """Set timeouts from observed heartbeat gaps × safety factor, but never below ``floor``.

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from resilient_training.runtime.trainer import Trainer, retrying_cannot_help, worker_store_port
 
     failed_for_launcher = False
-    heartbeats = nvrx_adapter.Heartbeats(config.restart.ft_launcher)
+    heartbeats = nvrx_adapter.Heartbeats(config.restart.ft_launcher, events=events)
     try:
         trainer = Trainer(config, events=events, heartbeats=heartbeats)
         if attempt == 0:  # (a restart's task is the one checked: nothing added to its critical path)
