@@ -158,7 +158,7 @@ class Episode:
 
 
 # Events about the launcher, not the training: they do not stretch the run's wall time.
-AGENT_DIAGNOSTICS = frozenset({"launcher_phase"})
+AGENT_DIAGNOSTICS = frozenset({"launcher_phase", "worker_exit"})
 
 
 def is_agent_diagnostic(e: ev.Event) -> bool:
@@ -563,6 +563,14 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
             root = {"kind": "died", "rank": None, "step": episode.fault_step, "injected": False,
                     "detail": "the workers were restarted with no failure logged: a process killed or crashed "
                               "before any rank could say which"}
+            # ... unless the launcher agent saw which (worker_exit): one rank, killed by a signal
+            killed = {e.get("global_rank"): str(e.get("signal")) for e in _within(events, episode.start, end)
+                      if e.event == "worker_exit" and e.rank < 0 and ev._is_int(e.get("global_rank"))
+                      and isinstance(e.get("signal"), str)}
+            if len(killed) == 1:
+                ((rank, signal),) = killed.items()
+                root.update(rank=rank, signal=signal, detail=f"rank {rank} killed by {signal}: the workers were "
+                            "restarted before any rank logged a failure")
         else:
             root = {"kind": episode.cause or "unknown", "rank": None, "step": episode.fault_step, "injected": False,
                     "detail": episode.cause or "unknown"}
@@ -570,6 +578,14 @@ def _attribute(episode: Episode, events: list[ev.Event]) -> None:
                         if e.get("cause") in DELAYED and DELAYED[str(e.get("cause"))] != root.get("kind")]
     if primary is not None and primary.get("signal") and root.get("rank") == primary.rank:
         root["signal"] = primary.get("signal")  # e.g. the writer process killed by SIGKILL
+    # How the rank's process ended, where that is the fault: not for a hang or an exception whose
+    # process the launcher killed afterwards (its SIGKILL is the recovery, not the cause).
+    exit_signal = None if root.get("signal") or root["kind"] not in ("died", *ALWAYS_KILLS) \
+        else _exit_signal(root.get("rank"), episode, events)
+    if exit_signal is not None:  # the agent saw the worker of that rank killed by it
+        root["signal"] = exit_signal
+        if root["kind"] == "died" and not root.get("injected"):
+            root["detail"] = str(root["detail"]).replace("(killed by a signal or crashed)", f"(killed by {exit_signal})")
     episode.root_cause = root
     if root["kind"]:
         episode.cause = str(root["kind"])
@@ -646,6 +662,20 @@ def _hangs_near(episode: Episode, events: list[ev.Event]) -> list[ev.Event]:
             continue  # a stall it got over (or no step to tell which attempt the failure struck in)
         out.append(h)
     return out
+
+
+def _exit_signal(rank: Any, episode: Episode, events: list[ev.Event]) -> str | None:
+    """The signal that killed ``rank``'s worker in this episode, from the launcher agent's
+    ``worker_exit`` (logged when it next polled its workers: after the rank's last sign of life,
+    before the episode's end).
+    """
+    if not ev._is_int(rank) or rank < 0:
+        return None
+    last = _last_event(events, rank, episode.start, lookback=3600.0)  # its last sign of life: the exit is after
+    start = last.ts if last is not None else episode.start - 60.0
+    end = episode.end if episode.end is not None else math.inf
+    return next((str(e.get("signal")) for e in _within(events, start, end) if e.event == "worker_exit"
+                 and e.rank < 0 and e.get("global_rank") == rank and isinstance(e.get("signal"), str)), None)
 
 
 def _last_event(events: list[ev.Event], rank: int, before: float, names: tuple[str, ...] = (),

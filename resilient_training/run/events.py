@@ -106,6 +106,9 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     # events (failure_detected, worker_terminated, rendezvous_started/_completed,
     # worker_start_started/_completed, ...), at the moment the agent recorded it.
     "launcher_phase": ("phase", "cycle", "node"),
+    # ft_launcher (written by the agent, rank -1): a worker it found failed, once each. signal: the
+    # one that killed it (SIGKILL for exitcode -9), null for a worker that exited with a code > 0.
+    "worker_exit": ("global_rank", "local_rank", "pid", "exitcode", "signal", "state"),
     "end": ("status", "reason"),  # status: completed | failed | cancelled (SIGTERM, Ctrl-C)
 }
 

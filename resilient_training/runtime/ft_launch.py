@@ -11,10 +11,14 @@ workers) end once this agent is gone (:func:`monitors_exit_with_agent`).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import runpy
 import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from resilient_training.runtime import nvrx_adapter, spare_stub
 
@@ -62,18 +66,128 @@ def monitors_exit_with_agent() -> None:
     RankMonitorServer.run = staticmethod(nvrx_adapter.rank_monitor_run)
 
 
-def _trace_phases(argv: list[str]) -> None:
-    """NVRx's restart profile of this agent into the run's event log (``launcher_phase``)."""
+def _agent_log(argv: list[str]) -> Any:
+    """The event log of this agent (rank -1) in the run directory, or None without one."""
     run_dir = spare_stub.run_dir_of(argv)
     if not run_dir:
-        return
+        return None
     from resilient_training.run import events as ev
 
     try:
-        log = ev.EventLog(run_dir, rank=-1, writer=f"agent-{os.uname().nodename}-{os.getpid()}")
+        return ev.EventLog(run_dir, rank=-1, writer=f"agent-{os.uname().nodename}-{os.getpid()}")
     except OSError:  # the workers will name the problem with the run directory
-        return
-    nvrx_adapter.trace_launcher_phases(log.emit)
+        return None
+
+
+def _trace_phases(argv: list[str]) -> None:
+    """NVRx's restart profile of this agent into the run's event log (``launcher_phase``)."""
+    log = _agent_log(argv)
+    if log is not None:
+        nvrx_adapter.trace_launcher_phases(log.emit)
+
+
+def _exit_signal(exitcode: Any) -> str | None:
+    """``SIGKILL`` for exit code -9 (a process killed by that signal), else None."""
+    if not isinstance(exitcode, int) or isinstance(exitcode, bool) or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"SIG{-exitcode}"
+
+
+def log_worker_exits(result: Any, emit: Callable[..., Any], seen: set[tuple[Any, ...]]) -> None:
+    """One ``worker_exit`` event per failed worker of a monitoring result (a torch elastic
+    ``RunResult``: ``failures`` maps a global rank to a ``ProcessFailure``), each once: NVRx
+    returns the same failure at every poll while the other workers still run. Never raises.
+    """
+    try:
+        failures = getattr(result, "failures", None)
+        if not isinstance(failures, dict):
+            return
+        for rank, failure in list(failures.items()):
+            pid, exitcode = getattr(failure, "pid", None), getattr(failure, "exitcode", None)
+            local_rank = getattr(failure, "local_rank", None)
+            ints = [v if isinstance(v, int) and not isinstance(v, bool) else None
+                    for v in (rank, local_rank, pid, exitcode)]
+            key = tuple(ints)
+            if key in seen:
+                continue
+            seen.add(key)
+            state = getattr(getattr(result, "state", None), "name", None)
+            emit("worker_exit", None, global_rank=ints[0], local_rank=ints[1], pid=ints[2], exitcode=ints[3],
+                 signal=_exit_signal(ints[3]), state=state if isinstance(state, str) else None)
+    except Exception:  # the report's detail must never stop a launcher
+        pass
+
+
+def _logging_exits(monitor: Callable[..., Any], emit: Callable[..., Any]) -> Callable[..., Any]:
+    """``monitor`` (an agent's ``_monitor_workers``), also logging its failed workers' exits:
+    the same result, returned as it came; whatever the logging meets, it does not raise.
+    """
+    seen: set[tuple[Any, ...]] = set()
+
+    @functools.wraps(monitor)
+    def monitored(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = monitor(self, *args, **kwargs)
+        log_worker_exits(result, emit, seen)
+        return result
+
+    monitored.logs_worker_exits = True  # type: ignore[attr-defined]
+    return monitored
+
+
+def _agent_bases() -> list[type]:
+    """The ``SimpleElasticAgent`` classes NVRx's launcher may derive its ``LocalElasticAgent``
+    from: torch's (NVRx 0.7) and NVRx's own copy of it (0.4).
+    """
+    bases = []
+    for module in ("torch.distributed.elastic.agent.server.api",
+                   "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server.api"):
+        try:
+            base = getattr(importlib.import_module(module), "SimpleElasticAgent", None)
+        except Exception:
+            continue
+        if isinstance(base, type) and base not in bases:
+            bases.append(base)
+    return bases
+
+
+def report_worker_exits(emit: Callable[..., Any]) -> bool:
+    """Each worker that NVRx's agent finds failed is logged (:func:`log_worker_exits`): its exit
+    code, and the signal that killed it (a ``kill -9`` of a worker was "died, killed by a signal or
+    crashed" in the report, its ``exitcode: -9`` in the launcher log's free text only).
+
+    The launcher module runs as ``__main__`` (:func:`main`), defining its agent class anew: the
+    class is wrapped as it is defined, through its base's ``__init_subclass__``, and only a
+    ``LocalElasticAgent`` of the launcher with a ``_monitor_workers`` of its own. A base that has an
+    ``__init_subclass__`` of its own is left as it is; so is NVRx, where anything is unexpected.
+    Returns whether a base was hooked.
+    """
+    hooked = False
+    for base in _agent_bases():
+        if "__init_subclass__" in base.__dict__:
+            continue
+
+        def hook(cls: type, base: type = base, **kwargs: Any) -> None:
+            super(base, cls).__init_subclass__(**kwargs)
+            try:
+                monitor = cls.__dict__.get("_monitor_workers")
+                if (cls.__name__ == "LocalElasticAgent" and cls.__module__ in ("__main__", LAUNCHER)
+                        and callable(monitor) and not getattr(monitor, "logs_worker_exits", False)):
+                    cls._monitor_workers = _logging_exits(monitor, emit)  # type: ignore[attr-defined]
+            except Exception:  # NVRx as it is
+                pass
+
+        base.__init_subclass__ = classmethod(hook)  # type: ignore[assignment,method-assign]
+        hooked = True
+    return hooked
+
+
+def _report_worker_exits(argv: list[str]) -> None:
+    log = _agent_log(argv)
+    if log is not None:
+        report_worker_exits(log.emit)
 
 
 def main() -> None:
@@ -82,6 +196,7 @@ def main() -> None:
     nvrx_adapter.quicken_teardown()
     monitors_exit_with_agent()
     _trace_phases(sys.argv[1:])
+    _report_worker_exits(sys.argv[1:])
     sys.argv[0] = "ft_launcher"
     runpy.run_module(LAUNCHER, run_name="__main__", alter_sys=True)
 
