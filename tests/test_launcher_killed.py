@@ -279,5 +279,7 @@ def test_with_no_launcher_left_to_stop_them_the_workers_and_monitors_stop_themse
     finally:
         os.kill(proc.pid, signal.SIGCONT)
     ends = [e for e in ev.read_events(run_dir) if e.event == "end" and e.rank >= 0]
-    assert {e.rank for e in ends} == {0, 1}, ends
-    assert all(f"ft_launcher (pid {agent.pid}), which started this worker, is gone" in e["reason"] for e in ends)
+    assert {e.rank for e in ends} == {0, 1} and all(e["status"] == "failed" for e in ends), ends
+    # The first to see its agent gone says so; its peer may end first on the collective that rank left
+    # (a race: 1 run in 4 here), which is its own true reason.
+    assert any(f"ft_launcher (pid {agent.pid}), which started this worker, is gone" in e["reason"] for e in ends), ends
