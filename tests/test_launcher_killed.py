@@ -283,3 +283,29 @@ def test_with_no_launcher_left_to_stop_them_the_workers_and_monitors_stop_themse
     # The first to see its agent gone says so; its peer may end first on the collective that rank left
     # (a race: 1 run in 4 here), which is its own true reason.
     assert any(f"ft_launcher (pid {agent.pid}), which started this worker, is gone" in e["reason"] for e in ends), ends
+
+
+def test_killing_a_launch_leaves_no_named_semaphore_in_dev_shm(tmp_path: Path) -> None:
+    """Each SIGKILLed agent left 38 ``/dev/shm/sem.mp-*`` (the suite: 39 a run): its resource
+    tracker was killed with the processes it would have cleaned up after. It is left to end itself."""
+    label = f"test-{uuid.uuid4().hex}"
+    script = ("import multiprocessing as mp, sys, time\n"
+              "lock = mp.get_context('spawn').Lock()\n"  # named, and registered with the resource tracker
+              "print(lock._semlock.name, flush=True)\n"
+              "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, local.LAUNCH_LABEL_ENV: label}, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        name = proc.stdout.readline().strip()
+        semaphore = Path("/dev/shm") / f"sem.{name.lstrip('/')}"
+        assert semaphore.exists(), semaphore
+        assert local.kill_with_env(local.LAUNCH_LABEL_ENV, label) >= 1
+        deadline = time.monotonic() + 10
+        while semaphore.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not semaphore.exists(), f"{semaphore} left behind"
+        assert not local.pids_with_env(local.LAUNCH_LABEL_ENV, label)  # the tracker ended too
+    finally:
+        proc.kill()
+        proc.wait()
