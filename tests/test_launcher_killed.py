@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from resilient_training.launch import local
+from resilient_training.run import config as cfg
 from resilient_training.run import events as ev
 from resilient_training.run import layout
 
@@ -125,9 +126,10 @@ def _tree(marker: str) -> list[str]:
 
 
 class Runs(list):
-    """The trainings a test started, and their TMPDIR."""
+    """The trainings a test started, their TMPDIR and run directories."""
 
     tmp: Path
+    run_dirs: list[Path]
 
 
 @pytest.fixture
@@ -137,6 +139,7 @@ def started() -> Iterator[Runs]:
     """
     runs = Runs()
     runs.tmp = Path(tempfile.mkdtemp(prefix="rtk-", dir="/tmp"))
+    runs.run_dirs = []
     yield runs
     for proc, marker in runs:
         for _ in range(3):  # (frozen first: none forks away)
@@ -149,6 +152,10 @@ def started() -> Iterator[Runs]:
                     each.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     shutil.rmtree(runs.tmp, ignore_errors=True)
+    # The workers' pid records in /dev/shm, which only a completed run or `train`'s own clean-up
+    # removes (a test that froze `train` left them behind on the machine).
+    for run_dir in runs.run_dirs:
+        shutil.rmtree(layout.worker_records(cfg.TrainConfig(run_dir=str(run_dir))), ignore_errors=True)
 
 
 def _start(runs: Runs, run_dir: Path, *args: str) -> tuple[subprocess.Popen[bytes], str, Path]:
@@ -159,6 +166,7 @@ def _start(runs: Runs, run_dir: Path, *args: str) -> tuple[subprocess.Popen[byte
         proc = subprocess.Popen([sys.executable, "-m", "resilient_training.cli", "train", "--run-dir", str(run_dir),
                                  *args], stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     runs.append((proc, marker))
+    runs.run_dirs.append(run_dir)
     return proc, marker, out
 
 

@@ -432,6 +432,13 @@ def test_a_sigkilled_train_command_takes_its_launcher_workers_and_spares_along(t
         cli.wait()
     assert wait_until(lambda: not processes_mentioning(str(run_dir)), timeout=30), \
         processes_mentioning(str(run_dir))
+    # The workers' pid records in /dev/shm (a resume of the run would read and remove them): not left on the machine.
+    import shutil
+
+    from resilient_training.run import config as cfg
+    from resilient_training.run import layout
+
+    shutil.rmtree(layout.worker_records(cfg.TrainConfig(run_dir=str(run_dir))), ignore_errors=True)
 
 
 def _events(run_dir: Path) -> list[dict]:
