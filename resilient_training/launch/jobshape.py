@@ -11,7 +11,6 @@ them in its own object.
 
 from __future__ import annotations
 
-import posixpath
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -326,10 +325,10 @@ def _check_pod_path(path: str, what: str) -> str:
 
 
 def _canonical(path: str) -> str:
-    """``path`` as the kernel resolves it (symlinks aside): ``//a/`` is ``/a``, ``/a/./b`` and ``/a/c/../b``
-    are ``/a/b`` (``posixpath.normpath`` alone keeps a leading ``//``, which ``_check_pod_path`` lets through).
+    """A path ``k8s_names.check_absolute_path`` accepted, without its trailing slash: it refuses every
+    other spelling (``//``, ``.``, ``..``), so equal strings are equal paths.
     """
-    return posixpath.normpath("/" + path.lstrip("/"))
+    return path.rstrip("/") or "/"
 
 
 def _within(path: str, root: str) -> bool:

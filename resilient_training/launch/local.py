@@ -618,7 +618,7 @@ def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Pat
     ends = [e for e in events if e.event == "end" and e.get("status") == "failed"]
     # Only what the run did not train past: a stranger trial's summary named a writer death
     # recovered 350 steps before the failure that ended the run.
-    unrecovered = trained_past(events)
+    unrecovered = not_trained_past(events)
     # The root cause is the failure a rank had itself, not a peer noticing it: the first one of
     # the last restart round. A peer held in a collective by the failed rank fails after it, and
     # not always with a peer's cause (its progress allowance may run out first: "hang").
@@ -658,7 +658,7 @@ def outcome(run_dir: Path, steps: int, exit_code: int, *, since: float, log: Pat
     return f"launcher exited {exit_code} before any worker reported a failure; log tail: {' | '.join(tail)}"
 
 
-def trained_past(events: list[ev.Event]) -> Callable[[ev.Event], bool]:
+def not_trained_past(events: list[ev.Event]) -> Callable[[ev.Event], bool]:
     """A test of whether the run did not train past an event: no rank logged a later step beyond
     the event's step (a failure at start-up counts as step 0). A failure the run recovered from
     (a dead writer replaced, an in-process or launcher restart that went on) is followed by one.
